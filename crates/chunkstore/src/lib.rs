@@ -1,0 +1,503 @@
+//! One drive (a directory) of a storage node: the data files of object versions, their metadata
+//! and the sorted per-bucket key index.
+//!
+//! Main type: [`Drive`]. A PUT writes chunks into a staging file (`tmp/<version>`) with
+//! [`Drive::write_chunk`], then [`Drive::commit`] makes it durable and current; [`Drive::abort`]
+//! drops it. Reads open the committed file with [`Drive::open_version`].
+//!
+//! # Storage scheme
+//! One file per object version per drive holds that drive's chunk of every stripe, chunk `s` at
+//! offset `s * chunk_bytes`; files are named by version id (32 hex digits), never by key, so no
+//! key can reach the file system (no path traversal). Metadata, buckets and the key index live in
+//! one redb database (`meta.redb`, a copy-on-write B-tree with atomic, fsynced commits).
+//!
+//! # Medium assumptions and fsync policy
+//! We assume `fsync` makes written bytes and a directory's entries durable and that `rename`
+//! within one file system is atomic. A commit: (1) `fsync` the staging file, (2) rename it into
+//! `data/`, (3) `fsync` the data directory, (4) commit the metadata in one redb write transaction
+//! (redb fsyncs before it returns). A crash before (4) leaves an unreferenced data file, deleted
+//! by the sweep in [`Drive::open`]; after (4) the new version is complete. Readers therefore see
+//! the old or the new version, never a torn one.
+//!
+//! ```ignore
+//! let drive = Drive::open(Path::new("tessera-data/n1/d1"))?;
+//! drive.create_bucket("bkt")?;
+//! drive.write_chunk("bkt", version, 0, &chunk)?;
+//! drive.commit(&meta, &[])?;
+//! ```
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use proto::{CommitOutcome, ListEntry, ObjectMeta, VersionId};
+use redb::{Database, ReadableTable, TableDefinition};
+
+const BUCKETS: TableDefinition<'_, &str, u64> = TableDefinition::new("buckets");
+/// `bucket NUL key` -> postcard [`ObjectMeta`] of the drive's current version (maybe a marker).
+const OBJECTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("objects");
+/// Version ids (hex) whose data file is referenced by `OBJECTS`; the sweep keeps only these.
+const VERSIONS: TableDefinition<'_, &str, u8> = TableDefinition::new("versions");
+/// Versions committed with chunks missing on some set positions: `version hex` -> positions.
+const REPAIR_QUEUE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("repair_queue");
+
+/// Name of the file that marks a directory as a Tessera drive.
+pub const DRIVE_MARKER: &str = "tessera-drive";
+const DRIVE_MARKER_TEXT: &str = "tessera drive format 1\n";
+
+/// What a drive operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("drive {path} does not exist (create it with `tessera init`)")]
+    DriveMissing { path: PathBuf },
+    #[error("drive {path} is not usable: {source}")]
+    DriveUnusable { path: PathBuf, source: io::Error },
+    #[error("drive {path} is full")]
+    DiskFull { path: PathBuf },
+    #[error("no such bucket {bucket:?}")]
+    NoSuchBucket { bucket: String },
+    #[error("bucket {bucket:?} is not empty")]
+    BucketNotEmpty { bucket: String },
+    #[error("no staged data for version {version} (the PUT was aborted or never wrote here)")]
+    NoStagedData { version: String },
+    #[error("staged data for version {version} holds {found} bytes, the layout needs {expected}")]
+    StagedLengthMismatch { version: String, found: u64, expected: u64 },
+    #[error("I/O on drive {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("metadata database of drive {path}: {source}")]
+    Db { path: PathBuf, source: Box<redb::Error> },
+    #[error("stored metadata on drive {path} is corrupt: {source}")]
+    CorruptMeta { path: PathBuf, source: proto::Error },
+}
+
+/// One drive directory.
+#[derive(Debug)]
+pub struct Drive {
+    root: PathBuf,
+    db: Database,
+}
+
+impl Drive {
+    /// Prepares an empty drive directory (creating it) for [`Drive::open`]; idempotent.
+    pub fn format(root: &Path) -> Result<(), Error> {
+        let unusable = |source| Error::DriveUnusable { path: root.to_owned(), source };
+        fs::create_dir_all(root).map_err(unusable)?;
+        let marker = root.join(DRIVE_MARKER);
+        if !marker.exists() {
+            fs::write(&marker, DRIVE_MARKER_TEXT).map_err(unusable)?;
+        }
+        Ok(())
+    }
+
+    /// Opens a formatted drive, checks it is writable, and sweeps staging files and data files
+    /// that no committed metadata references (left by crashes or failed PUTs).
+    pub fn open(root: &Path) -> Result<Self, Error> {
+        if !root.join(DRIVE_MARKER).is_file() {
+            return Err(Error::DriveMissing { path: root.to_owned() });
+        }
+        let unusable = |source| Error::DriveUnusable { path: root.to_owned(), source };
+        let probe = root.join(".write-probe");
+        fs::write(&probe, b"probe").and_then(|()| fs::remove_file(&probe)).map_err(unusable)?;
+        fs::create_dir_all(root.join("tmp")).map_err(unusable)?;
+        for shard in 0..=255u8 {
+            fs::create_dir_all(root.join("data").join(format!("{shard:02x}"))).map_err(unusable)?;
+        }
+        let db = Database::create(root.join("meta.redb")).map_err(|e| db_error(root, e))?;
+        let drive = Self { root: root.to_owned(), db };
+        drive.create_tables()?;
+        drive.sweep()?;
+        Ok(drive)
+    }
+
+    /// The drive's directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Creates `bucket` (idempotent).
+    pub fn create_bucket(&self, bucket: &str) -> Result<(), Error> {
+        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        {
+            let mut table = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
+            if table.get(bucket).map_err(|e| self.db_err(e))?.is_none() {
+                table.insert(bucket, unix_ms()).map_err(|e| self.db_err(e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    /// Removes `bucket` and its delete markers; fails if any live object remains.
+    pub fn delete_bucket(&self, bucket: &str) -> Result<(), Error> {
+        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        {
+            let mut buckets = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
+            if buckets.remove(bucket).map_err(|e| self.db_err(e))?.is_none() {
+                return Err(Error::NoSuchBucket { bucket: bucket.to_owned() });
+            }
+            let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+            let (start, end) = bucket_bounds(bucket);
+            let mut markers = Vec::new();
+            for entry in objects.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+                let (key, value) = entry.map_err(|e| self.db_err(e))?;
+                let meta = self.decode_meta(value.value())?;
+                if !meta.deleted {
+                    return Err(Error::BucketNotEmpty { bucket: bucket.to_owned() });
+                }
+                markers.push(key.value().to_vec());
+            }
+            for key in markers {
+                objects.remove(key.as_slice()).map_err(|e| self.db_err(e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    /// Whether `bucket` exists on this drive.
+    pub fn has_bucket(&self, bucket: &str) -> Result<bool, Error> {
+        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let table = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
+        Ok(table.get(bucket).map_err(|e| self.db_err(e))?.is_some())
+    }
+
+    /// Every bucket on this drive, sorted.
+    pub fn list_buckets(&self) -> Result<Vec<String>, Error> {
+        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let table = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
+        let mut names = Vec::new();
+        for entry in table.iter().map_err(|e| self.db_err(e))? {
+            let (name, _) = entry.map_err(|e| self.db_err(e))?;
+            names.push(name.value().to_owned());
+        }
+        Ok(names)
+    }
+
+    /// Writes `data` at `offset` of `version`'s staging file (created on first write).
+    pub fn write_chunk(&self, bucket: &str, version: VersionId, offset: u64, data: &[u8]) -> Result<(), Error> {
+        if !self.has_bucket(bucket)? {
+            return Err(Error::NoSuchBucket { bucket: bucket.to_owned() });
+        }
+        let path = self.staging_path(version);
+        let file = OpenOptions::new().create(true).write(true).truncate(false).open(&path);
+        let result = file.and_then(|file| file.write_all_at(data, offset));
+        result.map_err(|source| self.io_err(&path, source))
+    }
+
+    /// Drops `version`'s staging file, if any.
+    pub fn abort(&self, version: VersionId) -> Result<(), Error> {
+        let path = self.staging_path(version);
+        match fs::remove_file(&path) {
+            Err(source) if source.kind() != io::ErrorKind::NotFound => Err(self.io_err(&path, source)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes `meta` durable and current unless the drive already has this version or a newer
+    /// one. The staging file must hold exactly this drive's chunks of the layout.
+    pub fn commit(&self, meta: &ObjectMeta, missing_positions: &[u32]) -> Result<CommitOutcome, Error> {
+        if !self.has_bucket(&meta.bucket)? {
+            return Err(Error::NoSuchBucket { bucket: meta.bucket.clone() });
+        }
+        if let Some(current) = self.get_meta(&meta.bucket, &meta.key)? {
+            if current.version >= meta.version {
+                self.abort(meta.version)?;
+                return Ok(CommitOutcome::Superseded { current: current.version });
+            }
+        }
+        let has_data = !meta.deleted && meta.size > 0;
+        if has_data {
+            self.publish_staged(meta)?;
+        }
+        let replaced = self.commit_meta(meta, has_data, missing_positions)?;
+        match replaced {
+            ReplaceResult::Superseded(current) => {
+                // A newer version won the race between our check and our transaction.
+                self.remove_data_file(meta.version);
+                Ok(CommitOutcome::Superseded { current })
+            }
+            ReplaceResult::Applied { old_data } => {
+                if let Some(old) = old_data {
+                    self.remove_data_file(old);
+                }
+                Ok(CommitOutcome::Applied)
+            }
+        }
+    }
+
+    /// Undoes the commit of `version` if it is the drive's current version of the key (the PUT
+    /// that wrote it did not reach its write quorum).
+    pub fn rollback(&self, bucket: &str, key: &str, version: VersionId) -> Result<(), Error> {
+        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let removed = {
+            let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+            let object_key = object_key(bucket, key);
+            let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
+                Some(value) => Some(self.decode_meta(value.value())?),
+                None => None,
+            };
+            match current {
+                Some(current) if current.version == version => {
+                    objects.remove(object_key.as_slice()).map_err(|e| self.db_err(e))?;
+                    let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+                    versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                    true
+                }
+                _ => false,
+            }
+        };
+        txn.commit().map_err(|e| self.db_err(e))?;
+        if removed {
+            self.remove_data_file(version);
+        }
+        self.abort(version)
+    }
+
+    /// The drive's current metadata of `bucket/key` (a delete marker counts).
+    pub fn get_meta(&self, bucket: &str, key: &str) -> Result<Option<ObjectMeta>, Error> {
+        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let table = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+        let value = table.get(object_key(bucket, key).as_slice()).map_err(|e| self.db_err(e))?;
+        value.map(|v| self.decode_meta(v.value())).transpose()
+    }
+
+    /// Opens the committed data file of `version`; `None` if the drive does not have it.
+    pub fn open_version(&self, version: VersionId) -> Result<Option<File>, Error> {
+        let path = self.data_path(version);
+        match File::open(&path) {
+            Ok(file) => Ok(Some(file)),
+            Err(source) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(self.io_err(&path, source)),
+        }
+    }
+
+    /// Keys of `bucket` greater than `start_after` that start with `prefix`, sorted, at most
+    /// `limit`; delete markers included (the client merges drives and hides them).
+    pub fn list(&self, bucket: &str, prefix: &str, start_after: &str, limit: usize) -> Result<Vec<ListEntry>, Error> {
+        if !self.has_bucket(bucket)? {
+            return Err(Error::NoSuchBucket { bucket: bucket.to_owned() });
+        }
+        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let table = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+        let lower = if prefix > start_after { object_key(bucket, prefix) } else { object_key(bucket, start_after) };
+        let (_, end) = bucket_bounds(bucket);
+        let mut entries = Vec::new();
+        for entry in table.range(lower.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+            if entries.len() >= limit {
+                break;
+            }
+            let (_, value) = entry.map_err(|e| self.db_err(e))?;
+            let meta = self.decode_meta(value.value())?;
+            if meta.key.as_str() <= start_after {
+                continue;
+            }
+            if !meta.key.starts_with(prefix) {
+                break;
+            }
+            entries.push(ListEntry {
+                key: meta.key,
+                version: meta.version,
+                deleted: meta.deleted,
+                size: meta.size,
+                etag: meta.etag,
+                modified_ms: meta.modified_ms,
+            });
+        }
+        Ok(entries)
+    }
+
+    /// Versions waiting for repair: `(version hex, set positions without chunks)`.
+    pub fn repair_queue(&self) -> Result<Vec<(String, Vec<u32>)>, Error> {
+        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let table = txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
+        let mut queue = Vec::new();
+        for entry in table.iter().map_err(|e| self.db_err(e))? {
+            let (version, positions) = entry.map_err(|e| self.db_err(e))?;
+            let positions = positions.value().iter().map(|p| u32::from(*p)).collect();
+            queue.push((version.value().to_owned(), positions));
+        }
+        Ok(queue)
+    }
+}
+
+enum ReplaceResult {
+    Applied { old_data: Option<VersionId> },
+    Superseded(VersionId),
+}
+
+impl Drive {
+    fn create_tables(&self) -> Result<(), Error> {
+        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
+        txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+        txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+        txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
+        txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    /// Deletes every staging file (no PUT survives a restart) and every data file that no
+    /// committed metadata references.
+    fn sweep(&self) -> Result<(), Error> {
+        let tmp = self.root.join("tmp");
+        for entry in fs::read_dir(&tmp).map_err(|e| self.io_err(&tmp, e))? {
+            let path = entry.map_err(|e| self.io_err(&tmp, e))?.path();
+            fs::remove_file(&path).map_err(|e| self.io_err(&path, e))?;
+        }
+        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+        let mut removed = 0usize;
+        for shard in 0..=255u8 {
+            let dir = self.root.join("data").join(format!("{shard:02x}"));
+            for entry in fs::read_dir(&dir).map_err(|e| self.io_err(&dir, e))? {
+                let entry = entry.map_err(|e| self.io_err(&dir, e))?;
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if versions.get(name.as_ref()).map_err(|e| self.db_err(e))?.is_none() {
+                    fs::remove_file(entry.path()).map_err(|e| self.io_err(&entry.path(), e))?;
+                    removed += 1;
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::warn!(drive = %self.root.display(), removed, "swept unreferenced data files");
+        }
+        Ok(())
+    }
+
+    /// Steps (1)-(3) of a commit: fsync the staging file, rename it into place, fsync the dir.
+    fn publish_staged(&self, meta: &ObjectMeta) -> Result<(), Error> {
+        let staging = self.staging_path(meta.version);
+        let file = match File::open(&staging) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::NoStagedData { version: meta.version.to_hex() });
+            }
+            Err(e) => return Err(self.io_err(&staging, e)),
+        };
+        let found = file.metadata().map_err(|e| self.io_err(&staging, e))?.len();
+        let geometry = meta.geometry();
+        let last = geometry.stripes - 1;
+        let expected = geometry.file_offset(last) + geometry.chunk_len(last) as u64;
+        if found != expected {
+            return Err(Error::StagedLengthMismatch { version: meta.version.to_hex(), found, expected });
+        }
+        file.sync_all().map_err(|e| self.io_err(&staging, e))?;
+        let target = self.data_path(meta.version);
+        fs::rename(&staging, &target).map_err(|e| self.io_err(&target, e))?;
+        let dir = target.parent().expect("data files live in a shard directory");
+        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| self.io_err(dir, e))
+    }
+
+    /// Step (4) of a commit: one redb transaction that replaces the key's metadata if ours is
+    /// newer, and moves the set of referenced data files along.
+    fn commit_meta(&self, meta: &ObjectMeta, has_data: bool, missing_positions: &[u32]) -> Result<ReplaceResult, Error> {
+        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let result = {
+            let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+            let object_key = object_key(&meta.bucket, &meta.key);
+            let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
+                Some(value) => Some(self.decode_meta(value.value())?),
+                None => None,
+            };
+            match current {
+                Some(current) if current.version >= meta.version => ReplaceResult::Superseded(current.version),
+                current => {
+                    let encoded = proto::encode_body(meta);
+                    objects.insert(object_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
+                    let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+                    if has_data {
+                        versions.insert(meta.version.to_hex().as_str(), 1).map_err(|e| self.db_err(e))?;
+                    }
+                    let old_data = current.filter(|c| !c.deleted && c.size > 0).map(|c| c.version);
+                    if let Some(old) = old_data {
+                        versions.remove(old.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                    }
+                    if !missing_positions.is_empty() {
+                        let mut queue = txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
+                        let positions: Vec<u8> = missing_positions.iter().map(|p| *p as u8).collect();
+                        queue.insert(meta.version.to_hex().as_str(), positions.as_slice()).map_err(|e| self.db_err(e))?;
+                    }
+                    ReplaceResult::Applied { old_data }
+                }
+            }
+        };
+        txn.commit().map_err(|e| self.db_err(e))?;
+        Ok(result)
+    }
+
+    fn remove_data_file(&self, version: VersionId) {
+        let path = self.data_path(version);
+        if let Err(e) = fs::remove_file(&path) {
+            if e.kind() != io::ErrorKind::NotFound {
+                // The sweep at the next open removes it; nothing references it any more.
+                tracing::warn!(path = %path.display(), error = %e, "could not remove a superseded data file");
+            }
+        }
+    }
+
+    fn staging_path(&self, version: VersionId) -> PathBuf {
+        self.root.join("tmp").join(version.to_hex())
+    }
+
+    fn data_path(&self, version: VersionId) -> PathBuf {
+        let hex = version.to_hex();
+        // The writer id's last byte is random, so files spread evenly over 256 directories.
+        self.root.join("data").join(&hex[30..32]).join(hex)
+    }
+
+    fn decode_meta(&self, bytes: &[u8]) -> Result<ObjectMeta, Error> {
+        let meta: ObjectMeta = proto::decode_message(bytes, "stored object metadata")
+            .map_err(|source| Error::CorruptMeta { path: self.root.clone(), source })?;
+        meta.validate().map_err(|source| Error::CorruptMeta { path: self.root.clone(), source })?;
+        Ok(meta)
+    }
+
+    fn io_err(&self, path: &Path, source: io::Error) -> Error {
+        if is_disk_full(&source) {
+            return Error::DiskFull { path: self.root.clone() };
+        }
+        Error::Io { path: path.to_owned(), source }
+    }
+
+    fn db_err(&self, source: impl Into<redb::Error>) -> Error {
+        db_error(&self.root, source)
+    }
+}
+
+fn db_error(root: &Path, source: impl Into<redb::Error>) -> Error {
+    let source: redb::Error = source.into();
+    if let redb::Error::Io(io) = &source {
+        if is_disk_full(io) {
+            return Error::DiskFull { path: root.to_owned() };
+        }
+    }
+    Error::Db { path: root.to_owned(), source: Box::new(source) }
+}
+
+fn is_disk_full(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::StorageFull || error.raw_os_error() == Some(libc::EDQUOT)
+}
+
+fn object_key(bucket: &str, key: &str) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(bucket.len() + 1 + key.len());
+    bytes.extend_from_slice(bucket.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(key.as_bytes());
+    bytes
+}
+
+/// `[bucket NUL, bucket 0x01)`: every key of one bucket (bucket names and keys have no NUL).
+fn bucket_bounds(bucket: &str) -> (Vec<u8>, Vec<u8>) {
+    let mut start = bucket.as_bytes().to_vec();
+    start.push(0);
+    let mut end = bucket.as_bytes().to_vec();
+    end.push(1);
+    (start, end)
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;

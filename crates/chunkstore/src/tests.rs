@@ -1,0 +1,149 @@
+use super::*;
+use proto::{META_FORMAT_VERSION, StripeGeometry};
+
+fn version(unix_ns: u64) -> VersionId {
+    VersionId { unix_ns, writer: 0xab }
+}
+
+fn meta(key: &str, version: VersionId, size: u64) -> ObjectMeta {
+    let stripes = StripeGeometry::new(size, 2, 4096).stripes as usize;
+    ObjectMeta {
+        format: META_FORMAT_VERSION,
+        bucket: "bkt".into(),
+        key: key.into(),
+        version,
+        deleted: false,
+        size,
+        etag: String::new(),
+        content_type: String::new(),
+        user_meta: Vec::new(),
+        modified_ms: 0,
+        k: 2,
+        m: 1,
+        chunk_bytes: 4096,
+        set_idx: 0,
+        rotation: 0,
+        crcs: vec![0; stripes * 3],
+    }
+}
+
+fn drive() -> (tempfile::TempDir, Drive) {
+    let dir = tempfile::tempdir().unwrap();
+    Drive::format(dir.path()).unwrap();
+    let drive = Drive::open(dir.path()).unwrap();
+    drive.create_bucket("bkt").unwrap();
+    (dir, drive)
+}
+
+/// Stages this drive's file for an object of `size` bytes (k=2, 4 KiB chunks) and commits it.
+fn put(drive: &Drive, key: &str, version: VersionId, size: u64) -> CommitOutcome {
+    let meta = meta(key, version, size);
+    let geometry = meta.geometry();
+    for stripe in 0..geometry.stripes {
+        let chunk = vec![stripe as u8; geometry.chunk_len(stripe)];
+        drive.write_chunk("bkt", version, geometry.file_offset(stripe), &chunk).unwrap();
+    }
+    drive.commit(&meta, &[]).unwrap()
+}
+
+#[test]
+fn commit_makes_version_current_and_readable() {
+    let (_dir, drive) = drive();
+    assert_eq!(put(&drive, "a", version(1), 10_000), CommitOutcome::Applied);
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1));
+    let file = drive.open_version(version(1)).unwrap().unwrap();
+    assert_eq!(file.metadata().unwrap().len(), 4096 + 904);
+}
+
+#[test]
+fn older_version_is_superseded_and_its_data_dropped() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(5), 100);
+    assert_eq!(put(&drive, "a", version(3), 100), CommitOutcome::Superseded { current: version(5) });
+    assert!(drive.open_version(version(3)).unwrap().is_none());
+    assert_eq!(put(&drive, "a", version(9), 100), CommitOutcome::Applied);
+    assert!(drive.open_version(version(5)).unwrap().is_none(), "replaced data is deleted");
+}
+
+#[test]
+fn commit_without_staged_data_or_with_short_data_fails() {
+    let (_dir, drive) = drive();
+    assert!(matches!(drive.commit(&meta("a", version(1), 100), &[]), Err(Error::NoStagedData { .. })));
+    drive.write_chunk("bkt", version(2), 0, &[1; 10]).unwrap();
+    assert!(matches!(drive.commit(&meta("a", version(2), 100), &[]), Err(Error::StagedLengthMismatch { .. })));
+    assert!(drive.get_meta("bkt", "a").unwrap().is_none());
+}
+
+#[test]
+fn writes_into_missing_bucket_fail() {
+    let (_dir, drive) = drive();
+    assert!(matches!(drive.write_chunk("nope", version(1), 0, &[1]), Err(Error::NoSuchBucket { .. })));
+}
+
+#[test]
+fn rollback_removes_only_the_named_version() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(1), 100);
+    drive.rollback("bkt", "a", version(7)).unwrap();
+    assert!(drive.get_meta("bkt", "a").unwrap().is_some());
+    drive.rollback("bkt", "a", version(1)).unwrap();
+    assert!(drive.get_meta("bkt", "a").unwrap().is_none());
+    assert!(drive.open_version(version(1)).unwrap().is_none());
+}
+
+#[test]
+fn reopen_keeps_committed_data_and_sweeps_orphans() {
+    let (dir, drive) = drive();
+    put(&drive, "kept", version(1), 5000);
+    drive.write_chunk("bkt", version(2), 0, &[1; 100]).unwrap();
+    let orphan = dir.path().join("data").join("ab").join(version(3).to_hex());
+    fs::write(&orphan, b"crash leftover").unwrap();
+    drop(drive);
+    let drive = Drive::open(dir.path()).unwrap();
+    assert!(drive.open_version(version(1)).unwrap().is_some());
+    assert!(!orphan.exists());
+    assert_eq!(fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+}
+
+#[test]
+fn list_is_sorted_prefixed_and_paged() {
+    let (_dir, drive) = drive();
+    for key in ["b/2", "a", "b/1", "c", "b/3"] {
+        put(&drive, key, version(1), 10);
+    }
+    let keys = |prefix, start_after, limit| -> Vec<String> {
+        drive.list("bkt", prefix, start_after, limit).unwrap().into_iter().map(|e| e.key).collect()
+    };
+    assert_eq!(keys("", "", 100), ["a", "b/1", "b/2", "b/3", "c"]);
+    assert_eq!(keys("b/", "", 100), ["b/1", "b/2", "b/3"]);
+    assert_eq!(keys("b/", "b/1", 1), ["b/2"]);
+    assert_eq!(keys("", "b/3", 100), ["c"]);
+}
+
+#[test]
+fn delete_bucket_refuses_live_objects_but_not_markers() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(1), 10);
+    assert!(matches!(drive.delete_bucket("bkt"), Err(Error::BucketNotEmpty { .. })));
+    let mut marker = meta("a", version(2), 0);
+    marker.deleted = true;
+    marker.crcs.clear();
+    drive.commit(&marker, &[]).unwrap();
+    drive.delete_bucket("bkt").unwrap();
+    assert!(!drive.has_bucket("bkt").unwrap());
+    assert!(matches!(drive.delete_bucket("bkt"), Err(Error::NoSuchBucket { .. })));
+}
+
+#[test]
+fn open_refuses_unformatted_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(Drive::open(&dir.path().join("missing")), Err(Error::DriveMissing { .. })));
+}
+
+#[test]
+fn repair_queue_records_missing_positions() {
+    let (_dir, drive) = drive();
+    let meta = meta("a", version(1), 0);
+    drive.commit(&meta, &[2]).unwrap();
+    assert_eq!(drive.repair_queue().unwrap(), vec![(version(1).to_hex(), vec![2])]);
+}

@@ -1,0 +1,151 @@
+use super::*;
+use proptest::prelude::*;
+
+fn meta(size: u64, k: u8, m: u8, chunk_bytes: u32) -> ObjectMeta {
+    let geometry = StripeGeometry::new(size, usize::from(k), chunk_bytes);
+    ObjectMeta {
+        format: META_FORMAT_VERSION,
+        bucket: "bkt".into(),
+        key: "a/b.bin".into(),
+        version: VersionId { unix_ns: 7, writer: 9 },
+        deleted: false,
+        size,
+        etag: "00".into(),
+        content_type: "application/octet-stream".into(),
+        user_meta: vec![("x".into(), "y".into())],
+        modified_ms: 1,
+        k,
+        m,
+        chunk_bytes,
+        set_idx: 0,
+        rotation: 1,
+        crcs: vec![0; geometry.stripes as usize * usize::from(k + m)],
+    }
+}
+
+fn check_request_round_trip(request: Request) {
+    let frame = encode_frame(FrameKind::Request, &request).unwrap();
+    let header = FrameHeader::decode(frame[..FRAME_HEADER_BYTES].try_into().unwrap()).unwrap();
+    assert_eq!(header.kind, FrameKind::Request);
+    assert_eq!(header.body_len, frame.len() - FRAME_HEADER_BYTES);
+    assert_eq!(decode_request(&frame[FRAME_HEADER_BYTES..]).unwrap(), request);
+}
+
+#[test]
+fn requests_round_trip() {
+    check_request_round_trip(Request::GetMap);
+    check_request_round_trip(Request::Commit { drive: 0, meta: meta(5_000_000, 4, 2, 1 << 20), missing_positions: vec![3] });
+    check_request_round_trip(Request::Read {
+        items: vec![ReadItem { drive: 1, version: VersionId { unix_ns: 1, writer: 2 }, offset: 3, len: 4 }],
+    });
+    check_request_round_trip(Request::List {
+        drive: 0,
+        bucket: "b".into(),
+        prefix: "p".into(),
+        start_after: "".into(),
+        limit: 10,
+    });
+}
+
+#[test]
+fn limits_are_enforced_at_limit_plus_one() {
+    let item = ReadItem { drive: 0, version: VersionId { unix_ns: 1, writer: 1 }, offset: 0, len: 1 };
+    let at_limit = Request::Read { items: vec![item.clone(); BATCH_ITEMS_MAX] };
+    assert!(decode_request(&encode_body(&at_limit)).is_ok());
+    let over = Request::Read { items: vec![item; BATCH_ITEMS_MAX + 1] };
+    assert!(matches!(decode_request(&encode_body(&over)), Err(Error::TooManyItems { .. })));
+    let big = Request::ChunkWrite {
+        drive: 0,
+        bucket: "b".into(),
+        version: VersionId { unix_ns: 1, writer: 1 },
+        offset: 0,
+        len: CHUNK_BYTES_MAX as u32 + 1,
+    };
+    assert!(decode_request(&encode_body(&big)).is_err());
+    assert!(FrameHeader::new(FrameKind::Request, CONTROL_BODY_BYTES_MAX).is_ok());
+    assert!(matches!(
+        FrameHeader::new(FrameKind::Request, CONTROL_BODY_BYTES_MAX + 1),
+        Err(Error::FrameTooLarge { .. })
+    ));
+}
+
+#[test]
+fn bad_headers_are_refused() {
+    let good = FrameHeader::new(FrameKind::Response, 10).unwrap().encode();
+    let mut bad_magic = good;
+    bad_magic[0] = b'X';
+    assert!(matches!(FrameHeader::decode(&bad_magic), Err(Error::BadMagic { .. })));
+    let mut huge = good;
+    huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(FrameHeader::decode(&huge), Err(Error::FrameTooLarge { .. })));
+    let mut kind = good;
+    kind[4] = 99;
+    assert!(matches!(FrameHeader::decode(&kind), Err(Error::UnknownKind { kind: 99 })));
+}
+
+#[test]
+fn auth_proof_needs_the_secret() {
+    let nonce = [7u8; NONCE_BYTES];
+    let proof = auth_proof("secret", &nonce);
+    assert!(verify_auth_proof("secret", &nonce, &proof));
+    assert!(!verify_auth_proof("other", &nonce, &proof));
+    assert!(!verify_auth_proof("secret", &[8u8; NONCE_BYTES], &proof));
+}
+
+#[test]
+fn metadata_with_wrong_checksum_count_is_invalid() {
+    let mut record = meta(10, 4, 2, 4096);
+    assert!(record.validate().is_ok());
+    record.crcs.push(0);
+    assert!(record.validate().is_err());
+}
+
+#[test]
+fn version_hex_round_trips_and_orders_by_time_then_writer() {
+    let a = VersionId { unix_ns: 5, writer: u64::MAX };
+    let b = VersionId { unix_ns: 6, writer: 0 };
+    assert!(a < b);
+    assert_eq!(VersionId::from_hex(&a.to_hex()), Some(a));
+    assert_eq!(VersionId::from_hex("../../etc/passwd"), None);
+}
+
+#[test]
+fn names_follow_s3_rules() {
+    for good in ["abc", "my-bucket.1", "a23"] {
+        assert!(validate_bucket(good).is_ok(), "{good}");
+    }
+    for bad in ["ab", "ABC", "-abc", "abc-", "a..b", "192.168.1.1", "a_b", &"a".repeat(64)] {
+        assert!(validate_bucket(bad).is_err(), "{bad}");
+    }
+    assert!(validate_key("../../x").is_ok(), "keys are never paths, so any UTF-8 is fine");
+    assert!(validate_key("").is_err());
+    assert!(validate_key(&"k".repeat(KEY_BYTES_MAX)).is_ok());
+    assert!(validate_key(&"k".repeat(KEY_BYTES_MAX + 1)).is_err());
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode_request(&bytes);
+        let _ = decode_response(&bytes);
+        if bytes.len() >= FRAME_HEADER_BYTES {
+            let _ = FrameHeader::decode(bytes[..FRAME_HEADER_BYTES].try_into().unwrap());
+        }
+    }
+
+    #[test]
+    fn geometry_covers_every_byte_once(size in 0u64..200_000, k in 1usize..10, chunk_pow in 12u32..15) {
+        let chunk_bytes = 1u32 << chunk_pow;
+        let geometry = StripeGeometry::new(size, k, chunk_bytes);
+        let mut covered = 0u64;
+        for stripe_idx in 0..geometry.stripes {
+            let len = geometry.chunk_len(stripe_idx);
+            prop_assert!(len <= chunk_bytes as usize);
+            let in_stripe: usize = (0..k).map(|i| geometry.data_bytes_in_chunk(stripe_idx, i)).sum();
+            prop_assert_eq!(in_stripe as u64, geometry.stripe_data_bytes(stripe_idx));
+            prop_assert!(len * k >= in_stripe && len * k - in_stripe < k);
+            covered += in_stripe as u64;
+        }
+        prop_assert_eq!(covered, size);
+    }
+}
