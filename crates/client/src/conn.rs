@@ -1,0 +1,171 @@
+//! Connections to nodes: handshake, framed requests, and a bounded pool per node.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use proto::{AuthProof, Challenge, FrameHeader, FrameKind, Request, Response, FRAME_HEADER_BYTES, PROTOCOL_VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::Error;
+
+/// One authenticated connection to a node.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub(crate) stream: TcpStream,
+    pub(crate) node: String,
+}
+
+impl Conn {
+    /// Connects and authenticates with the cluster secret.
+    pub(crate) async fn open(node: &str, addr: SocketAddr, secret: &str, timeout: Duration) -> Result<Self, Error> {
+        let unreachable = |reason: String| Error::NodeUnreachable { node: node.to_owned(), reason };
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| unreachable(format!("connect to {addr} timed out after {timeout:?}")))?
+            .map_err(|e| unreachable(format!("connect to {addr}: {e}")))?;
+        stream.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
+        let mut conn = Self { stream, node: node.to_owned() };
+        tokio::time::timeout(timeout, conn.handshake(secret))
+            .await
+            .map_err(|_| unreachable(format!("handshake with {addr} timed out")))??;
+        Ok(conn)
+    }
+
+    async fn handshake(&mut self, secret: &str) -> Result<(), Error> {
+        let body = self.read_frame(FrameKind::Challenge).await?;
+        let challenge: Challenge = proto::decode_message(&body, "challenge").map_err(|e| self.protocol(e))?;
+        if challenge.protocol_version != PROTOCOL_VERSION {
+            return Err(self.protocol(proto::Error::UnsupportedVersion {
+                what: "node protocol",
+                found: challenge.protocol_version,
+                supported: PROTOCOL_VERSION,
+            }));
+        }
+        let proof = AuthProof { protocol_version: PROTOCOL_VERSION, proof: proto::auth_proof(secret, &challenge.nonce) };
+        let frame = proto::encode_frame(FrameKind::Auth, &proof).map_err(|e| self.protocol(e))?;
+        self.write_all(&frame).await?;
+        match self.read_response().await {
+            Ok(Response::Ok) => Ok(()),
+            Ok(other) => Err(self.unexpected(&other)),
+            Err(Error::NodeUnreachable { .. }) => Err(Error::AuthRejected { node: self.node.clone() }),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) async fn send_request(&mut self, request: &Request) -> Result<(), Error> {
+        let frame = proto::encode_frame(FrameKind::Request, request).map_err(|e| self.protocol(e))?;
+        self.write_all(&frame).await
+    }
+
+    /// Sends a request followed by raw bytes (a chunk write) in one go where possible.
+    pub(crate) async fn send_request_with_data(&mut self, request: &Request, data: &[u8]) -> Result<(), Error> {
+        self.send_request(request).await?;
+        self.write_all(data).await
+    }
+
+    pub(crate) async fn read_response(&mut self) -> Result<Response, Error> {
+        let body = self.read_frame(FrameKind::Response).await?;
+        proto::decode_response(&body).map_err(|e| self.protocol(e))
+    }
+
+    /// One request, one response.
+    pub(crate) async fn call(&mut self, request: &Request) -> Result<Response, Error> {
+        self.send_request(request).await?;
+        self.read_response().await
+    }
+
+    pub(crate) async fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Error> {
+        self.stream.read_exact(buf).await.map_err(|e| self.io(e))?;
+        Ok(())
+    }
+
+    async fn read_frame(&mut self, expected: FrameKind) -> Result<Vec<u8>, Error> {
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        self.stream.read_exact(&mut header).await.map_err(|e| self.io(e))?;
+        let header = FrameHeader::decode(&header).map_err(|e| self.protocol(e))?;
+        if header.kind != expected {
+            return Err(self.protocol(proto::Error::Invalid {
+                what: "frame kind",
+                reason: format!("expected {expected:?}, got {:?}", header.kind),
+            }));
+        }
+        // FrameHeader::decode bounded body_len by CONTROL_BODY_BYTES_MAX.
+        let mut body = vec![0u8; header.body_len];
+        self.stream.read_exact(&mut body).await.map_err(|e| self.io(e))?;
+        Ok(body)
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        self.stream.write_all(bytes).await.map_err(|e| self.io(e))
+    }
+
+    fn io(&self, e: std::io::Error) -> Error {
+        Error::NodeUnreachable { node: self.node.clone(), reason: e.to_string() }
+    }
+
+    fn protocol(&self, source: proto::Error) -> Error {
+        Error::Protocol { node: self.node.clone(), source }
+    }
+
+    pub(crate) fn unexpected(&self, response: &Response) -> Error {
+        match response {
+            Response::Error { kind, message } => Error::from_node(&self.node, *kind, message),
+            other => Error::Protocol {
+                node: self.node.clone(),
+                source: proto::Error::Invalid { what: "response", reason: format!("unexpected {other:?}") },
+            },
+        }
+    }
+}
+
+/// Idle connections to one node, plus when it last failed. At most `idle_max` are kept.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pub(crate) node: String,
+    pub(crate) addr: SocketAddr,
+    idle: Mutex<Vec<Conn>>,
+    down_since: Mutex<Option<Instant>>,
+}
+
+impl Pool {
+    pub(crate) fn new(node: String, addr: SocketAddr) -> Self {
+        Self { node, addr, idle: Mutex::new(Vec::new()), down_since: Mutex::new(None) }
+    }
+
+    /// Whether the node failed within `backoff`: readers plan around it instead of waiting.
+    pub(crate) fn recently_down(&self, backoff: Duration) -> bool {
+        let down = self.down_since.lock().expect("pool lock poisoned");
+        down.is_some_and(|since| since.elapsed() < backoff)
+    }
+
+    pub(crate) fn mark_down(&self) {
+        *self.down_since.lock().expect("pool lock poisoned") = Some(Instant::now());
+        self.idle.lock().expect("pool lock poisoned").clear();
+    }
+
+    pub(crate) async fn get(&self, secret: &str, timeout: Duration) -> Result<Conn, Error> {
+        if let Some(conn) = self.idle.lock().expect("pool lock poisoned").pop() {
+            return Ok(conn);
+        }
+        match Conn::open(&self.node, self.addr, secret, timeout).await {
+            Ok(conn) => {
+                *self.down_since.lock().expect("pool lock poisoned") = None;
+                Ok(conn)
+            }
+            Err(e) => {
+                self.mark_down();
+                Err(e)
+            }
+        }
+    }
+
+    /// Returns a connection that finished its exchange cleanly.
+    pub(crate) fn put_back(&self, conn: Conn, idle_max: usize) {
+        let mut idle = self.idle.lock().expect("pool lock poisoned");
+        if idle.len() < idle_max {
+            idle.push(conn);
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! GET: plan which chunks a byte range needs, fetch them with one batched request per node
+//! straight into the caller's buffer, verify checksums, and decode around missing chunks.
+
+use proto::{ItemStatus, ReadItem, Request, Response};
+
+use crate::{Client, Error, ObjectInfo};
+
+/// Stripes planned and fetched together. Bounds the scratch memory of a degraded read to
+/// `WINDOW_STRIPES * m` chunks, and a node batch to `WINDOW_STRIPES` items per object.
+pub(crate) const WINDOW_STRIPES: u64 = 16;
+/// Fetch rounds per window: the first asks for the data chunks (plus parity for nodes known to
+/// be down), later rounds ask for replacements of chunks that turned out missing or corrupt.
+const ROUNDS_MAX: usize = 3;
+
+/// One chunk slot of a stripe being read.
+#[derive(Default)]
+struct Slot {
+    /// Needed by the caller (a data chunk overlapping the range).
+    needed: bool,
+    requested: bool,
+    good: bool,
+    failed: bool,
+    /// Where in the caller's buffer the chunk lands whole, if it does.
+    direct: Option<usize>,
+    scratch: Vec<u8>,
+}
+
+struct StripeRead {
+    stripe_idx: u64,
+    chunk_len: usize,
+    slots: Vec<Slot>,
+}
+
+/// Where one fetched chunk's bytes go.
+enum Dest<'b> {
+    Direct(&'b mut [u8]),
+    Scratch(Vec<u8>),
+}
+
+struct Job<'b> {
+    window_idx: usize,
+    chunk_idx: usize,
+    item: ReadItem,
+    crc: u32,
+    dest: Dest<'b>,
+}
+
+impl Dest<'_> {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Dest::Direct(slice) => slice,
+            Dest::Scratch(vec) => vec,
+        }
+    }
+}
+
+pub(crate) async fn read_at(client: &Client, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
+    let size = info.meta.size;
+    if offset > size || (offset == size && size > 0 && !buf.is_empty()) {
+        return Err(Error::RangeNotSatisfiable { offset, size });
+    }
+    let len = (buf.len() as u64).min(size - offset) as usize;
+    if len == 0 {
+        return Ok(0);
+    }
+    let geometry = info.meta.geometry();
+    let first = offset / geometry.stripe_bytes();
+    let last = (offset + len as u64 - 1) / geometry.stripe_bytes();
+    let mut window_start = first;
+    while window_start <= last {
+        let window_end = (window_start + WINDOW_STRIPES).min(last + 1);
+        read_window(client, info, window_start..window_end, offset, &mut buf[..len]).await?;
+        window_start = window_end;
+    }
+    Ok(len)
+}
+
+/// Reads the part of `buf` (object bytes from `offset`) that lies in `stripes`.
+async fn read_window(
+    client: &Client,
+    info: &ObjectInfo,
+    stripes: std::ops::Range<u64>,
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<(), Error> {
+    let mut reads = plan_window(client, info, stripes, offset, buf.len())?;
+    for round in 0..ROUNDS_MAX {
+        if round > 0 && !plan_replacements(client, info, &mut reads)? {
+            break;
+        }
+        fetch_round(client, info, &mut reads, buf).await;
+    }
+    for read in &mut reads {
+        finish_stripe(client, info, read, offset, buf)?;
+    }
+    Ok(())
+}
+
+/// Marks the data chunks the range needs, and where each lands; for stripes with a needed chunk
+/// on a node known to be down, also plans replacements right away.
+fn plan_window(
+    client: &Client,
+    info: &ObjectInfo,
+    stripes: std::ops::Range<u64>,
+    offset: u64,
+    len: usize,
+) -> Result<Vec<StripeRead>, Error> {
+    let geometry = info.meta.geometry();
+    let (k, n) = (usize::from(info.meta.k), info.meta.n());
+    let range_end = offset + len as u64;
+    let mut reads = Vec::new();
+    for stripe_idx in stripes {
+        let chunk_len = geometry.chunk_len(stripe_idx);
+        let mut slots: Vec<Slot> = (0..n).map(|_| Slot::default()).collect();
+        for (chunk_idx, slot) in slots.iter_mut().enumerate().take(k) {
+            let start = geometry.stripe_offset(stripe_idx) + (chunk_idx * chunk_len) as u64;
+            let data = geometry.data_bytes_in_chunk(stripe_idx, chunk_idx) as u64;
+            if data == 0 || start >= range_end || start + data <= offset {
+                continue;
+            }
+            slot.needed = true;
+            slot.requested = true;
+            if start >= offset && start + data <= range_end && data == chunk_len as u64 {
+                slot.direct = Some((start - offset) as usize);
+            }
+            if is_down(client, info, stripe_idx, chunk_idx) {
+                slot.failed = true;
+            }
+        }
+        reads.push(StripeRead { stripe_idx, chunk_len, slots });
+    }
+    plan_replacements(client, info, &mut reads)?;
+    Ok(reads)
+}
+
+fn is_down(client: &Client, info: &ObjectInfo, stripe_idx: u64, chunk_idx: usize) -> bool {
+    let position = info.placement.position(stripe_idx, chunk_idx);
+    let node_idx = client.set_drives(&info.placement)[position].node_idx;
+    client.inner.pools[node_idx].recently_down(client.inner.options.down_backoff)
+}
+
+/// For every stripe missing a needed chunk, requests enough other chunks (data first, then
+/// parity, skipping nodes known to be down) to hold k good ones. Returns whether it requested
+/// anything; fails when a stripe cannot reach k chunks at all.
+fn plan_replacements(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead]) -> Result<bool, Error> {
+    let k = usize::from(info.meta.k);
+    let mut planned = false;
+    for read in reads.iter_mut() {
+        if !read.slots.iter().any(|s| s.needed && s.failed) {
+            continue;
+        }
+        let usable = read.slots.iter().filter(|s| s.requested && !s.failed).count();
+        let mut short = k.saturating_sub(usable);
+        let untried: Vec<usize> = (0..read.slots.len()).filter(|&c| !read.slots[c].requested).collect();
+        let (up, down): (Vec<usize>, Vec<usize>) =
+            untried.into_iter().partition(|&c| !is_down(client, info, read.stripe_idx, c));
+        for chunk_idx in up.into_iter().chain(down) {
+            if short == 0 {
+                break;
+            }
+            let slot = &mut read.slots[chunk_idx];
+            slot.requested = true;
+            slot.scratch = vec![0u8; read.chunk_len];
+            short -= 1;
+            planned = true;
+        }
+        if short > 0 {
+            return Err(unavailable(client, info, read));
+        }
+    }
+    Ok(planned)
+}
+
+fn unavailable(client: &Client, info: &ObjectInfo, read: &StripeRead) -> Error {
+    let drives = client.set_drives(&info.placement);
+    let mut unreachable: Vec<String> = read
+        .slots
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.failed)
+        .map(|(c, _)| client.node_id(drives[info.placement.position(read.stripe_idx, c)].node_idx).to_owned())
+        .collect();
+    unreachable.sort();
+    unreachable.dedup();
+    let n = read.slots.len();
+    Error::Unavailable {
+        action: "read",
+        bucket: info.meta.bucket.clone(),
+        key: info.meta.key.clone(),
+        available: read.slots.iter().filter(|s| !s.failed).count(),
+        total: n,
+        needed: usize::from(info.meta.k),
+        unreachable,
+    }
+}
+
+/// Fetches every requested, not yet fetched chunk: one batched request per node, all nodes at
+/// once, each chunk read straight into its destination and checked against its CRC32C.
+async fn fetch_round(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead], buf: &mut [u8]) {
+    let drives = client.set_drives(&info.placement);
+    let geometry = info.meta.geometry();
+    let mut direct: Vec<(usize, usize, usize, usize)> = Vec::new(); // (buf_start, len, window_idx, chunk_idx)
+    let mut jobs_by_node: Vec<Vec<Job<'_>>> = (0..client.inner.pools.len()).map(|_| Vec::new()).collect();
+    for (window_idx, read) in reads.iter_mut().enumerate() {
+        for (chunk_idx, slot) in read.slots.iter_mut().enumerate() {
+            if !slot.requested || slot.good || slot.failed {
+                continue;
+            }
+            if let Some(start) = slot.direct {
+                direct.push((start, read.chunk_len, window_idx, chunk_idx));
+                continue;
+            }
+            let dest = Dest::Scratch(std::mem::take(&mut slot.scratch));
+            let job = make_job(info, drives, &geometry, (read.stripe_idx, read.chunk_len), window_idx, chunk_idx, dest);
+            jobs_by_node[job.1].push(job.0);
+        }
+    }
+    direct.sort_unstable();
+    let mut rest: &mut [u8] = buf;
+    let mut consumed = 0;
+    for (start, len, window_idx, chunk_idx) in direct {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - consumed);
+        let (piece, tail) = tail.split_at_mut(len);
+        rest = tail;
+        consumed = start + len;
+        let stripe = (reads[window_idx].stripe_idx, reads[window_idx].chunk_len);
+        let job = make_job(info, drives, &geometry, stripe, window_idx, chunk_idx, Dest::Direct(piece));
+        jobs_by_node[job.1].push(job.0);
+    }
+    let fetches = jobs_by_node.into_iter().enumerate().map(|(node_idx, jobs)| fetch_node(client, node_idx, jobs));
+    for (job, good) in futures_util::future::join_all(fetches).await.into_iter().flatten() {
+        let slot = &mut reads[job.window_idx].slots[job.chunk_idx];
+        slot.good = good;
+        slot.failed = !good;
+        if let Dest::Scratch(vec) = job.dest {
+            slot.scratch = vec;
+        }
+    }
+}
+
+fn make_job<'b>(
+    info: &ObjectInfo,
+    drives: &[cluster::DriveRef],
+    geometry: &proto::StripeGeometry,
+    (stripe_idx, chunk_len): (u64, usize),
+    window_idx: usize,
+    chunk_idx: usize,
+    dest: Dest<'b>,
+) -> (Job<'b>, usize) {
+    let drive = drives[info.placement.position(stripe_idx, chunk_idx)];
+    let item = ReadItem {
+        drive: drive.drive_idx as u32,
+        version: info.meta.version,
+        offset: geometry.file_offset(stripe_idx),
+        len: chunk_len as u32,
+    };
+    let crc = info.meta.crc(stripe_idx, chunk_idx);
+    (Job { window_idx, chunk_idx, item, crc, dest }, drive.node_idx)
+}
+
+/// One batched read from one node. Items the node cannot serve, that fail their checksum, or
+/// that were not received before an error or the timeout come back as not good.
+async fn fetch_node<'b>(client: &Client, node_idx: usize, mut jobs: Vec<Job<'b>>) -> Vec<(Job<'b>, bool)> {
+    let mut good = vec![false; jobs.len()];
+    if jobs.is_empty() {
+        return Vec::new();
+    }
+    let pool = &client.inner.pools[node_idx];
+    let options = &client.inner.options;
+    let exchange = async {
+        let mut conn = pool.get(&client.inner.map.secret, options.connect_timeout).await?;
+        let items = jobs.iter().map(|job| job.item.clone()).collect();
+        conn.send_request(&Request::Read { items }).await?;
+        let statuses = match conn.read_response().await? {
+            Response::Read { statuses } if statuses.len() == jobs.len() => statuses,
+            other => return Err(conn.unexpected(&other)),
+        };
+        for ((job, status), good) in jobs.iter_mut().zip(&statuses).zip(good.iter_mut()) {
+            if *status != ItemStatus::Ok {
+                tracing::debug!(node = %pool.node, ?status, "chunk not served");
+                continue;
+            }
+            let dest = job.dest.bytes_mut();
+            conn.read_exact(dest).await?;
+            *good = crc32c::crc32c(dest) == job.crc;
+            if !*good {
+                tracing::warn!(node = %pool.node, version = %job.item.version.to_hex(), offset = job.item.offset, "chunk failed its checksum; reading around it");
+            }
+        }
+        pool.put_back(conn, options.idle_connections_per_node_max);
+        Ok::<(), Error>(())
+    };
+    match tokio::time::timeout(options.request_timeout, exchange).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(node = %pool.node, error = %e, "batched read failed");
+            pool.mark_down();
+        }
+        Err(_) => {
+            tracing::debug!(node = %pool.node, "batched read timed out");
+            pool.mark_down();
+        }
+    }
+    jobs.into_iter().zip(good).collect()
+}
+
+/// Decodes the stripe if a needed chunk is missing, then copies every needed chunk that did not
+/// land directly into the caller's buffer.
+fn finish_stripe(client: &Client, info: &ObjectInfo, read: &mut StripeRead, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
+    let (k, n) = (usize::from(info.meta.k), info.meta.n());
+    let geometry = info.meta.geometry();
+    let chunk_len = read.chunk_len;
+    let stripe_start = geometry.stripe_offset(read.stripe_idx);
+    let needs_decode = read.slots.iter().any(|s| s.needed && !s.good);
+    if needs_decode {
+        if read.slots.iter().filter(|s| s.good).count() < k {
+            return Err(unavailable(client, info, read));
+        }
+        let mut stripe = vec![0u8; n * chunk_len];
+        let mut present = vec![false; n];
+        for (chunk_idx, slot) in read.slots.iter().enumerate() {
+            if slot.good {
+                let target = &mut stripe[chunk_idx * chunk_len..(chunk_idx + 1) * chunk_len];
+                match slot.direct {
+                    Some(start) => target.copy_from_slice(&buf[start..start + chunk_len]),
+                    None => target.copy_from_slice(&slot.scratch),
+                }
+                present[chunk_idx] = true;
+            }
+        }
+        let mut chunks: Vec<&mut [u8]> = stripe.chunks_mut(chunk_len).collect();
+        client.inner.codec.reconstruct_data(&mut chunks, &present)?;
+        for chunk_idx in 0..k {
+            let slot = &mut read.slots[chunk_idx];
+            if slot.needed && !slot.good {
+                slot.scratch = stripe[chunk_idx * chunk_len..(chunk_idx + 1) * chunk_len].to_vec();
+                slot.direct = None;
+                slot.good = true;
+            }
+        }
+    }
+    for (chunk_idx, slot) in read.slots.iter().enumerate().take(k) {
+        if !slot.needed || slot.direct.is_some() {
+            continue;
+        }
+        assert!(slot.good && slot.scratch.len() == chunk_len);
+        let chunk_start = stripe_start + (chunk_idx * chunk_len) as u64;
+        let data = geometry.data_bytes_in_chunk(read.stripe_idx, chunk_idx) as u64;
+        let from = chunk_start.max(offset);
+        let to = (chunk_start + data).min(offset + buf.len() as u64);
+        let source = &slot.scratch[(from - chunk_start) as usize..(to - chunk_start) as usize];
+        buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(source);
+    }
+    Ok(())
+}

@@ -1,0 +1,376 @@
+//! The Tessera smart client: talks to storage nodes directly, one hop, no gateway.
+//!
+//! A PUT cuts the object into stripes of k chunks, encodes m parity chunks per stripe, sends
+//! every chunk to its drive in parallel (two stripes in flight at most, whatever the object
+//! size) and commits the metadata on at least the write quorum W of the set's drives.
+//! A GET reads the metadata from the set, sends one batched scatter-gather request per node,
+//! reads each chunk straight into the caller's buffer, verifies its CRC32C, and rebuilds
+//! missing or corrupt chunks from parity on the client.
+//!
+//! Main types: [`Client`], [`ClientOptions`], [`ObjectInfo`], [`Error`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), client::Error> {
+//! let map = cluster::ClusterMap::from_toml(&std::fs::read_to_string("tessera-data/cluster.toml").unwrap(),
+//!     std::path::Path::new("tessera-data")).unwrap();
+//! let client = client::Client::new(map, client::ClientOptions::default())?;
+//! client.make_bucket("bkt").await?;
+//! client.put_bytes("bkt", "hello.txt", b"hello", &client::PutOptions::default()).await?;
+//! let info = client.head("bkt", "hello.txt").await?;
+//! let mut buf = vec![0u8; info.meta.size as usize];
+//! client.read_at(&info, 0, &mut buf).await?;
+//! assert_eq!(buf, b"hello");
+//! # Ok(()) }
+//! ```
+
+mod conn;
+mod get;
+mod list;
+mod put;
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use cluster::{ClusterMap, DriveRef, Placement};
+use proto::{ErrorKind, ObjectMeta, Request, Response, VersionId};
+
+use conn::{Conn, Pool};
+
+pub use list::ListPage;
+pub use proto::ListEntry;
+
+/// Timeouts and bounds of a client. Every node call has a deadline.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// Connect plus handshake.
+    pub connect_timeout: Duration,
+    /// One request and its whole response (a batch of chunks, a commit).
+    pub request_timeout: Duration,
+    /// Idle connections kept per node.
+    pub idle_connections_per_node_max: usize,
+    /// After a node fails, reads plan around it for this long instead of trying it first.
+    pub down_backoff: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(20),
+            idle_connections_per_node_max: 64,
+            down_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Options of one PUT.
+#[derive(Clone, Debug, Default)]
+pub struct PutOptions {
+    pub content_type: Option<String>,
+    pub user_meta: Vec<(String, String)>,
+}
+
+/// An object version as the client sees it: its metadata and where its chunks are.
+#[derive(Clone, Debug)]
+pub struct ObjectInfo {
+    pub meta: ObjectMeta,
+    pub placement: Placement,
+    /// The set's drives by position: node id and drive index on that node.
+    pub drives: Vec<(String, usize)>,
+    /// Positions whose drive returned this version's metadata.
+    pub meta_positions: Vec<usize>,
+}
+
+/// Everything a client operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    InvalidName(#[from] proto::NameError),
+    #[error("no such bucket {bucket:?} (create it with `tessera mb {bucket}`)")]
+    NoSuchBucket { bucket: String },
+    #[error("bucket {bucket:?} is not empty")]
+    BucketNotEmpty { bucket: String },
+    #[error("no such object {bucket}/{key}")]
+    NotFound { bucket: String, key: String },
+    #[error("cannot {action} {bucket}/{key}: {available} of {total} chunks reachable, {needed} needed{}", unreachable_suffix(.unreachable))]
+    Unavailable {
+        action: &'static str,
+        bucket: String,
+        key: String,
+        available: usize,
+        total: usize,
+        needed: usize,
+        unreachable: Vec<String>,
+    },
+    #[error("cannot write {bucket}/{key}: {acked} of {total} drives accepted it, {needed} needed ({reasons})")]
+    WriteQuorum { bucket: String, key: String, acked: usize, total: usize, needed: usize, reasons: String },
+    #[error("node {node} is unreachable: {reason}")]
+    NodeUnreachable { node: String, reason: String },
+    #[error("node {node} refused authentication: check the cluster secret in cluster.toml")]
+    AuthRejected { node: String },
+    #[error("node {node}: drive is full")]
+    DiskFull { node: String },
+    #[error("node {node}: {message}")]
+    Node { node: String, kind: ErrorKind, message: String },
+    #[error("node {node} sent a bad message: {source}")]
+    Protocol { node: String, source: proto::Error },
+    #[error("node {node} timed out after {timeout:?}")]
+    Timeout { node: String, timeout: Duration },
+    #[error("read the object source: {0}")]
+    Source(std::io::Error),
+    #[error("range starts at {offset}, past the end of the {size}-byte object")]
+    RangeNotSatisfiable { offset: u64, size: u64 },
+    #[error("invalid cluster map: {0}")]
+    Map(#[from] cluster::Error),
+    #[error("erasure coding: {0}")]
+    Codec(#[from] ec::Error),
+}
+
+fn unreachable_suffix(nodes: &[String]) -> String {
+    if nodes.is_empty() { String::new() } else { format!("; unreachable nodes: {}", nodes.join(", ")) }
+}
+
+impl Error {
+    fn from_node(node: &str, kind: ErrorKind, message: &str) -> Self {
+        match kind {
+            ErrorKind::DiskFull => Error::DiskFull { node: node.to_owned() },
+            _ => Error::Node { node: node.to_owned(), kind, message: message.to_owned() },
+        }
+    }
+}
+
+/// A smart client of one cluster. Cheap to clone; safe to share between tasks.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    map: ClusterMap,
+    codec: ec::Codec,
+    pools: Vec<Pool>,
+    options: ClientOptions,
+    writer_id: u64,
+    last_version_ns: AtomicU64,
+}
+
+impl Client {
+    /// A client of the cluster described by `map`.
+    pub fn new(map: ClusterMap, options: ClientOptions) -> Result<Self, Error> {
+        let codec = ec::Codec::new(map.erasure.k, map.erasure.m)?;
+        let pools = map.nodes.iter().map(|node| Pool::new(node.id.clone(), node.addr)).collect();
+        let inner = Inner {
+            map,
+            codec,
+            pools,
+            options,
+            writer_id: rand::random(),
+            last_version_ns: AtomicU64::new(0),
+        };
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Fetches the cluster map from any node at `addr` (authenticated with `secret`).
+    pub async fn bootstrap(addr: SocketAddr, secret: &str, options: ClientOptions) -> Result<Self, Error> {
+        let mut conn = Conn::open(&addr.to_string(), addr, secret, options.connect_timeout).await?;
+        let response = tokio::time::timeout(options.request_timeout, conn.call(&Request::GetMap))
+            .await
+            .map_err(|_| Error::Timeout { node: addr.to_string(), timeout: options.request_timeout })??;
+        let Response::Map { toml } = response else {
+            return Err(conn.unexpected(&response));
+        };
+        let map = ClusterMap::from_toml(&toml, std::path::Path::new("."))?;
+        Self::new(map, options)
+    }
+
+    /// The cluster map this client uses.
+    pub fn map(&self) -> &ClusterMap {
+        &self.inner.map
+    }
+
+    /// Metadata of the current version of `bucket/key` (quorum read over its erasure set).
+    pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectInfo, Error> {
+        proto::validate_bucket(bucket)?;
+        proto::validate_key(key)?;
+        self.head_inner(bucket, key).await
+    }
+
+    /// Reads `buf.len()` bytes (fewer at the end of the object) at `offset` of the version in
+    /// `info` straight into `buf`; returns how many bytes were read.
+    pub async fn read_at(&self, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
+        get::read_at(self, info, offset, buf).await
+    }
+
+    /// The whole object in a new buffer.
+    pub async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, Error> {
+        let info = self.head(bucket, key).await?;
+        let size = usize::try_from(info.meta.size).expect("object size fits in memory on 64-bit");
+        let mut buf = vec![0u8; size];
+        let read = get::read_at(self, &info, 0, &mut buf).await?;
+        assert_eq!(read, size, "a whole-object read returns the whole object");
+        Ok(buf)
+    }
+
+    /// Writes `data` as `bucket/key`.
+    pub async fn put_bytes(&self, bucket: &str, key: &str, data: &[u8], options: &PutOptions) -> Result<ObjectInfo, Error> {
+        let mut source = data;
+        self.put(bucket, key, &mut source, options).await
+    }
+
+    /// Streams `source` to `bucket/key` until it ends; memory stays bounded by two stripes.
+    pub async fn put(
+        &self,
+        bucket: &str,
+        key: &str,
+        source: &mut (dyn tokio::io::AsyncRead + Unpin + Send),
+        options: &PutOptions,
+    ) -> Result<ObjectInfo, Error> {
+        proto::validate_bucket(bucket)?;
+        proto::validate_key(key)?;
+        put::put(self, bucket, key, source, options).await
+    }
+
+    /// Deletes `bucket/key` by committing a delete marker (a newer version) on the quorum.
+    pub async fn delete(&self, bucket: &str, key: &str) -> Result<(), Error> {
+        proto::validate_bucket(bucket)?;
+        proto::validate_key(key)?;
+        put::delete(self, bucket, key).await
+    }
+
+    /// A fresh, strictly increasing version id for this client.
+    fn next_version(&self) -> VersionId {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let last = &self.inner.last_version_ns;
+        let mut prev = last.load(Ordering::SeqCst);
+        loop {
+            let next = now.max(prev + 1);
+            match last.compare_exchange(prev, next, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return VersionId { unix_ns: next, writer: self.inner.writer_id },
+                Err(actual) => prev = actual,
+            }
+        }
+    }
+
+    fn set_drives(&self, placement: &Placement) -> &[DriveRef] {
+        &self.inner.map.sets[placement.set_idx].drives
+    }
+
+    fn node_id(&self, node_idx: usize) -> &str {
+        &self.inner.map.nodes[node_idx].id
+    }
+
+    /// One request to one node with the request timeout; the connection goes back to the pool
+    /// only after a clean exchange.
+    async fn call(&self, node_idx: usize, request: &Request) -> Result<Response, Error> {
+        let pool = &self.inner.pools[node_idx];
+        let options = &self.inner.options;
+        let exchange = async {
+            let mut conn = pool.get(&self.inner.map.secret, options.connect_timeout).await?;
+            let response = conn.call(request).await?;
+            pool.put_back(conn, options.idle_connections_per_node_max);
+            Ok::<_, Error>(response)
+        };
+        match tokio::time::timeout(options.request_timeout, exchange).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => {
+                if matches!(e, Error::NodeUnreachable { .. } | Error::Protocol { .. }) {
+                    pool.mark_down();
+                }
+                Err(e)
+            }
+            Err(_) => {
+                pool.mark_down();
+                Err(Error::Timeout { node: pool.node.clone(), timeout: options.request_timeout })
+            }
+        }
+    }
+
+    async fn head_inner(&self, bucket: &str, key: &str) -> Result<ObjectInfo, Error> {
+        let placement = self.inner.map.placement(bucket, key);
+        let drives = self.set_drives(&placement).to_vec();
+        let calls = drives.iter().map(|drive| {
+            let request = Request::MetaGet {
+                items: vec![proto::MetaKey { drive: drive.drive_idx as u32, bucket: bucket.into(), key: key.into() }],
+            };
+            async move { self.call(drive.node_idx, &request).await }
+        });
+        let responses = futures_util::future::join_all(calls).await;
+        let mut replies: Vec<Option<Option<ObjectMeta>>> = Vec::with_capacity(drives.len());
+        let mut unreachable = Vec::new();
+        for (drive, response) in drives.iter().zip(responses) {
+            match response {
+                Ok(Response::Metas { mut metas }) if metas.len() == 1 => replies.push(Some(metas.pop().flatten())),
+                Ok(_) | Err(_) => {
+                    unreachable.push(self.node_id(drive.node_idx).to_owned());
+                    replies.push(None);
+                }
+            }
+        }
+        let k = self.inner.map.erasure.k;
+        let chosen = choose_version(&replies, k);
+        let reachable = replies.iter().filter(|r| r.is_some()).count();
+        let Some(meta) = chosen else {
+            if reachable < k {
+                return Err(Error::Unavailable {
+                    action: "read",
+                    bucket: bucket.into(),
+                    key: key.into(),
+                    available: reachable,
+                    total: drives.len(),
+                    needed: k,
+                    unreachable,
+                });
+            }
+            return Err(Error::NotFound { bucket: bucket.into(), key: key.into() });
+        };
+        if meta.deleted {
+            return Err(Error::NotFound { bucket: bucket.into(), key: key.into() });
+        }
+        let meta_positions = replies
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Some(Some(m)) if m.version == meta.version))
+            .map(|(p, _)| p)
+            .collect();
+        let names = drives.iter().map(|d| (self.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
+        Ok(ObjectInfo { meta, placement, drives: names, meta_positions })
+    }
+}
+
+/// Picks the version readers agree on: the newest one held by at least `k` drives (a version
+/// acknowledged on W > k drives always qualifies while it is readable at all); failing that, the
+/// newest one seen. `None` if no reachable drive has the key.
+fn choose_version(replies: &[Option<Option<ObjectMeta>>], k: usize) -> Option<ObjectMeta> {
+    let mut metas: Vec<&ObjectMeta> = replies.iter().flatten().flatten().collect();
+    metas.sort_by(|a, b| b.version.cmp(&a.version));
+    let count = |v: VersionId| metas.iter().filter(|m| m.version == v).count();
+    metas.iter().find(|m| count(m.version) >= k).or(metas.first()).map(|m| (*m).clone())
+}
+
+/// Renders which chunks of `info` are on which node, for `tessera stat`.
+pub fn describe_layout(info: &ObjectInfo) -> String {
+    let geometry = info.meta.geometry();
+    let k = usize::from(info.meta.k);
+    let mut text = String::new();
+    for (position, (node, drive)) in info.drives.iter().enumerate() {
+        let (mut data, mut parity) = (0u64, 0u64);
+        for stripe in 0..geometry.stripes {
+            if info.placement.chunk_at(stripe, position) < k { data += 1 } else { parity += 1 }
+        }
+        let meta = if info.meta_positions.contains(&position) { "" } else { " (no metadata)" };
+        let first = if geometry.stripes > 0 {
+            format!(", stripe 0 chunk {}", info.placement.chunk_at(0, position))
+        } else {
+            String::new()
+        };
+        let _ = writeln!(text, "  position {position}: node {node} drive {drive}: {data} data + {parity} parity chunks{first}{meta}");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,157 @@
+//! Buckets and listings: requests to every node (buckets) or every drive of every set (keys),
+//! merged on the client.
+
+use std::collections::BTreeMap;
+
+use proto::{ErrorKind, ListEntry, Request, Response, LIST_LIMIT_MAX};
+
+use crate::{Client, Error};
+
+/// One page of a listing.
+#[derive(Clone, Debug, Default)]
+pub struct ListPage {
+    /// Live objects, sorted by key.
+    pub entries: Vec<ListEntry>,
+    /// Pass as `start_after` to get the next page; `None` when the listing is complete.
+    pub next_start_after: Option<String>,
+}
+
+impl Client {
+    /// Creates `bucket` on every node; succeeds once a majority of nodes have it.
+    pub async fn make_bucket(&self, bucket: &str) -> Result<(), Error> {
+        proto::validate_bucket(bucket)?;
+        self.bucket_call(&Request::BucketCreate { bucket: bucket.into() }, bucket).await
+    }
+
+    /// Removes an empty `bucket` from every node.
+    pub async fn remove_bucket(&self, bucket: &str) -> Result<(), Error> {
+        proto::validate_bucket(bucket)?;
+        self.bucket_call(&Request::BucketDelete { bucket: bucket.into() }, bucket).await
+    }
+
+    /// Buckets known to a majority of reachable nodes, sorted.
+    pub async fn list_buckets(&self) -> Result<Vec<String>, Error> {
+        let responses = self.call_all_nodes(&Request::BucketList).await;
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        let mut reachable = 0;
+        for response in responses.into_iter().flatten() {
+            if let Response::Buckets { names } = response {
+                reachable += 1;
+                for name in names {
+                    *counts.entry(name).or_default() += 1;
+                }
+            }
+        }
+        self.require_majority(reachable)?;
+        Ok(counts.into_iter().filter(|(_, c)| *c * 2 > reachable).map(|(name, _)| name).collect())
+    }
+
+    /// Whether `bucket` exists (on a majority of reachable nodes).
+    pub async fn bucket_exists(&self, bucket: &str) -> Result<bool, Error> {
+        proto::validate_bucket(bucket)?;
+        Ok(self.list_buckets().await?.iter().any(|b| b == bucket))
+    }
+
+    /// Live objects of `bucket` whose key starts with `prefix` and sorts after `start_after`,
+    /// at most `limit` of them. Asks every drive of every erasure set and keeps, per key, the
+    /// newest version; delete markers hide their key.
+    pub async fn list(&self, bucket: &str, prefix: &str, start_after: &str, limit: u32) -> Result<ListPage, Error> {
+        proto::validate_bucket(bucket)?;
+        let limit = limit.clamp(1, LIST_LIMIT_MAX);
+        let map = &self.inner.map;
+        let mut calls = Vec::new();
+        for set in &map.sets {
+            for drive in &set.drives {
+                let request = Request::List {
+                    drive: drive.drive_idx as u32,
+                    bucket: bucket.into(),
+                    prefix: prefix.into(),
+                    start_after: start_after.into(),
+                    limit,
+                };
+                calls.push(async move { (drive.node_idx, self.call(drive.node_idx, &request).await) });
+            }
+        }
+        let mut newest: BTreeMap<String, ListEntry> = BTreeMap::new();
+        let mut missing_bucket = 0;
+        let mut answered = 0;
+        let mut truncated = false;
+        for (node_idx, response) in futures_util::future::join_all(calls).await {
+            match response {
+                Ok(Response::Listing { entries }) => {
+                    answered += 1;
+                    truncated |= entries.len() as u32 == limit;
+                    for entry in entries {
+                        match newest.get(&entry.key) {
+                            Some(current) if current.version >= entry.version => {}
+                            _ => {
+                                newest.insert(entry.key.clone(), entry);
+                            }
+                        }
+                    }
+                }
+                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => missing_bucket += 1,
+                Ok(other) => tracing::warn!(node = %self.node_id(node_idx), ?other, "unexpected listing answer"),
+                Err(e) => tracing::debug!(error = %e, "drive did not answer a listing"),
+            }
+        }
+        if missing_bucket > answered {
+            return Err(Error::NoSuchBucket { bucket: bucket.into() });
+        }
+        let drives_total: usize = map.sets.iter().map(|s| s.drives.len()).sum();
+        self.require_majority_of(answered + missing_bucket, drives_total)?;
+        // Only keys up to the `limit`-th merged key are complete: every drive returned all its
+        // keys up to there.
+        let keys: Vec<String> = newest.keys().take(limit as usize).cloned().collect();
+        let last_key = keys.last().cloned();
+        let entries = keys.into_iter().filter_map(|k| newest.remove(&k)).filter(|e| !e.deleted).collect();
+        let next_start_after = if truncated { last_key } else { None };
+        Ok(ListPage { entries, next_start_after })
+    }
+
+    async fn bucket_call(&self, request: &Request, bucket: &str) -> Result<(), Error> {
+        let responses = self.call_all_nodes(request).await;
+        let mut ok = 0;
+        for (node_idx, response) in responses.into_iter().enumerate() {
+            match response {
+                Ok(Response::Ok) => ok += 1,
+                Ok(Response::Error { kind: ErrorKind::BucketNotEmpty, .. }) => {
+                    return Err(Error::BucketNotEmpty { bucket: bucket.into() });
+                }
+                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => {}
+                Ok(Response::Error { kind, message }) => {
+                    tracing::warn!(node = %self.node_id(node_idx), ?kind, %message, "bucket operation failed on a node");
+                }
+                Ok(_) | Err(_) => {}
+            }
+        }
+        if ok == 0 && matches!(request, Request::BucketDelete { .. }) {
+            return Err(Error::NoSuchBucket { bucket: bucket.into() });
+        }
+        self.require_majority(ok)
+    }
+
+    async fn call_all_nodes(&self, request: &Request) -> Vec<Result<Response, Error>> {
+        let calls = (0..self.inner.map.nodes.len()).map(|node_idx| self.call(node_idx, request));
+        futures_util::future::join_all(calls).await
+    }
+
+    fn require_majority(&self, reachable: usize) -> Result<(), Error> {
+        self.require_majority_of(reachable, self.inner.map.nodes.len())
+    }
+
+    fn require_majority_of(&self, reachable: usize, total: usize) -> Result<(), Error> {
+        if reachable * 2 > total {
+            return Ok(());
+        }
+        Err(Error::Unavailable {
+            action: "reach a majority for",
+            bucket: String::from("the cluster"),
+            key: String::new(),
+            available: reachable,
+            total,
+            needed: total / 2 + 1,
+            unreachable: Vec::new(),
+        })
+    }
+}

@@ -1,0 +1,370 @@
+//! PUT: read stripes from the source, encode parity, fan chunks out to the set's drives with two
+//! stripes in flight, then commit the metadata on at least W drives (or roll back).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cluster::DriveRef;
+use md5::{Digest, Md5};
+use proto::{CommitOutcome, ObjectMeta, Request, Response, StripeGeometry, VersionId, META_FORMAT_VERSION};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::conn::Conn;
+use crate::{Client, Error, ObjectInfo, PutOptions};
+
+/// One stripe being filled or sent: k data chunks then m parity chunks, each `chunk_bytes` long.
+struct StripeBuffer {
+    bytes: Vec<u8>,
+    /// Object bytes in this stripe (0 at the end of the source).
+    data_len: usize,
+    chunk_len: usize,
+    crcs: Vec<u32>,
+}
+
+/// The PUT in progress: one connection per set position, `None` once that drive failed.
+struct Fanout<'a> {
+    client: &'a Client,
+    bucket: &'a str,
+    key: &'a str,
+    version: VersionId,
+    drives: Vec<DriveRef>,
+    conns: Vec<Option<Conn>>,
+    failures: Vec<Error>,
+}
+
+pub(crate) async fn put(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    source: &mut (dyn AsyncRead + Unpin + Send),
+    options: &PutOptions,
+) -> Result<ObjectInfo, Error> {
+    let map = &client.inner.map;
+    let (k, n) = (map.erasure.k, map.erasure.n());
+    let chunk_bytes = map.chunk_bytes as usize;
+    let placement = map.placement(bucket, key);
+    let mut fanout = Fanout::open(client, bucket, key, client.next_version(), &placement).await?;
+    let mut md5 = Md5::new();
+    let mut crcs = Vec::new();
+    let mut size = 0u64;
+    let mut current = StripeBuffer::new(n, chunk_bytes);
+    let mut next = StripeBuffer::new(n, chunk_bytes);
+    let result: Result<(), Error> = async {
+        fill_stripe(client, source, &mut current, &mut md5).await?;
+        let mut stripe_idx = 0u64;
+        while current.data_len > 0 {
+            let offset = stripe_idx * chunk_bytes as u64;
+            // Send this stripe while the next one is read and encoded: two stripes in flight.
+            let (sent, filled) = tokio::join!(
+                fanout.send_stripe(&current, stripe_idx, offset, &placement),
+                fill_stripe(client, source, &mut next, &mut md5)
+            );
+            sent?;
+            filled?;
+            crcs.extend_from_slice(&current.crcs);
+            size += current.data_len as u64;
+            if current.data_len < k * chunk_bytes && next.data_len > 0 {
+                return Err(Error::Source(std::io::Error::other("source yielded data after a short stripe")));
+            }
+            std::mem::swap(&mut current, &mut next);
+            stripe_idx += 1;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        fanout.abort_all().await;
+        return Err(e);
+    }
+    let meta = ObjectMeta {
+        format: META_FORMAT_VERSION,
+        bucket: bucket.to_owned(),
+        key: key.to_owned(),
+        version: fanout.version,
+        deleted: false,
+        size,
+        etag: hex::encode(md5.finalize()),
+        content_type: options.content_type.clone().unwrap_or_else(|| "application/octet-stream".into()),
+        user_meta: options.user_meta.clone(),
+        modified_ms: unix_ms(),
+        k: k as u8,
+        m: map.erasure.m as u8,
+        chunk_bytes: map.chunk_bytes,
+        set_idx: placement.set_idx as u32,
+        rotation: placement.rotation as u8,
+        crcs,
+    };
+    debug_assert_eq!(meta.geometry(), StripeGeometry::new(size, k, map.chunk_bytes));
+    let meta_positions = fanout.commit(&meta).await?;
+    let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
+    Ok(ObjectInfo { meta, placement, drives, meta_positions })
+}
+
+/// Commits a delete marker: a newer version with no data.
+pub(crate) async fn delete(client: &Client, bucket: &str, key: &str) -> Result<(), Error> {
+    client.head_inner(bucket, key).await?;
+    let map = &client.inner.map;
+    let placement = map.placement(bucket, key);
+    let mut fanout = Fanout::open(client, bucket, key, client.next_version(), &placement).await?;
+    let marker = ObjectMeta {
+        format: META_FORMAT_VERSION,
+        bucket: bucket.to_owned(),
+        key: key.to_owned(),
+        version: fanout.version,
+        deleted: true,
+        size: 0,
+        etag: String::new(),
+        content_type: String::new(),
+        user_meta: Vec::new(),
+        modified_ms: unix_ms(),
+        k: map.erasure.k as u8,
+        m: map.erasure.m as u8,
+        chunk_bytes: map.chunk_bytes,
+        set_idx: placement.set_idx as u32,
+        rotation: placement.rotation as u8,
+        crcs: Vec::new(),
+    };
+    fanout.commit(&marker).await.map(|_| ())
+}
+
+impl StripeBuffer {
+    fn new(n: usize, chunk_bytes: usize) -> Self {
+        Self { bytes: vec![0u8; n * chunk_bytes], data_len: 0, chunk_len: 0, crcs: Vec::with_capacity(n) }
+    }
+
+    fn chunk(&self, chunk_idx: usize) -> &[u8] {
+        &self.bytes[chunk_idx * self.chunk_len..(chunk_idx + 1) * self.chunk_len]
+    }
+}
+
+/// Reads up to one stripe of object bytes, zero-pads the last data chunk, encodes parity and
+/// checksums every chunk. `data_len == 0` means the source has ended.
+async fn fill_stripe(
+    client: &Client,
+    source: &mut (dyn AsyncRead + Unpin + Send),
+    stripe: &mut StripeBuffer,
+    md5: &mut Md5,
+) -> Result<(), Error> {
+    let codec = &client.inner.codec;
+    let (k, n) = (codec.k(), codec.n());
+    let capacity = k * client.inner.map.chunk_bytes as usize;
+    let mut filled = 0;
+    while filled < capacity {
+        let read = source.read(&mut stripe.bytes[filled..capacity]).await.map_err(Error::Source)?;
+        if read == 0 {
+            break;
+        }
+        filled += read;
+    }
+    stripe.data_len = filled;
+    stripe.crcs.clear();
+    if filled == 0 {
+        return Ok(());
+    }
+    md5.update(&stripe.bytes[..filled]);
+    let chunk_len = filled.div_ceil(k);
+    stripe.chunk_len = chunk_len;
+    // Chunks of a short stripe are packed at chunk_len spacing; zero the padding.
+    stripe.bytes[filled..n * chunk_len].fill(0);
+    let (data, parity) = stripe.bytes[..n * chunk_len].split_at_mut(k * chunk_len);
+    let data: Vec<&[u8]> = data.chunks(chunk_len).collect();
+    let mut parity: Vec<&mut [u8]> = parity.chunks_mut(chunk_len).collect();
+    codec.encode(&data, &mut parity)?;
+    for chunk_idx in 0..n {
+        stripe.crcs.push(crc32c::crc32c(stripe.chunk(chunk_idx)));
+    }
+    Ok(())
+}
+
+impl<'a> Fanout<'a> {
+    async fn open(
+        client: &'a Client,
+        bucket: &'a str,
+        key: &'a str,
+        version: VersionId,
+        placement: &cluster::Placement,
+    ) -> Result<Self, Error> {
+        let drives = client.set_drives(placement).to_vec();
+        let secret = &client.inner.map.secret;
+        let timeout = client.inner.options.connect_timeout;
+        let opens = drives.iter().map(|d| client.inner.pools[d.node_idx].get(secret, timeout));
+        let results = futures_util::future::join_all(opens).await;
+        let mut fanout = Self { client, bucket, key, version, drives, conns: Vec::new(), failures: Vec::new() };
+        for result in results {
+            match result {
+                Ok(conn) => fanout.conns.push(Some(conn)),
+                Err(e) => {
+                    fanout.failures.push(e);
+                    fanout.conns.push(None);
+                }
+            }
+        }
+        fanout.check_quorum()?;
+        Ok(fanout)
+    }
+
+    fn alive(&self) -> usize {
+        self.conns.iter().filter(|c| c.is_some()).count()
+    }
+
+    fn check_quorum(&self) -> Result<(), Error> {
+        let erasure = self.client.inner.map.erasure;
+        if self.alive() >= erasure.write_quorum() {
+            return Ok(());
+        }
+        Err(self.quorum_error(self.alive()))
+    }
+
+    fn quorum_error(&self, acked: usize) -> Error {
+        let erasure = self.client.inner.map.erasure;
+        let tolerated = erasure.n() - erasure.write_quorum();
+        let no_bucket = |e: &&Error| matches!(e, Error::Node { kind: proto::ErrorKind::NoSuchBucket, .. });
+        if self.failures.iter().filter(no_bucket).count() > tolerated {
+            return Error::NoSuchBucket { bucket: self.bucket.to_owned() };
+        }
+        let full: Vec<&Error> = self.failures.iter().filter(|e| matches!(e, Error::DiskFull { .. })).collect();
+        if full.len() > tolerated {
+            if let Error::DiskFull { node } = full[0] {
+                return Error::DiskFull { node: node.clone() };
+            }
+        }
+        Error::WriteQuorum {
+            bucket: self.bucket.to_owned(),
+            key: self.key.to_owned(),
+            acked,
+            total: erasure.n(),
+            needed: erasure.write_quorum(),
+            reasons: self.failures.iter().map(Error::to_string).collect::<Vec<_>>().join("; "),
+        }
+    }
+
+    /// Sends every chunk of one stripe to its drive, all drives in parallel. A drive that fails
+    /// is dropped for the rest of the PUT; the PUT fails once fewer than W drives remain.
+    async fn send_stripe(
+        &mut self,
+        stripe: &StripeBuffer,
+        stripe_idx: u64,
+        offset: u64,
+        placement: &cluster::Placement,
+    ) -> Result<(), Error> {
+        let timeout = self.client.inner.options.request_timeout;
+        let sends = self.conns.iter_mut().zip(&self.drives).enumerate().map(|(position, (conn, drive))| {
+            let chunk = stripe.chunk(placement.chunk_at(stripe_idx, position));
+            let request = Request::ChunkWrite {
+                drive: drive.drive_idx as u32,
+                bucket: self.bucket.to_owned(),
+                version: self.version,
+                offset,
+                len: chunk.len() as u32,
+            };
+            async move {
+                let Some(c) = conn.as_mut() else { return Ok(()) };
+                let node = c.node.clone();
+                let exchange = async {
+                    c.send_request_with_data(&request, chunk).await?;
+                    match c.read_response().await? {
+                        Response::Ok => Ok(()),
+                        other => Err(c.unexpected(&other)),
+                    }
+                };
+                let result = tokio::time::timeout(timeout, exchange)
+                    .await
+                    .unwrap_or(Err(Error::Timeout { node, timeout }));
+                if result.is_err() {
+                    *conn = None;
+                }
+                result
+            }
+        });
+        let results = futures_util::future::join_all(sends).await;
+        self.failures.extend(results.into_iter().filter_map(Result::err));
+        self.check_quorum()
+    }
+
+    /// Commits `meta` on every live drive; acknowledged once W drives hold it durably. Below W,
+    /// rolls back the drives that applied it, so a failed PUT leaves no visible version.
+    async fn commit(&mut self, meta: &ObjectMeta) -> Result<Vec<usize>, Error> {
+        let missing: Vec<u32> =
+            self.conns.iter().enumerate().filter(|(_, c)| c.is_none()).map(|(p, _)| p as u32).collect();
+        let timeout = self.client.inner.options.request_timeout;
+        let commits = self.conns.iter_mut().zip(&self.drives).map(|(conn, drive)| {
+            let request = Request::Commit { drive: drive.drive_idx as u32, meta: meta.clone(), missing_positions: missing.clone() };
+            async move {
+                let c = conn.as_mut()?;
+                let node = c.node.clone();
+                let result = tokio::time::timeout(timeout, c.call(&request))
+                    .await
+                    .unwrap_or(Err(Error::Timeout { node, timeout }));
+                Some(match result {
+                    Ok(Response::Committed { outcome }) => Ok(outcome),
+                    Ok(other) => Err(c.unexpected(&other)),
+                    Err(e) => Err(e),
+                })
+            }
+        });
+        let results = futures_util::future::join_all(commits).await;
+        let mut applied = Vec::new();
+        for (position, result) in results.into_iter().enumerate() {
+            match result {
+                Some(Ok(CommitOutcome::Applied)) => applied.push(position),
+                // A newer version already won on this drive: our version is durably ordered
+                // before it, which is all a PUT promises.
+                Some(Ok(CommitOutcome::Superseded { .. })) => applied.push(position),
+                Some(Err(e)) => {
+                    self.failures.push(e);
+                    self.conns[position] = None;
+                }
+                None => {}
+            }
+        }
+        let quorum = self.client.inner.map.erasure.write_quorum();
+        if applied.len() >= quorum {
+            self.release();
+            return Ok(applied);
+        }
+        let error = self.quorum_error(applied.len());
+        self.rollback(&applied).await;
+        Err(error)
+    }
+
+    async fn rollback(&mut self, applied: &[usize]) {
+        let timeout = self.client.inner.options.request_timeout;
+        for &position in applied {
+            let Some(conn) = self.conns[position].as_mut() else { continue };
+            let request = Request::Rollback {
+                drive: self.drives[position].drive_idx as u32,
+                bucket: self.bucket.to_owned(),
+                key: self.key.to_owned(),
+                version: self.version,
+            };
+            if let Err(e) = tokio::time::timeout(timeout, conn.call(&request)).await {
+                tracing::warn!(node = %conn.node, error = %e, "rollback of a failed PUT timed out");
+            }
+        }
+    }
+
+    /// Best effort: drops the staging files. Nodes also drop them when the connection closes.
+    async fn abort_all(&mut self) {
+        let timeout = self.client.inner.options.request_timeout;
+        for (conn, drive) in self.conns.iter_mut().zip(&self.drives) {
+            let Some(c) = conn.as_mut() else { continue };
+            let request = Request::Abort { drive: drive.drive_idx as u32, version: self.version };
+            // Dropping the connection below makes the node drop the staging file anyway.
+            let _ = tokio::time::timeout(timeout, c.call(&request)).await;
+        }
+        self.conns.clear();
+    }
+
+    /// Returns healthy connections to their pools.
+    fn release(&mut self) {
+        let idle_max = self.client.inner.options.idle_connections_per_node_max;
+        for (conn, drive) in self.conns.drain(..).zip(&self.drives) {
+            if let Some(conn) = conn {
+                self.client.inner.pools[drive.node_idx].put_back(conn, idle_max);
+            }
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
