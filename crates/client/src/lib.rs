@@ -30,8 +30,8 @@ mod put;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cluster::{ClusterMap, DriveRef, Placement};
@@ -105,8 +105,17 @@ pub enum Error {
         needed: usize,
         unreachable: Vec<String>,
     },
-    #[error("cannot write {bucket}/{key}: {acked} of {total} drives accepted it, {needed} needed ({reasons})")]
-    WriteQuorum { bucket: String, key: String, acked: usize, total: usize, needed: usize, reasons: String },
+    #[error(
+        "cannot write {bucket}/{key}: {acked} of {total} drives accepted it, {needed} needed ({reasons})"
+    )]
+    WriteQuorum {
+        bucket: String,
+        key: String,
+        acked: usize,
+        total: usize,
+        needed: usize,
+        reasons: String,
+    },
     #[error("node {node} is unreachable: {reason}")]
     NodeUnreachable { node: String, reason: String },
     #[error("node {node} refused authentication: check the cluster secret in cluster.toml")]
@@ -114,7 +123,11 @@ pub enum Error {
     #[error("node {node}: drive is full")]
     DiskFull { node: String },
     #[error("node {node}: {message}")]
-    Node { node: String, kind: ErrorKind, message: String },
+    Node {
+        node: String,
+        kind: ErrorKind,
+        message: String,
+    },
     #[error("node {node} sent a bad message: {source}")]
     Protocol { node: String, source: proto::Error },
     #[error("node {node} timed out after {timeout:?}")]
@@ -130,14 +143,24 @@ pub enum Error {
 }
 
 fn unreachable_suffix(nodes: &[String]) -> String {
-    if nodes.is_empty() { String::new() } else { format!("; unreachable nodes: {}", nodes.join(", ")) }
+    if nodes.is_empty() {
+        String::new()
+    } else {
+        format!("; unreachable nodes: {}", nodes.join(", "))
+    }
 }
 
 impl Error {
     fn from_node(node: &str, kind: ErrorKind, message: &str) -> Self {
         match kind {
-            ErrorKind::DiskFull => Error::DiskFull { node: node.to_owned() },
-            _ => Error::Node { node: node.to_owned(), kind, message: message.to_owned() },
+            ErrorKind::DiskFull => Error::DiskFull {
+                node: node.to_owned(),
+            },
+            _ => Error::Node {
+                node: node.to_owned(),
+                kind,
+                message: message.to_owned(),
+            },
         }
     }
 }
@@ -162,7 +185,11 @@ impl Client {
     /// A client of the cluster described by `map`.
     pub fn new(map: ClusterMap, options: ClientOptions) -> Result<Self, Error> {
         let codec = ec::Codec::new(map.erasure.k, map.erasure.m)?;
-        let pools = map.nodes.iter().map(|node| Pool::new(node.id.clone(), node.addr)).collect();
+        let pools = map
+            .nodes
+            .iter()
+            .map(|node| Pool::new(node.id.clone(), node.addr))
+            .collect();
         let inner = Inner {
             map,
             codec,
@@ -171,15 +198,24 @@ impl Client {
             writer_id: rand::random(),
             last_version_ns: AtomicU64::new(0),
         };
-        Ok(Self { inner: Arc::new(inner) })
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
     }
 
     /// Fetches the cluster map from any node at `addr` (authenticated with `secret`).
-    pub async fn bootstrap(addr: SocketAddr, secret: &str, options: ClientOptions) -> Result<Self, Error> {
+    pub async fn bootstrap(
+        addr: SocketAddr,
+        secret: &str,
+        options: ClientOptions,
+    ) -> Result<Self, Error> {
         let mut conn = Conn::open(&addr.to_string(), addr, secret, options.connect_timeout).await?;
         let response = tokio::time::timeout(options.request_timeout, conn.call(&Request::GetMap))
             .await
-            .map_err(|_| Error::Timeout { node: addr.to_string(), timeout: options.request_timeout })??;
+            .map_err(|_| Error::Timeout {
+                node: addr.to_string(),
+                timeout: options.request_timeout,
+            })??;
         let Response::Map { toml } = response else {
             return Err(conn.unexpected(&response));
         };
@@ -201,7 +237,12 @@ impl Client {
 
     /// Reads `buf.len()` bytes (fewer at the end of the object) at `offset` of the version in
     /// `info` straight into `buf`; returns how many bytes were read.
-    pub async fn read_at(&self, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
+    pub async fn read_at(
+        &self,
+        info: &ObjectInfo,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, Error> {
         get::read_at(self, info, offset, buf).await
     }
 
@@ -216,7 +257,13 @@ impl Client {
     }
 
     /// Writes `data` as `bucket/key`.
-    pub async fn put_bytes(&self, bucket: &str, key: &str, data: &[u8], options: &PutOptions) -> Result<ObjectInfo, Error> {
+    pub async fn put_bytes(
+        &self,
+        bucket: &str,
+        key: &str,
+        data: &[u8],
+        options: &PutOptions,
+    ) -> Result<ObjectInfo, Error> {
         let mut source = data;
         self.put(bucket, key, &mut source, options).await
     }
@@ -243,13 +290,21 @@ impl Client {
 
     /// A fresh, strictly increasing version id for this client.
     fn next_version(&self) -> VersionId {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
         let last = &self.inner.last_version_ns;
         let mut prev = last.load(Ordering::SeqCst);
         loop {
             let next = now.max(prev + 1);
             match last.compare_exchange(prev, next, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(_) => return VersionId { unix_ns: next, writer: self.inner.writer_id },
+                Ok(_) => {
+                    return VersionId {
+                        unix_ns: next,
+                        writer: self.inner.writer_id,
+                    };
+                }
                 Err(actual) => prev = actual,
             }
         }
@@ -269,7 +324,9 @@ impl Client {
         let pool = &self.inner.pools[node_idx];
         let options = &self.inner.options;
         let exchange = async {
-            let mut conn = pool.get(&self.inner.map.secret, options.connect_timeout).await?;
+            let mut conn = pool
+                .get(&self.inner.map.secret, options.connect_timeout)
+                .await?;
             let response = conn.call(request).await?;
             pool.put_back(conn, options.idle_connections_per_node_max);
             Ok::<_, Error>(response)
@@ -284,7 +341,10 @@ impl Client {
             }
             Err(_) => {
                 pool.mark_down();
-                Err(Error::Timeout { node: pool.node.clone(), timeout: options.request_timeout })
+                Err(Error::Timeout {
+                    node: pool.node.clone(),
+                    timeout: options.request_timeout,
+                })
             }
         }
     }
@@ -294,7 +354,11 @@ impl Client {
         let drives = self.set_drives(&placement).to_vec();
         let calls = drives.iter().map(|drive| {
             let request = Request::MetaGet {
-                items: vec![proto::MetaKey { drive: drive.drive_idx as u32, bucket: bucket.into(), key: key.into() }],
+                items: vec![proto::MetaKey {
+                    drive: drive.drive_idx as u32,
+                    bucket: bucket.into(),
+                    key: key.into(),
+                }],
             };
             async move { self.call(drive.node_idx, &request).await }
         });
@@ -303,7 +367,9 @@ impl Client {
         let mut unreachable = Vec::new();
         for (drive, response) in drives.iter().zip(responses) {
             match response {
-                Ok(Response::Metas { mut metas }) if metas.len() == 1 => replies.push(Some(metas.pop().flatten())),
+                Ok(Response::Metas { mut metas }) if metas.len() == 1 => {
+                    replies.push(Some(metas.pop().flatten()))
+                }
                 Ok(_) | Err(_) => {
                     unreachable.push(self.node_id(drive.node_idx).to_owned());
                     replies.push(None);
@@ -325,10 +391,16 @@ impl Client {
                     unreachable,
                 });
             }
-            return Err(Error::NotFound { bucket: bucket.into(), key: key.into() });
+            return Err(Error::NotFound {
+                bucket: bucket.into(),
+                key: key.into(),
+            });
         };
         if meta.deleted {
-            return Err(Error::NotFound { bucket: bucket.into(), key: key.into() });
+            return Err(Error::NotFound {
+                bucket: bucket.into(),
+                key: key.into(),
+            });
         }
         let meta_positions = replies
             .iter()
@@ -336,8 +408,16 @@ impl Client {
             .filter(|(_, r)| matches!(r, Some(Some(m)) if m.version == meta.version))
             .map(|(p, _)| p)
             .collect();
-        let names = drives.iter().map(|d| (self.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
-        Ok(ObjectInfo { meta, placement, drives: names, meta_positions })
+        let names = drives
+            .iter()
+            .map(|d| (self.node_id(d.node_idx).to_owned(), d.drive_idx))
+            .collect();
+        Ok(ObjectInfo {
+            meta,
+            placement,
+            drives: names,
+            meta_positions,
+        })
     }
 }
 
@@ -346,9 +426,13 @@ impl Client {
 /// newest one seen. `None` if no reachable drive has the key.
 fn choose_version(replies: &[Option<Option<ObjectMeta>>], k: usize) -> Option<ObjectMeta> {
     let mut metas: Vec<&ObjectMeta> = replies.iter().flatten().flatten().collect();
-    metas.sort_by(|a, b| b.version.cmp(&a.version));
+    metas.sort_by_key(|m| std::cmp::Reverse(m.version));
     let count = |v: VersionId| metas.iter().filter(|m| m.version == v).count();
-    metas.iter().find(|m| count(m.version) >= k).or(metas.first()).map(|m| (*m).clone())
+    metas
+        .iter()
+        .find(|m| count(m.version) >= k)
+        .or(metas.first())
+        .map(|m| (*m).clone())
 }
 
 /// Renders which chunks of `info` are on which node, for `tessera stat`.
@@ -359,15 +443,26 @@ pub fn describe_layout(info: &ObjectInfo) -> String {
     for (position, (node, drive)) in info.drives.iter().enumerate() {
         let (mut data, mut parity) = (0u64, 0u64);
         for stripe in 0..geometry.stripes {
-            if info.placement.chunk_at(stripe, position) < k { data += 1 } else { parity += 1 }
+            if info.placement.chunk_at(stripe, position) < k {
+                data += 1
+            } else {
+                parity += 1
+            }
         }
-        let meta = if info.meta_positions.contains(&position) { "" } else { " (no metadata)" };
+        let meta = if info.meta_positions.contains(&position) {
+            ""
+        } else {
+            " (no metadata)"
+        };
         let first = if geometry.stripes > 0 {
             format!(", stripe 0 chunk {}", info.placement.chunk_at(0, position))
         } else {
             String::new()
         };
-        let _ = writeln!(text, "  position {position}: node {node} drive {drive}: {data} data + {parity} parity chunks{first}{meta}");
+        let _ = writeln!(
+            text,
+            "  position {position}: node {node} drive {drive}: {data} data + {parity} parity chunks{first}{meta}"
+        );
     }
     text
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use proto::{ErrorKind, ListEntry, Request, Response, LIST_LIMIT_MAX};
+use proto::{ErrorKind, LIST_LIMIT_MAX, ListEntry, Request, Response};
 
 use crate::{Client, Error};
 
@@ -20,13 +20,25 @@ impl Client {
     /// Creates `bucket` on every node; succeeds once a majority of nodes have it.
     pub async fn make_bucket(&self, bucket: &str) -> Result<(), Error> {
         proto::validate_bucket(bucket)?;
-        self.bucket_call(&Request::BucketCreate { bucket: bucket.into() }, bucket).await
+        self.bucket_call(
+            &Request::BucketCreate {
+                bucket: bucket.into(),
+            },
+            bucket,
+        )
+        .await
     }
 
     /// Removes an empty `bucket` from every node.
     pub async fn remove_bucket(&self, bucket: &str) -> Result<(), Error> {
         proto::validate_bucket(bucket)?;
-        self.bucket_call(&Request::BucketDelete { bucket: bucket.into() }, bucket).await
+        self.bucket_call(
+            &Request::BucketDelete {
+                bucket: bucket.into(),
+            },
+            bucket,
+        )
+        .await
     }
 
     /// Buckets known to a majority of reachable nodes, sorted.
@@ -43,7 +55,11 @@ impl Client {
             }
         }
         self.require_majority(reachable)?;
-        Ok(counts.into_iter().filter(|(_, c)| *c * 2 > reachable).map(|(name, _)| name).collect())
+        Ok(counts
+            .into_iter()
+            .filter(|(_, c)| *c * 2 > reachable)
+            .map(|(name, _)| name)
+            .collect())
     }
 
     /// Whether `bucket` exists (on a majority of reachable nodes).
@@ -55,7 +71,13 @@ impl Client {
     /// Live objects of `bucket` whose key starts with `prefix` and sorts after `start_after`,
     /// at most `limit` of them. Asks every drive of every erasure set and keeps, per key, the
     /// newest version; delete markers hide their key.
-    pub async fn list(&self, bucket: &str, prefix: &str, start_after: &str, limit: u32) -> Result<ListPage, Error> {
+    pub async fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        start_after: &str,
+        limit: u32,
+    ) -> Result<ListPage, Error> {
         proto::validate_bucket(bucket)?;
         let limit = limit.clamp(1, LIST_LIMIT_MAX);
         let map = &self.inner.map;
@@ -69,7 +91,9 @@ impl Client {
                     start_after: start_after.into(),
                     limit,
                 };
-                calls.push(async move { (drive.node_idx, self.call(drive.node_idx, &request).await) });
+                calls.push(
+                    async move { (drive.node_idx, self.call(drive.node_idx, &request).await) },
+                );
             }
         }
         let mut newest: BTreeMap<String, ListEntry> = BTreeMap::new();
@@ -90,13 +114,20 @@ impl Client {
                         }
                     }
                 }
-                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => missing_bucket += 1,
-                Ok(other) => tracing::warn!(node = %self.node_id(node_idx), ?other, "unexpected listing answer"),
+                Ok(Response::Error {
+                    kind: ErrorKind::NoSuchBucket,
+                    ..
+                }) => missing_bucket += 1,
+                Ok(other) => {
+                    tracing::warn!(node = %self.node_id(node_idx), ?other, "unexpected listing answer")
+                }
                 Err(e) => tracing::debug!(error = %e, "drive did not answer a listing"),
             }
         }
         if missing_bucket > answered {
-            return Err(Error::NoSuchBucket { bucket: bucket.into() });
+            return Err(Error::NoSuchBucket {
+                bucket: bucket.into(),
+            });
         }
         let drives_total: usize = map.sets.iter().map(|s| s.drives.len()).sum();
         self.require_majority_of(answered + missing_bucket, drives_total)?;
@@ -104,9 +135,16 @@ impl Client {
         // keys up to there.
         let keys: Vec<String> = newest.keys().take(limit as usize).cloned().collect();
         let last_key = keys.last().cloned();
-        let entries = keys.into_iter().filter_map(|k| newest.remove(&k)).filter(|e| !e.deleted).collect();
+        let entries = keys
+            .into_iter()
+            .filter_map(|k| newest.remove(&k))
+            .filter(|e| !e.deleted)
+            .collect();
         let next_start_after = if truncated { last_key } else { None };
-        Ok(ListPage { entries, next_start_after })
+        Ok(ListPage {
+            entries,
+            next_start_after,
+        })
     }
 
     async fn bucket_call(&self, request: &Request, bucket: &str) -> Result<(), Error> {
@@ -115,10 +153,18 @@ impl Client {
         for (node_idx, response) in responses.into_iter().enumerate() {
             match response {
                 Ok(Response::Ok) => ok += 1,
-                Ok(Response::Error { kind: ErrorKind::BucketNotEmpty, .. }) => {
-                    return Err(Error::BucketNotEmpty { bucket: bucket.into() });
+                Ok(Response::Error {
+                    kind: ErrorKind::BucketNotEmpty,
+                    ..
+                }) => {
+                    return Err(Error::BucketNotEmpty {
+                        bucket: bucket.into(),
+                    });
                 }
-                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => {}
+                Ok(Response::Error {
+                    kind: ErrorKind::NoSuchBucket,
+                    ..
+                }) => {}
                 Ok(Response::Error { kind, message }) => {
                     tracing::warn!(node = %self.node_id(node_idx), ?kind, %message, "bucket operation failed on a node");
                 }
@@ -126,7 +172,9 @@ impl Client {
             }
         }
         if ok == 0 && matches!(request, Request::BucketDelete { .. }) {
-            return Err(Error::NoSuchBucket { bucket: bucket.into() });
+            return Err(Error::NoSuchBucket {
+                bucket: bucket.into(),
+            });
         }
         self.require_majority(ok)
     }

@@ -5,7 +5,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use cluster::DriveRef;
 use md5::{Digest, Md5};
-use proto::{CommitOutcome, ObjectMeta, Request, Response, StripeGeometry, VersionId, META_FORMAT_VERSION};
+use proto::{
+    CommitOutcome, META_FORMAT_VERSION, ObjectMeta, Request, Response, StripeGeometry, VersionId,
+};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::conn::Conn;
@@ -63,7 +65,9 @@ pub(crate) async fn put(
             crcs.extend_from_slice(&current.crcs);
             size += current.data_len as u64;
             if current.data_len < k * chunk_bytes && next.data_len > 0 {
-                return Err(Error::Source(std::io::Error::other("source yielded data after a short stripe")));
+                return Err(Error::Source(std::io::Error::other(
+                    "source yielded data after a short stripe",
+                )));
             }
             std::mem::swap(&mut current, &mut next);
             stripe_idx += 1;
@@ -83,7 +87,10 @@ pub(crate) async fn put(
         deleted: false,
         size,
         etag: hex::encode(md5.finalize()),
-        content_type: options.content_type.clone().unwrap_or_else(|| "application/octet-stream".into()),
+        content_type: options
+            .content_type
+            .clone()
+            .unwrap_or_else(|| "application/octet-stream".into()),
         user_meta: options.user_meta.clone(),
         modified_ms: unix_ms(),
         k: k as u8,
@@ -93,10 +100,22 @@ pub(crate) async fn put(
         rotation: placement.rotation as u8,
         crcs,
     };
-    debug_assert_eq!(meta.geometry(), StripeGeometry::new(size, k, map.chunk_bytes));
+    debug_assert_eq!(
+        meta.geometry(),
+        StripeGeometry::new(size, k, map.chunk_bytes)
+    );
     let meta_positions = fanout.commit(&meta).await?;
-    let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
-    Ok(ObjectInfo { meta, placement, drives, meta_positions })
+    let drives = fanout
+        .drives
+        .iter()
+        .map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx))
+        .collect();
+    Ok(ObjectInfo {
+        meta,
+        placement,
+        drives,
+        meta_positions,
+    })
 }
 
 /// Commits a delete marker: a newer version with no data.
@@ -128,7 +147,12 @@ pub(crate) async fn delete(client: &Client, bucket: &str, key: &str) -> Result<(
 
 impl StripeBuffer {
     fn new(n: usize, chunk_bytes: usize) -> Self {
-        Self { bytes: vec![0u8; n * chunk_bytes], data_len: 0, chunk_len: 0, crcs: Vec::with_capacity(n) }
+        Self {
+            bytes: vec![0u8; n * chunk_bytes],
+            data_len: 0,
+            chunk_len: 0,
+            crcs: Vec::with_capacity(n),
+        }
     }
 
     fn chunk(&self, chunk_idx: usize) -> &[u8] {
@@ -149,7 +173,10 @@ async fn fill_stripe(
     let capacity = k * client.inner.map.chunk_bytes as usize;
     let mut filled = 0;
     while filled < capacity {
-        let read = source.read(&mut stripe.bytes[filled..capacity]).await.map_err(Error::Source)?;
+        let read = source
+            .read(&mut stripe.bytes[filled..capacity])
+            .await
+            .map_err(Error::Source)?;
         if read == 0 {
             break;
         }
@@ -186,9 +213,19 @@ impl<'a> Fanout<'a> {
         let drives = client.set_drives(placement).to_vec();
         let secret = &client.inner.map.secret;
         let timeout = client.inner.options.connect_timeout;
-        let opens = drives.iter().map(|d| client.inner.pools[d.node_idx].get(secret, timeout));
+        let opens = drives
+            .iter()
+            .map(|d| client.inner.pools[d.node_idx].get(secret, timeout));
         let results = futures_util::future::join_all(opens).await;
-        let mut fanout = Self { client, bucket, key, version, drives, conns: Vec::new(), failures: Vec::new() };
+        let mut fanout = Self {
+            client,
+            bucket,
+            key,
+            version,
+            drives,
+            conns: Vec::new(),
+            failures: Vec::new(),
+        };
         for result in results {
             match result {
                 Ok(conn) => fanout.conns.push(Some(conn)),
@@ -217,15 +254,29 @@ impl<'a> Fanout<'a> {
     fn quorum_error(&self, acked: usize) -> Error {
         let erasure = self.client.inner.map.erasure;
         let tolerated = erasure.n() - erasure.write_quorum();
-        let no_bucket = |e: &&Error| matches!(e, Error::Node { kind: proto::ErrorKind::NoSuchBucket, .. });
+        let no_bucket = |e: &&Error| {
+            matches!(
+                e,
+                Error::Node {
+                    kind: proto::ErrorKind::NoSuchBucket,
+                    ..
+                }
+            )
+        };
         if self.failures.iter().filter(no_bucket).count() > tolerated {
-            return Error::NoSuchBucket { bucket: self.bucket.to_owned() };
+            return Error::NoSuchBucket {
+                bucket: self.bucket.to_owned(),
+            };
         }
-        let full: Vec<&Error> = self.failures.iter().filter(|e| matches!(e, Error::DiskFull { .. })).collect();
-        if full.len() > tolerated {
-            if let Error::DiskFull { node } = full[0] {
-                return Error::DiskFull { node: node.clone() };
-            }
+        let full: Vec<&Error> = self
+            .failures
+            .iter()
+            .filter(|e| matches!(e, Error::DiskFull { .. }))
+            .collect();
+        if full.len() > tolerated
+            && let Error::DiskFull { node } = full[0]
+        {
+            return Error::DiskFull { node: node.clone() };
         }
         Error::WriteQuorum {
             bucket: self.bucket.to_owned(),
@@ -233,7 +284,12 @@ impl<'a> Fanout<'a> {
             acked,
             total: erasure.n(),
             needed: erasure.write_quorum(),
-            reasons: self.failures.iter().map(Error::to_string).collect::<Vec<_>>().join("; "),
+            reasons: self
+                .failures
+                .iter()
+                .map(Error::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
         }
     }
 
@@ -247,60 +303,81 @@ impl<'a> Fanout<'a> {
         placement: &cluster::Placement,
     ) -> Result<(), Error> {
         let timeout = self.client.inner.options.request_timeout;
-        let sends = self.conns.iter_mut().zip(&self.drives).enumerate().map(|(position, (conn, drive))| {
-            let chunk = stripe.chunk(placement.chunk_at(stripe_idx, position));
-            let request = Request::ChunkWrite {
-                drive: drive.drive_idx as u32,
-                bucket: self.bucket.to_owned(),
-                version: self.version,
-                offset,
-                len: chunk.len() as u32,
-            };
-            async move {
-                let Some(c) = conn.as_mut() else { return Ok(()) };
-                let node = c.node.clone();
-                let exchange = async {
-                    c.send_request_with_data(&request, chunk).await?;
-                    match c.read_response().await? {
-                        Response::Ok => Ok(()),
-                        other => Err(c.unexpected(&other)),
+        let sends =
+            self.conns
+                .iter_mut()
+                .zip(&self.drives)
+                .enumerate()
+                .map(|(position, (conn, drive))| {
+                    let chunk = stripe.chunk(placement.chunk_at(stripe_idx, position));
+                    let request = Request::ChunkWrite {
+                        drive: drive.drive_idx as u32,
+                        bucket: self.bucket.to_owned(),
+                        version: self.version,
+                        offset,
+                        len: chunk.len() as u32,
+                    };
+                    async move {
+                        let Some(c) = conn.as_mut() else {
+                            return Ok(());
+                        };
+                        let node = c.node.clone();
+                        let exchange = async {
+                            c.send_request_with_data(&request, chunk).await?;
+                            match c.read_response().await? {
+                                Response::Ok => Ok(()),
+                                other => Err(c.unexpected(&other)),
+                            }
+                        };
+                        let result = tokio::time::timeout(timeout, exchange)
+                            .await
+                            .unwrap_or(Err(Error::Timeout { node, timeout }));
+                        if result.is_err() {
+                            *conn = None;
+                        }
+                        result
                     }
-                };
-                let result = tokio::time::timeout(timeout, exchange)
-                    .await
-                    .unwrap_or(Err(Error::Timeout { node, timeout }));
-                if result.is_err() {
-                    *conn = None;
-                }
-                result
-            }
-        });
+                });
         let results = futures_util::future::join_all(sends).await;
-        self.failures.extend(results.into_iter().filter_map(Result::err));
+        self.failures
+            .extend(results.into_iter().filter_map(Result::err));
         self.check_quorum()
     }
 
     /// Commits `meta` on every live drive; acknowledged once W drives hold it durably. Below W,
     /// rolls back the drives that applied it, so a failed PUT leaves no visible version.
     async fn commit(&mut self, meta: &ObjectMeta) -> Result<Vec<usize>, Error> {
-        let missing: Vec<u32> =
-            self.conns.iter().enumerate().filter(|(_, c)| c.is_none()).map(|(p, _)| p as u32).collect();
+        let missing: Vec<u32> = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_none())
+            .map(|(p, _)| p as u32)
+            .collect();
         let timeout = self.client.inner.options.request_timeout;
-        let commits = self.conns.iter_mut().zip(&self.drives).map(|(conn, drive)| {
-            let request = Request::Commit { drive: drive.drive_idx as u32, meta: meta.clone(), missing_positions: missing.clone() };
-            async move {
-                let c = conn.as_mut()?;
-                let node = c.node.clone();
-                let result = tokio::time::timeout(timeout, c.call(&request))
-                    .await
-                    .unwrap_or(Err(Error::Timeout { node, timeout }));
-                Some(match result {
-                    Ok(Response::Committed { outcome }) => Ok(outcome),
-                    Ok(other) => Err(c.unexpected(&other)),
-                    Err(e) => Err(e),
-                })
-            }
-        });
+        let commits = self
+            .conns
+            .iter_mut()
+            .zip(&self.drives)
+            .map(|(conn, drive)| {
+                let request = Request::Commit {
+                    drive: drive.drive_idx as u32,
+                    meta: meta.clone(),
+                    missing_positions: missing.clone(),
+                };
+                async move {
+                    let c = conn.as_mut()?;
+                    let node = c.node.clone();
+                    let result = tokio::time::timeout(timeout, c.call(&request))
+                        .await
+                        .unwrap_or(Err(Error::Timeout { node, timeout }));
+                    Some(match result {
+                        Ok(Response::Committed { outcome }) => Ok(outcome),
+                        Ok(other) => Err(c.unexpected(&other)),
+                        Err(e) => Err(e),
+                    })
+                }
+            });
         let results = futures_util::future::join_all(commits).await;
         let mut applied = Vec::new();
         for (position, result) in results.into_iter().enumerate() {
@@ -329,7 +406,9 @@ impl<'a> Fanout<'a> {
     async fn rollback(&mut self, applied: &[usize]) {
         let timeout = self.client.inner.options.request_timeout;
         for &position in applied {
-            let Some(conn) = self.conns[position].as_mut() else { continue };
+            let Some(conn) = self.conns[position].as_mut() else {
+                continue;
+            };
             let request = Request::Rollback {
                 drive: self.drives[position].drive_idx as u32,
                 bucket: self.bucket.to_owned(),
@@ -347,7 +426,10 @@ impl<'a> Fanout<'a> {
         let timeout = self.client.inner.options.request_timeout;
         for (conn, drive) in self.conns.iter_mut().zip(&self.drives) {
             let Some(c) = conn.as_mut() else { continue };
-            let request = Request::Abort { drive: drive.drive_idx as u32, version: self.version };
+            let request = Request::Abort {
+                drive: drive.drive_idx as u32,
+                version: self.version,
+            };
             // Dropping the connection below makes the node drop the staging file anyway.
             let _ = tokio::time::timeout(timeout, c.call(&request)).await;
         }
@@ -366,5 +448,8 @@ impl<'a> Fanout<'a> {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

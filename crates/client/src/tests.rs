@@ -5,7 +5,10 @@ fn meta(version: u64) -> ObjectMeta {
         format: proto::META_FORMAT_VERSION,
         bucket: "b".into(),
         key: "k".into(),
-        version: VersionId { unix_ns: version, writer: 1 },
+        version: VersionId {
+            unix_ns: version,
+            writer: 1,
+        },
         deleted: false,
         size: 0,
         etag: String::new(),
@@ -23,7 +26,10 @@ fn meta(version: u64) -> ObjectMeta {
 
 fn check(replies: &[Option<Option<u64>>], k: usize, expected: Option<u64>) {
     let replies: Vec<_> = replies.iter().map(|r| r.map(|v| v.map(meta))).collect();
-    assert_eq!(choose_version(&replies, k).map(|m| m.version.unix_ns), expected);
+    assert_eq!(
+        choose_version(&replies, k).map(|m| m.version.unix_ns),
+        expected
+    );
 }
 
 #[test]

@@ -39,8 +39,8 @@ const _: () = assert!(CHUNK_BYTES_MIN.is_power_of_two() && CHUNK_BYTES_MIN <= CH
 /// Everything that can be wrong with a cluster map or a request to build one.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
-    #[error("malformed cluster.toml: {0}")]
-    Parse(String),
+    #[error("malformed cluster.toml at line {line}: {message}")]
+    Parse { line: usize, message: String },
     #[error("unsupported cluster.toml format {found} (this build reads format {FORMAT_VERSION})")]
     UnsupportedFormat { found: u32 },
     #[error("invalid erasure config {text:?}: expected K+M with 1 <= K, 1 <= M, K+M <= {N_MAX}")]
@@ -76,7 +76,9 @@ impl ErasureConfig {
     /// Checks `1 <= k`, `1 <= m` and `k + m <= N_MAX`.
     pub fn new(k: usize, m: usize) -> Result<Self, Error> {
         if k == 0 || m == 0 || k + m > N_MAX {
-            return Err(Error::InvalidErasure { text: format!("{k}+{m}") });
+            return Err(Error::InvalidErasure {
+                text: format!("{k}+{m}"),
+            });
         }
         Ok(Self { k, m })
     }
@@ -99,7 +101,9 @@ impl ErasureConfig {
 impl FromStr for ErasureConfig {
     type Err = Error;
     fn from_str(text: &str) -> Result<Self, Error> {
-        let invalid = || Error::InvalidErasure { text: text.to_owned() };
+        let invalid = || Error::InvalidErasure {
+            text: text.to_owned(),
+        };
         let (k, m) = text.split_once('+').ok_or_else(invalid)?;
         let k: usize = k.trim().parse().map_err(|_| invalid())?;
         let m: usize = m.trim().parse().map_err(|_| invalid())?;
@@ -199,14 +203,24 @@ impl ClusterMap {
     ) -> Result<Self, Error> {
         let n = spec.erasure.n();
         if spec.nodes < n {
-            return Err(Error::TooFewNodes { k: spec.erasure.k, m: spec.erasure.m, nodes: spec.nodes });
+            return Err(Error::TooFewNodes {
+                k: spec.erasure.k,
+                m: spec.erasure.m,
+                nodes: spec.nodes,
+            });
         }
         let drive_count = spec.nodes * spec.drives_per_node;
-        if spec.drives_per_node == 0 || drive_count % n != 0 {
-            return Err(Error::DrivesNotMultiple { drives: drive_count, n });
+        if spec.drives_per_node == 0 || !drive_count.is_multiple_of(n) {
+            return Err(Error::DrivesNotMultiple {
+                drives: drive_count,
+                n,
+            });
         }
         if usize::from(spec.base_port) + spec.nodes > usize::from(u16::MAX) {
-            return Err(Error::PortsExhausted { base_port: spec.base_port, nodes: spec.nodes });
+            return Err(Error::PortsExhausted {
+                base_port: spec.base_port,
+                nodes: spec.nodes,
+            });
         }
         let nodes = (0..spec.nodes)
             .map(|node_idx| Node {
@@ -220,9 +234,15 @@ impl ClusterMap {
         // Drive i of the round-robin sequence is on node i mod N; n consecutive entries are on n
         // consecutive (hence distinct, as N >= n) nodes.
         let sequence: Vec<DriveRef> = (0..drive_count)
-            .map(|i| DriveRef { node_idx: i % spec.nodes, drive_idx: i / spec.nodes })
+            .map(|i| DriveRef {
+                node_idx: i % spec.nodes,
+                drive_idx: i / spec.nodes,
+            })
             .collect();
-        let sets = sequence.chunks(n).map(|c| ErasureSet { drives: c.to_vec() }).collect();
+        let sets = sequence
+            .chunks(n)
+            .map(|c| ErasureSet { drives: c.to_vec() })
+            .collect();
         let map = Self {
             cluster_id: cluster_id.to_owned(),
             version: 1,
@@ -239,7 +259,15 @@ impl ClusterMap {
 
     /// Parses and validates `cluster.toml`; `base_dir` is the directory the file is in.
     pub fn from_toml(text: &str, base_dir: &Path) -> Result<Self, Error> {
-        let file: file::ClusterFile = toml::from_str(text).map_err(|e| Error::Parse(e.to_string()))?;
+        let file: file::ClusterFile = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |span| {
+                text[..span.start.min(text.len())].lines().count().max(1)
+            });
+            Error::Parse {
+                line,
+                message: e.message().replace('\n', " "),
+            }
+        })?;
         let map = file.into_map(base_dir)?;
         map.validate()?;
         Ok(map)
@@ -259,7 +287,11 @@ impl ClusterMap {
     /// The drive directory of `drive`, resolved against the map's directory.
     pub fn drive_path(&self, drive: DriveRef) -> PathBuf {
         let path = &self.nodes[drive.node_idx].drives[drive.drive_idx];
-        if path.is_absolute() { path.clone() } else { self.base_dir.join(path) }
+        if path.is_absolute() {
+            path.clone()
+        } else {
+            self.base_dir.join(path)
+        }
     }
 
     /// The erasure set and rotation of `bucket/key`: a stable hash (xxh3-64), so every client
@@ -281,7 +313,9 @@ impl ClusterMap {
     fn validate(&self) -> Result<(), Error> {
         let n = self.erasure.n();
         if !(CHUNK_BYTES_MIN..=CHUNK_BYTES_MAX).contains(&self.chunk_bytes) {
-            return Err(Error::ChunkBytesOutOfRange { chunk_bytes: self.chunk_bytes });
+            return Err(Error::ChunkBytesOutOfRange {
+                chunk_bytes: self.chunk_bytes,
+            });
         }
         if self.nodes.len() < n {
             let (k, m, nodes) = (self.erasure.k, self.erasure.m, self.nodes.len());
@@ -291,23 +325,33 @@ impl ClusterMap {
         let mut addrs = HashSet::new();
         for node in &self.nodes {
             if !ids.insert(node.id.as_str()) {
-                return Err(Error::DuplicateNodeId { id: node.id.clone() });
+                return Err(Error::DuplicateNodeId {
+                    id: node.id.clone(),
+                });
             }
             if !addrs.insert(node.addr) {
                 return Err(Error::DuplicateAddr { addr: node.addr });
             }
             if node.drives.is_empty() {
-                return Err(Error::NoDrives { id: node.id.clone() });
+                return Err(Error::NoDrives {
+                    id: node.id.clone(),
+                });
             }
         }
         if self.sets.is_empty() {
-            return Err(Error::InvalidSet { set_idx: 0, reason: "the map has no erasure sets".into() });
+            return Err(Error::InvalidSet {
+                set_idx: 0,
+                reason: "the map has no erasure sets".into(),
+            });
         }
         let mut used = HashSet::new();
         for (set_idx, set) in self.sets.iter().enumerate() {
             let invalid = |reason: String| Error::InvalidSet { set_idx, reason };
             if set.drives.len() != n {
-                return Err(invalid(format!("has {} drives, the erasure config needs {n}", set.drives.len())));
+                return Err(invalid(format!(
+                    "has {} drives, the erasure config needs {n}",
+                    set.drives.len()
+                )));
             }
             let mut set_nodes = HashSet::new();
             for drive in &set.drives {
@@ -315,13 +359,19 @@ impl ClusterMap {
                     return Err(invalid(format!("names node index {}", drive.node_idx)));
                 };
                 if drive.drive_idx >= node.drives.len() {
-                    return Err(invalid(format!("names drive {} of node {}", drive.drive_idx, node.id)));
+                    return Err(invalid(format!(
+                        "names drive {} of node {}",
+                        drive.drive_idx, node.id
+                    )));
                 }
                 if !set_nodes.insert(drive.node_idx) {
                     return Err(invalid(format!("has two drives on node {}", node.id)));
                 }
                 if !used.insert(*drive) {
-                    return Err(invalid(format!("reuses drive {} of node {}", drive.drive_idx, node.id)));
+                    return Err(invalid(format!(
+                        "reuses drive {} of node {}",
+                        drive.drive_idx, node.id
+                    )));
                 }
             }
         }
@@ -379,7 +429,11 @@ mod file {
                     .map(|node| NodeFile {
                         id: node.id.clone(),
                         addr: node.addr.to_string(),
-                        drives: node.drives.iter().map(|d| d.display().to_string()).collect(),
+                        drives: node
+                            .drives
+                            .iter()
+                            .map(|d| d.display().to_string())
+                            .collect(),
                     })
                     .collect(),
                 sets: map
@@ -403,12 +457,16 @@ mod file {
             let erasure: ErasureConfig = self.ec.parse()?;
             let mut nodes = Vec::with_capacity(self.nodes.len());
             for node in self.nodes {
-                let addr = node
-                    .addr
-                    .parse()
-                    .map_err(|_| Error::InvalidAddr { id: node.id.clone(), addr: node.addr.clone() })?;
+                let addr = node.addr.parse().map_err(|_| Error::InvalidAddr {
+                    id: node.id.clone(),
+                    addr: node.addr.clone(),
+                })?;
                 let drives = node.drives.into_iter().map(PathBuf::from).collect();
-                nodes.push(Node { id: node.id, addr, drives });
+                nodes.push(Node {
+                    id: node.id,
+                    addr,
+                    drives,
+                });
             }
             let mut sets = Vec::with_capacity(self.sets.len());
             for (set_idx, set) in self.sets.into_iter().enumerate() {
@@ -419,7 +477,10 @@ mod file {
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| Error::InvalidSet {
                         set_idx,
-                        reason: format!("drives {:?} are not all NODE_ID:DRIVE_INDEX of listed nodes", set.drives),
+                        reason: format!(
+                            "drives {:?} are not all NODE_ID:DRIVE_INDEX of listed nodes",
+                            set.drives
+                        ),
                     })?;
                 sets.push(ErasureSet { drives });
             }
@@ -440,7 +501,10 @@ mod file {
         let (id, drive) = text.split_once(':')?;
         let node_idx = nodes.iter().position(|node| node.id == id)?;
         let drive_idx = drive.parse().ok()?;
-        Some(DriveRef { node_idx, drive_idx })
+        Some(DriveRef {
+            node_idx,
+            drive_idx,
+        })
     }
 }
 

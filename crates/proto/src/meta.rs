@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, VersionId, CHUNK_BYTES_MAX};
+use crate::{CHUNK_BYTES_MAX, Error, VersionId};
 
 /// Version of the [`ObjectMeta`] record; readers refuse others.
 pub const META_FORMAT_VERSION: u16 = 1;
@@ -50,7 +50,12 @@ impl ObjectMeta {
 
     /// Checks internal consistency of a record received from a peer or read from disk.
     pub fn validate(&self) -> Result<(), Error> {
-        let invalid = |reason: String| Err(Error::Invalid { what: "object metadata", reason });
+        let invalid = |reason: String| {
+            Err(Error::Invalid {
+                what: "object metadata",
+                reason,
+            })
+        };
         if self.format != META_FORMAT_VERSION {
             return Err(Error::UnsupportedVersion {
                 what: "object metadata",
@@ -67,9 +72,16 @@ impl ObjectMeta {
         if usize::from(self.rotation) >= self.n() {
             return invalid(format!("rotation {} >= n", self.rotation));
         }
-        let expected = if self.deleted { 0 } else { self.geometry().stripes as u128 * self.n() as u128 };
+        let expected = if self.deleted {
+            0
+        } else {
+            self.geometry().stripes as u128 * self.n() as u128
+        };
         if self.crcs.len() as u128 != expected {
-            return invalid(format!("{} checksums, the layout needs {expected}", self.crcs.len()));
+            return invalid(format!(
+                "{} checksums, the layout needs {expected}",
+                self.crcs.len()
+            ));
         }
         Ok(())
     }
@@ -90,7 +102,12 @@ impl StripeGeometry {
     pub fn new(size: u64, k: usize, chunk_bytes: u32) -> Self {
         assert!(k > 0 && chunk_bytes > 0);
         let stripes = size.div_ceil(Self::stripe_bytes_of(k, chunk_bytes));
-        Self { size, k, chunk_bytes, stripes }
+        Self {
+            size,
+            k,
+            chunk_bytes,
+            stripes,
+        }
     }
 
     fn stripe_bytes_of(k: usize, chunk_bytes: u32) -> u64 {
@@ -130,6 +147,8 @@ impl StripeGeometry {
         assert!(chunk_idx < self.k);
         let chunk_len = self.chunk_len(stripe_idx) as u64;
         let start = chunk_idx as u64 * chunk_len;
-        self.stripe_data_bytes(stripe_idx).saturating_sub(start).min(chunk_len) as usize
+        self.stripe_data_bytes(stripe_idx)
+            .saturating_sub(start)
+            .min(chunk_len) as usize
     }
 }
