@@ -1,0 +1,263 @@
+//! `tessera bench get|put`: throughput, objects/s, latency percentiles and client CPU use of
+//! the smart client against a running cluster.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use client::{Client, PutOptions};
+
+use crate::ConfigArg;
+use crate::size::{format_bytes, parse_bytes};
+
+/// Latency samples kept per run; later operations still count toward throughput.
+const LATENCY_SAMPLES_MAX: usize = 1_000_000;
+/// Largest object size a benchmark buffers per worker.
+const OBJECT_BYTES_MAX: u64 = 1 << 30;
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum BenchOp {
+    Get,
+    Put,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct BenchArgs {
+    /// What to measure.
+    op: BenchOp,
+    /// Object size.
+    #[arg(long, default_value = "1MiB", value_parser = parse_bytes)]
+    size: u64,
+    /// Distinct objects (keys) used; `get` writes them first.
+    #[arg(long, default_value_t = 64)]
+    objects: u64,
+    /// Operations in flight.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// How long to measure (e.g. 30s, 2m).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Bucket to use (created if missing).
+    #[arg(long, default_value = "bench")]
+    bucket: String,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    config: ConfigArg,
+}
+
+struct Outcome {
+    ops: u64,
+    bytes: u64,
+    elapsed: Duration,
+    cpu: Duration,
+    latencies: Vec<Duration>,
+}
+
+pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    crate::init_logging("warn");
+    if args.size == 0 || args.size > OBJECT_BYTES_MAX || args.objects == 0 || args.concurrency == 0
+    {
+        bail!("--size must be 1 B..1 GiB, --objects and --concurrency at least 1");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let outcome = runtime.block_on(async {
+        let client = crate::object_cmd::connect(&args.config)?;
+        client
+            .make_bucket(&args.bucket)
+            .await
+            .context("create the bench bucket")?;
+        if matches!(args.op, BenchOp::Get) {
+            prefill(&client, args).await?;
+        }
+        measure(&client, args).await
+    })?;
+    report(args, &outcome);
+    Ok(())
+}
+
+fn key(idx: u64) -> String {
+    format!("bench/obj-{idx:08}")
+}
+
+fn payload(size: u64, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..size)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+async fn prefill(client: &Client, args: &BenchArgs) -> anyhow::Result<()> {
+    let next = Arc::new(AtomicU64::new(0));
+    let data = Arc::new(payload(args.size, 1));
+    let mut workers = Vec::new();
+    for _ in 0..args.concurrency {
+        let (client, next, data, bucket, objects) = (
+            client.clone(),
+            next.clone(),
+            data.clone(),
+            args.bucket.clone(),
+            args.objects,
+        );
+        workers.push(tokio::spawn(async move {
+            loop {
+                let idx = next.fetch_add(1, Ordering::Relaxed);
+                if idx >= objects {
+                    return Ok::<_, client::Error>(());
+                }
+                client
+                    .put_bytes(&bucket, &key(idx), &data, &PutOptions::default())
+                    .await?;
+            }
+        }));
+    }
+    for worker in workers {
+        worker
+            .await
+            .context("prefill worker")?
+            .context("write the objects to read")?;
+    }
+    Ok(())
+}
+
+async fn measure(client: &Client, args: &BenchArgs) -> anyhow::Result<Outcome> {
+    let next = Arc::new(AtomicU64::new(0));
+    let data = Arc::new(payload(args.size, 2));
+    let cpu_start = process_cpu();
+    let start = Instant::now();
+    let deadline = start + args.duration;
+    let mut workers = Vec::new();
+    for _ in 0..args.concurrency {
+        let (client, next, data, bucket) = (
+            client.clone(),
+            next.clone(),
+            data.clone(),
+            args.bucket.clone(),
+        );
+        let (op, objects, size) = (args.op, args.objects, args.size as usize);
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut buf = vec![0u8; size];
+            let (mut ops, mut bytes) = (0u64, 0u64);
+            while Instant::now() < deadline {
+                let key = key(next.fetch_add(1, Ordering::Relaxed) % objects);
+                let began = Instant::now();
+                match op {
+                    BenchOp::Get => {
+                        let info = client.head(&bucket, &key).await?;
+                        let read = client.read_at(&info, 0, &mut buf).await?;
+                        if read != size {
+                            return Err(anyhow::anyhow!(
+                                "{key}: read {read} bytes, expected {size}"
+                            ));
+                        }
+                    }
+                    BenchOp::Put => {
+                        client
+                            .put_bytes(&bucket, &key, &data, &PutOptions::default())
+                            .await?;
+                    }
+                }
+                if latencies.len() < LATENCY_SAMPLES_MAX / 64 {
+                    latencies.push(began.elapsed());
+                }
+                ops += 1;
+                bytes += size as u64;
+            }
+            Ok::<_, anyhow::Error>((ops, bytes, latencies))
+        }));
+    }
+    let mut outcome = Outcome {
+        ops: 0,
+        bytes: 0,
+        elapsed: Duration::ZERO,
+        cpu: Duration::ZERO,
+        latencies: Vec::new(),
+    };
+    for worker in workers {
+        let (ops, bytes, latencies) = worker.await.context("bench worker")??;
+        outcome.ops += ops;
+        outcome.bytes += bytes;
+        outcome.latencies.extend(latencies);
+    }
+    outcome.elapsed = start.elapsed();
+    outcome.cpu = process_cpu().saturating_sub(cpu_start);
+    outcome.latencies.sort_unstable();
+    Ok(outcome)
+}
+
+/// User plus system CPU time of this process so far.
+fn process_cpu() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one rusage struct into the pointer we pass; RUSAGE_SELF is valid.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    assert_eq!(rc, 0, "getrusage(RUSAGE_SELF) cannot fail");
+    // SAFETY: getrusage returned 0, so the struct is initialised.
+    let usage = unsafe { usage.assume_init() };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[idx]
+}
+
+fn report(args: &BenchArgs, outcome: &Outcome) {
+    let secs = outcome.elapsed.as_secs_f64();
+    let throughput = outcome.bytes as f64 / secs;
+    let objects_per_s = outcome.ops as f64 / secs;
+    let p50 = percentile(&outcome.latencies, 0.50).as_secs_f64() * 1e3;
+    let p99 = percentile(&outcome.latencies, 0.99).as_secs_f64() * 1e3;
+    let gb = outcome.bytes as f64 / 1e9;
+    let cpu_per_gb = if gb > 0.0 {
+        outcome.cpu.as_secs_f64() / gb
+    } else {
+        0.0
+    };
+    let op = match args.op {
+        BenchOp::Get => "get",
+        BenchOp::Put => "put",
+    };
+    if args.json {
+        println!(
+            "{{\"op\":\"{op}\",\"object_bytes\":{},\"objects\":{},\"concurrency\":{},\"duration_s\":{secs:.3},\"ops\":{},\"bytes\":{},\"throughput_bytes_per_s\":{throughput:.0},\"objects_per_s\":{objects_per_s:.1},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"client_cpu_s\":{:.3},\"client_cpu_s_per_gb\":{cpu_per_gb:.3}}}",
+            args.size,
+            args.objects,
+            args.concurrency,
+            outcome.ops,
+            outcome.bytes,
+            outcome.cpu.as_secs_f64()
+        );
+        return;
+    }
+    println!(
+        "{op} {} x {} objects, concurrency {}, {secs:.1} s",
+        format_bytes(args.size),
+        args.objects,
+        args.concurrency
+    );
+    println!(
+        "  throughput   {:.3} GB/s ({}/s)",
+        throughput / 1e9,
+        format_bytes(throughput as u64)
+    );
+    println!("  objects/s    {objects_per_s:.1}");
+    println!("  latency      p50 {p50:.2} ms, p99 {p99:.2} ms");
+    println!(
+        "  client CPU   {:.2} s ({cpu_per_gb:.3} CPU-s per GB)",
+        outcome.cpu.as_secs_f64()
+    );
+}

@@ -1,0 +1,106 @@
+//! The one `tessera` binary: cluster tooling (`init`, `up`, `node`), object commands through the
+//! smart client (`mb`, `rb`, `put`, `get`, `ls`, `rm`, `stat`) and `bench`.
+//!
+//! Only this crate prints to the terminal, reads environment variables or exits the process.
+
+mod bench;
+mod cluster_cmd;
+mod object_cmd;
+mod size;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Tessera: an erasure-coded, S3-compatible object store with one-hop smart clients.
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the cluster map comes from, for commands that act as a client.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ConfigArg {
+    /// Path of cluster.toml [env: TESSERA_CONFIG]
+    #[arg(long, env = "TESSERA_CONFIG", hide_env = true)]
+    pub(crate) config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Write DIR/cluster.toml and prepare the drives of a new local cluster.
+    Init(cluster_cmd::InitArgs),
+    /// Run a local cluster (init if needed, then every node) until Ctrl-C.
+    Up(cluster_cmd::UpArgs),
+    /// Run one storage node in the foreground.
+    Node(cluster_cmd::NodeArgs),
+    /// Create a bucket.
+    Mb(object_cmd::BucketArgs),
+    /// Remove an empty bucket.
+    Rb(object_cmd::BucketArgs),
+    /// Upload FILE (or - for stdin) as BUCKET/KEY.
+    Put(object_cmd::PutArgs),
+    /// Download BUCKET/KEY into FILE (or - for stdout).
+    Get(object_cmd::GetArgs),
+    /// List buckets, or the objects of BUCKET[/PREFIX].
+    Ls(object_cmd::LsArgs),
+    /// Delete BUCKET/KEY.
+    Rm(object_cmd::ObjectArgs),
+    /// Show size, etag, erasure layout and chunk locations of BUCKET/KEY.
+    Stat(object_cmd::ObjectArgs),
+    /// Measure GET or PUT throughput and latency with the smart client.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            if is_broken_pipe(&err) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Init(args) => cluster_cmd::init(&args),
+        Command::Up(args) => cluster_cmd::up(&args),
+        Command::Node(args) => cluster_cmd::node(&args),
+        Command::Mb(args) => object_cmd::run(object_cmd::Op::MakeBucket(args)),
+        Command::Rb(args) => object_cmd::run(object_cmd::Op::RemoveBucket(args)),
+        Command::Put(args) => object_cmd::run(object_cmd::Op::Put(args)),
+        Command::Get(args) => object_cmd::run(object_cmd::Op::Get(args)),
+        Command::Ls(args) => object_cmd::run(object_cmd::Op::List(args)),
+        Command::Rm(args) => object_cmd::run(object_cmd::Op::Remove(args)),
+        Command::Stat(args) => object_cmd::run(object_cmd::Op::Stat(args)),
+        Command::Bench(args) => bench::run(&args),
+    }
+}
+
+/// Logs go to stderr; `TESSERA_LOG` (e.g. `debug`, `client=debug`) overrides `default`.
+pub(crate) fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .finish();
+    // A second call (never made) would fail harmlessly; logging is set up once per process.
+    let _ = tracing::subscriber::set_global_default(subscriber);
+}

@@ -1,0 +1,314 @@
+//! Faults with real processes: SIGKILL, SIGSTOP, corrupted chunk files, full disks, garbage on
+//! the wire, wrong secrets.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::harness::{Cluster, Shape, block_on, payload, write_file};
+
+fn cluster_with_objects(count: usize, size: usize) -> (Cluster, Vec<Vec<u8>>) {
+    let cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let objects: Vec<Vec<u8>> = (0..count)
+        .map(|i| payload(size + i * 1001, i as u64))
+        .collect();
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        for (i, data) in objects.iter().enumerate() {
+            client
+                .put_bytes("bkt", &format!("obj-{i}"), data, &Default::default())
+                .await
+                .unwrap();
+        }
+    });
+    (cluster, objects)
+}
+
+fn assert_all_readable(cluster: &Cluster, objects: &[Vec<u8>]) {
+    let client = cluster.client();
+    block_on(async {
+        for (i, data) in objects.iter().enumerate() {
+            let body = client.get("bkt", &format!("obj-{i}")).await.unwrap();
+            assert!(body == *data, "obj-{i} differs");
+        }
+    });
+}
+
+#[test]
+fn get_with_m_nodes_killed_returns_original_bytes() {
+    let (mut cluster, objects) = cluster_with_objects(6, 700_000);
+    cluster.kill_node(1);
+    assert_all_readable(&cluster, &objects);
+    cluster.kill_node(4);
+    assert_all_readable(&cluster, &objects);
+}
+
+#[test]
+fn get_with_more_than_m_down_says_how_many_chunks_were_missing_and_needed() {
+    let (mut cluster, _) = cluster_with_objects(1, 700_000);
+    for idx in [0, 2, 5] {
+        cluster.kill_node(idx);
+    }
+    let err = cluster.cli_err(&["get", "bkt/obj-0", "-"]);
+    assert!(err.contains("3 of 6 chunks reachable, 4 needed"), "{err}");
+    assert!(err.contains("unreachable nodes: n1, n3, n6"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn flipped_byte_in_a_stored_chunk_is_detected_and_read_around() {
+    let (cluster, objects) = cluster_with_objects(1, 700_000);
+    for idx in [0, 3] {
+        for file in cluster.data_files(idx) {
+            let mut bytes = std::fs::read(&file).unwrap();
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x01;
+            std::fs::write(&file, bytes).unwrap();
+        }
+    }
+    assert_all_readable(&cluster, &objects);
+}
+
+#[test]
+fn node_killed_during_puts_loses_no_acknowledged_object() {
+    let mut cluster = Cluster::start(Shape::default());
+    block_on(async { cluster.client().make_bucket("bkt").await.unwrap() });
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (client, acked, stop) = (cluster.client(), acked.clone(), stop.clone());
+        std::thread::spawn(move || {
+            block_on(async {
+                for i in 0..40u64 {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let data = payload(300_000, i);
+                    if client
+                        .put_bytes("bkt", &format!("p-{i}"), &data, &Default::default())
+                        .await
+                        .is_ok()
+                    {
+                        acked.lock().unwrap().push((i, data));
+                    }
+                }
+            })
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while acked.lock().unwrap().len() < 5 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    cluster.kill_node(2);
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    let acked = acked.lock().unwrap();
+    assert!(acked.len() >= 5, "puts must go on with one node down");
+    cluster.kill_node(5);
+    let client = cluster.client();
+    block_on(async {
+        for (i, data) in acked.iter() {
+            assert!(
+                client.get("bkt", &format!("p-{i}")).await.unwrap() == *data,
+                "p-{i}"
+            );
+        }
+    });
+}
+
+#[test]
+fn node_killed_during_gets_every_read_is_byte_exact() {
+    let (mut cluster, objects) = cluster_with_objects(1, 6_000_000);
+    let reader = {
+        let (client, data) = (cluster.client(), objects[0].clone());
+        std::thread::spawn(move || {
+            block_on(async {
+                for _ in 0..15 {
+                    assert!(client.get("bkt", "obj-0").await.unwrap() == data);
+                }
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    cluster.kill_node(3);
+    reader
+        .join()
+        .expect("every GET during the kill returns the right bytes");
+}
+
+#[test]
+fn restarted_nodes_keep_all_their_data() {
+    let (mut cluster, objects) = cluster_with_objects(4, 500_000);
+    for idx in 0..6 {
+        cluster.restart_node(idx);
+    }
+    // Two nodes down after the restart: the read needs the restarted nodes' chunks.
+    cluster.kill_node(0);
+    cluster.kill_node(1);
+    assert_all_readable(&cluster, &objects);
+}
+
+#[test]
+fn failed_put_leaves_nothing_visible_and_no_orphan_files() {
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    cluster.kill_node(0);
+    cluster.kill_node(1);
+    let file = write_file(cluster.dir.path(), "f", &payload(1_000_000, 1));
+    let err = cluster.cli_err(&["put", file.to_str().unwrap(), "bkt/doomed"]);
+    assert!(err.contains("4 of 6 drives accepted it, 5 needed"), "{err}");
+    cluster.start_node(0);
+    cluster.start_node(1);
+    cluster.wait_ready();
+    assert!(
+        cluster
+            .cli_err(&["get", "bkt/doomed", "-"])
+            .contains("no such object")
+    );
+    assert_eq!(cluster.cli_ok(&["ls", "bkt"]), "");
+    for idx in 0..6 {
+        assert!(
+            cluster.data_files(idx).is_empty(),
+            "n{} kept data of a failed PUT",
+            idx + 1
+        );
+        let tmp = cluster.drive_dir(idx, 0).join("tmp");
+        assert_eq!(
+            std::fs::read_dir(tmp).unwrap().count(),
+            0,
+            "n{} kept a staging file",
+            idx + 1
+        );
+    }
+}
+
+#[test]
+fn hung_node_costs_a_bounded_delay_not_a_hang() {
+    let (cluster, objects) = cluster_with_objects(2, 700_000);
+    cluster.signal_node(2, libc::SIGSTOP);
+    // The test client's request timeout is 3 s: a GET reads around the stopped node after it.
+    assert_all_readable(&cluster, &objects);
+    cluster.signal_node(2, libc::SIGCONT);
+}
+
+#[test]
+fn protocol_garbage_oversized_frames_and_wrong_secret_leave_the_node_up() {
+    let (mut cluster, objects) = cluster_with_objects(1, 100_000);
+    let addr = cluster.addrs[0];
+    let garbage: Vec<Vec<u8>> = vec![
+        payload(4096, 99),
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        // A valid magic with a 4 GiB body length.
+        [
+            b"TSR1".as_slice(),
+            &2u16.to_le_bytes(),
+            &0u16.to_le_bytes(),
+            &u32::MAX.to_le_bytes(),
+        ]
+        .concat(),
+        // An auth frame with a wrong proof.
+        proto::encode_frame(
+            proto::FrameKind::Auth,
+            &proto::AuthProof {
+                protocol_version: 1,
+                proof: [7; 32],
+            },
+        )
+        .unwrap(),
+    ];
+    for bytes in garbage {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let _ = stream.write_all(&bytes);
+        // The node answers the challenge, then closes: reading must reach EOF, not hang.
+        let mut sink = Vec::new();
+        let _ = stream.read_to_end(&mut sink);
+        assert!(
+            sink.len() < 1024,
+            "the node must not answer garbage with data"
+        );
+    }
+    // A client with the wrong secret is refused with a clear error.
+    let text = std::fs::read_to_string(&cluster.config).unwrap();
+    let wrong = cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).map(|mut m| {
+        m.secret = "not-the-secret".into();
+        m
+    });
+    let wrong = client::Client::new(wrong.unwrap(), client::ClientOptions::default()).unwrap();
+    let err = block_on(wrong.head("bkt", "obj-0")).unwrap_err();
+    assert!(
+        err.to_string().contains("unreachable") || err.to_string().contains("refused"),
+        "{err}"
+    );
+    assert!(cluster.is_running(0), "garbage must not crash the node");
+    assert_all_readable(&cluster, &objects);
+    assert!(cluster.log(0).contains("authentication failed"));
+}
+
+#[test]
+fn full_disks_fail_the_put_cleanly_and_the_node_keeps_serving() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: mounting a small tmpfs as a full drive needs root");
+        return;
+    }
+    let mut cluster = Cluster::init(Shape::default());
+    let mounted: Vec<std::path::PathBuf> = [0usize, 1]
+        .iter()
+        .map(|&idx| cluster.drive_dir(idx, 0))
+        .collect();
+    for dir in &mounted {
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount tmpfs");
+        std::fs::write(dir.join("tessera-drive"), "tessera drive format 1\n").unwrap();
+    }
+    struct Unmount(Vec<std::path::PathBuf>);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            for dir in &self.0 {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(dir)
+                    .status();
+            }
+        }
+    }
+    let _unmount = Unmount(mounted);
+    for idx in 0..6 {
+        cluster.start_node(idx);
+    }
+    cluster.wait_ready();
+    cluster.cli_ok(&["mb", "bkt"]);
+    let small = payload(100_000, 3);
+    let small_file = write_file(cluster.dir.path(), "small", &small);
+    cluster.cli_ok(&["put", small_file.to_str().unwrap(), "bkt/small"]);
+    let big = write_file(cluster.dir.path(), "big", &payload(8_000_000, 4));
+    let err = cluster.cli_err(&["put", big.to_str().unwrap(), "bkt/big"]);
+    assert!(err.contains("full"), "{err}");
+    assert!(
+        cluster
+            .cli_err(&["get", "bkt/big", "-"])
+            .contains("no such object")
+    );
+    let out = cluster.dir.path().join("small.out");
+    cluster.cli_ok(&["get", "bkt/small", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read(out).unwrap(), small);
+    for idx in 0..2 {
+        assert!(cluster.is_running(idx));
+        let tmp = cluster.drive_dir(idx, 0).join("tmp");
+        assert_eq!(
+            std::fs::read_dir(tmp).unwrap().count(),
+            0,
+            "no partial staging file is left"
+        );
+    }
+}

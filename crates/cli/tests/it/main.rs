@@ -1,0 +1,6 @@
+//! Integration tests: real `tessera` processes on 127.0.0.1. One test binary for the crate.
+
+mod bad_input;
+mod faults;
+mod harness;
+mod objects;
