@@ -44,6 +44,10 @@ pub(crate) struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// For `get`: read objects an earlier run wrote instead of writing them first (lets a run
+    /// with nodes down reuse objects written while all were up).
+    #[arg(long)]
+    no_prefill: bool,
     #[command(flatten)]
     config: ConfigArg,
 }
@@ -71,7 +75,7 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
             .make_bucket(&args.bucket)
             .await
             .context("create the bench bucket")?;
-        if matches!(args.op, BenchOp::Get) {
+        if matches!(args.op, BenchOp::Get) && !args.no_prefill {
             prefill(&client, args).await?;
         }
         measure(&client, args).await

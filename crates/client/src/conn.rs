@@ -199,7 +199,34 @@ impl Pool {
         self.idle.lock().expect("pool lock poisoned").clear();
     }
 
-    pub(crate) async fn get(&self, secret: &str, timeout: Duration) -> Result<Conn, Error> {
+    /// Whether a request should skip this node: it failed within `backoff`. When the backoff
+    /// has passed, the first caller becomes the probe (and the backoff restarts for the others),
+    /// so a hung node costs one timeout per backoff period, not one per request.
+    pub(crate) fn skip(&self, backoff: Duration) -> bool {
+        let mut down = self.down_since.lock().expect("pool lock poisoned");
+        match *down {
+            Some(since) if since.elapsed() < backoff => true,
+            Some(_) => {
+                *down = Some(Instant::now());
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// A pooled or new connection, unless the node failed recently (see [`Pool::skip`]).
+    pub(crate) async fn get(
+        &self,
+        secret: &str,
+        timeout: Duration,
+        backoff: Duration,
+    ) -> Result<Conn, Error> {
+        if self.skip(backoff) {
+            return Err(Error::NodeDown {
+                node: self.node.clone(),
+                backoff,
+            });
+        }
         loop {
             let Some(conn) = self.idle.lock().expect("pool lock poisoned").pop() else {
                 break;

@@ -340,7 +340,11 @@ async fn fetch_node<'b>(
     let options = &client.inner.options;
     let exchange = async {
         let mut conn = pool
-            .get(&client.inner.map.secret, options.connect_timeout)
+            .get(
+                &client.inner.map.secret,
+                options.connect_timeout,
+                options.down_backoff,
+            )
             .await?;
         let items = jobs.iter().map(|job| job.item.clone()).collect();
         conn.send_request(&Request::Read { items }).await?;
@@ -370,6 +374,7 @@ async fn fetch_node<'b>(
     };
     match tokio::time::timeout(options.request_timeout, exchange).await {
         Ok(Ok(())) => {}
+        Ok(Err(Error::NodeDown { .. })) => {}
         Ok(Err(e)) => {
             tracing::debug!(node = %pool.node, error = %e, "batched read failed");
             pool.mark_down();

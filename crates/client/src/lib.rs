@@ -118,6 +118,8 @@ pub enum Error {
     },
     #[error("node {node} is unreachable: {reason}")]
     NodeUnreachable { node: String, reason: String },
+    #[error("node {node} failed less than {backoff:?} ago; not retried yet")]
+    NodeDown { node: String, backoff: Duration },
     #[error("node {node} refused authentication: check the cluster secret in cluster.toml")]
     AuthRejected { node: String },
     #[error("node {node}: drive is full")]
@@ -325,7 +327,11 @@ impl Client {
         let options = &self.inner.options;
         let exchange = async {
             let mut conn = pool
-                .get(&self.inner.map.secret, options.connect_timeout)
+                .get(
+                    &self.inner.map.secret,
+                    options.connect_timeout,
+                    options.down_backoff,
+                )
                 .await?;
             let response = conn.call(request).await?;
             pool.put_back(conn, options.idle_connections_per_node_max);

@@ -212,10 +212,14 @@ impl<'a> Fanout<'a> {
     ) -> Result<Self, Error> {
         let drives = client.set_drives(placement).to_vec();
         let secret = &client.inner.map.secret;
-        let timeout = client.inner.options.connect_timeout;
-        let opens = drives
-            .iter()
-            .map(|d| client.inner.pools[d.node_idx].get(secret, timeout));
+        let options = &client.inner.options;
+        let opens = drives.iter().map(|d| {
+            client.inner.pools[d.node_idx].get(
+                secret,
+                options.connect_timeout,
+                options.down_backoff,
+            )
+        });
         let results = futures_util::future::join_all(opens).await;
         let mut fanout = Self {
             client,
