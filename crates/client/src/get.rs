@@ -396,7 +396,7 @@ fn finish_stripe(
     offset: u64,
     buf: &mut [u8],
 ) -> Result<(), Error> {
-    let (k, n) = (usize::from(info.meta.k), info.meta.n());
+    let k = usize::from(info.meta.k);
     let geometry = info.meta.geometry();
     let chunk_len = read.chunk_len;
     let stripe_start = geometry.stripe_offset(read.stripe_idx);
@@ -405,27 +405,10 @@ fn finish_stripe(
         if read.slots.iter().filter(|s| s.good).count() < k {
             return Err(unavailable(client, info, read));
         }
-        let mut stripe = vec![0u8; n * chunk_len];
-        let mut present = vec![false; n];
-        for (chunk_idx, slot) in read.slots.iter().enumerate() {
-            if slot.good {
-                let target = &mut stripe[chunk_idx * chunk_len..(chunk_idx + 1) * chunk_len];
-                match slot.direct {
-                    Some(start) => target.copy_from_slice(&buf[start..start + chunk_len]),
-                    None => target.copy_from_slice(&slot.scratch),
-                }
-                present[chunk_idx] = true;
-            }
-        }
-        let mut chunks: Vec<&mut [u8]> = stripe.chunks_mut(chunk_len).collect();
-        client.inner.codec.reconstruct_data(&mut chunks, &present)?;
-        for chunk_idx in 0..k {
-            let slot = &mut read.slots[chunk_idx];
-            if slot.needed && !slot.good {
-                slot.scratch = stripe[chunk_idx * chunk_len..(chunk_idx + 1) * chunk_len].to_vec();
-                slot.direct = None;
-                slot.good = true;
-            }
+        if read.slots[..k].iter().all(|s| s.direct.is_some()) {
+            decode_in_place(client, read, buf)?;
+        } else {
+            decode_via_scratch(client, read, buf)?;
         }
     }
     for (chunk_idx, slot) in read.slots.iter().enumerate().take(k) {
@@ -439,6 +422,66 @@ fn finish_stripe(
         let to = (chunk_start + data).min(offset + buf.len() as u64);
         let source = &slot.scratch[(from - chunk_start) as usize..(to - chunk_start) as usize];
         buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(source);
+    }
+    Ok(())
+}
+
+/// Decodes a stripe whose k data chunks all belong whole in the caller's buffer (so they are
+/// contiguous there): missing data chunks are rebuilt straight into place, no copies.
+fn decode_in_place(client: &Client, read: &mut StripeRead, buf: &mut [u8]) -> Result<(), Error> {
+    let k = client.inner.codec.k();
+    let chunk_len = read.chunk_len;
+    let base = read.slots[0].direct.expect("every data chunk is direct");
+    let present: Vec<bool> = read.slots.iter().map(|s| s.good).collect();
+    for slot in &mut read.slots[k..] {
+        // Absent parity chunks are neither read nor written; they only need the right length.
+        slot.scratch.resize(chunk_len, 0);
+    }
+    let mut chunks: Vec<&mut [u8]> = buf[base..base + k * chunk_len]
+        .chunks_mut(chunk_len)
+        .collect();
+    for (chunk_idx, chunk) in chunks.iter().enumerate() {
+        assert_eq!(
+            read.slots[chunk_idx].direct,
+            Some(base + chunk_idx * chunk_len),
+            "data chunks are contiguous"
+        );
+        debug_assert_eq!(chunk.len(), chunk_len);
+    }
+    chunks.extend(read.slots[k..].iter_mut().map(|s| s.scratch.as_mut_slice()));
+    client.inner.codec.reconstruct_data(&mut chunks, &present)?;
+    for slot in &mut read.slots[..k] {
+        slot.good = true;
+    }
+    Ok(())
+}
+
+/// Decodes a stripe with partial or padded data chunks through a stripe-sized scratch buffer;
+/// rebuilt chunks land in their slots' scratch and are copied out by `finish_stripe`.
+fn decode_via_scratch(client: &Client, read: &mut StripeRead, buf: &[u8]) -> Result<(), Error> {
+    let (k, n) = (client.inner.codec.k(), client.inner.codec.n());
+    let chunk_len = read.chunk_len;
+    let mut stripe = vec![0u8; n * chunk_len];
+    let mut present = vec![false; n];
+    for (chunk_idx, slot) in read.slots.iter().enumerate() {
+        if slot.good {
+            let target = &mut stripe[chunk_idx * chunk_len..(chunk_idx + 1) * chunk_len];
+            match slot.direct {
+                Some(start) => target.copy_from_slice(&buf[start..start + chunk_len]),
+                None => target.copy_from_slice(&slot.scratch),
+            }
+            present[chunk_idx] = true;
+        }
+    }
+    let mut chunks: Vec<&mut [u8]> = stripe.chunks_mut(chunk_len).collect();
+    client.inner.codec.reconstruct_data(&mut chunks, &present)?;
+    for chunk_idx in 0..k {
+        let slot = &mut read.slots[chunk_idx];
+        if slot.needed && !slot.good {
+            slot.scratch = stripe[chunk_idx * chunk_len..(chunk_idx + 1) * chunk_len].to_vec();
+            slot.direct = None;
+            slot.good = true;
+        }
     }
     Ok(())
 }
