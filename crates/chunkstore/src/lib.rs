@@ -63,18 +63,11 @@ pub enum Error {
     #[error("no staged data for version {version} (the PUT was aborted or never wrote here)")]
     NoStagedData { version: String },
     #[error("staged data for version {version} holds {found} bytes, the layout needs {expected}")]
-    StagedLengthMismatch {
-        version: String,
-        found: u64,
-        expected: u64,
-    },
+    StagedLengthMismatch { version: String, found: u64, expected: u64 },
     #[error("I/O on drive {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     #[error("metadata database of drive {path}: {source}")]
-    Db {
-        path: PathBuf,
-        source: Box<redb::Error>,
-    },
+    Db { path: PathBuf, source: Box<redb::Error> },
     #[error("stored metadata on drive {path} is corrupt: {source}")]
     CorruptMeta { path: PathBuf, source: proto::Error },
 }
@@ -89,10 +82,7 @@ pub struct Drive {
 impl Drive {
     /// Prepares an empty drive directory (creating it) for [`Drive::open`]; idempotent.
     pub fn format(root: &Path) -> Result<(), Error> {
-        let unusable = |source| Error::DriveUnusable {
-            path: root.to_owned(),
-            source,
-        };
+        let unusable = |source| Error::DriveUnusable { path: root.to_owned(), source };
         fs::create_dir_all(root).map_err(unusable)?;
         let marker = root.join(DRIVE_MARKER);
         if !marker.exists() {
@@ -105,27 +95,17 @@ impl Drive {
     /// that no committed metadata references (left by crashes or failed PUTs).
     pub fn open(root: &Path) -> Result<Self, Error> {
         if !root.join(DRIVE_MARKER).is_file() {
-            return Err(Error::DriveMissing {
-                path: root.to_owned(),
-            });
+            return Err(Error::DriveMissing { path: root.to_owned() });
         }
-        let unusable = |source| Error::DriveUnusable {
-            path: root.to_owned(),
-            source,
-        };
+        let unusable = |source| Error::DriveUnusable { path: root.to_owned(), source };
         let probe = root.join(".write-probe");
-        fs::write(&probe, b"probe")
-            .and_then(|()| fs::remove_file(&probe))
-            .map_err(unusable)?;
+        fs::write(&probe, b"probe").and_then(|()| fs::remove_file(&probe)).map_err(unusable)?;
         fs::create_dir_all(root.join("tmp")).map_err(unusable)?;
         for shard in 0..=255u8 {
             fs::create_dir_all(root.join("data").join(format!("{shard:02x}"))).map_err(unusable)?;
         }
         let db = Database::create(root.join("meta.redb")).map_err(|e| db_error(root, e))?;
-        let drive = Self {
-            root: root.to_owned(),
-            db,
-        };
+        let drive = Self { root: root.to_owned(), db };
         drive.create_tables()?;
         drive.sweep()?;
         Ok(drive)
@@ -142,9 +122,7 @@ impl Drive {
         {
             let mut table = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
             if table.get(bucket).map_err(|e| self.db_err(e))?.is_none() {
-                table
-                    .insert(bucket, unix_ms())
-                    .map_err(|e| self.db_err(e))?;
+                table.insert(bucket, unix_ms()).map_err(|e| self.db_err(e))?;
             }
         }
         txn.commit().map_err(|e| self.db_err(e))
@@ -155,28 +133,17 @@ impl Drive {
         let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
         {
             let mut buckets = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
-            if buckets
-                .remove(bucket)
-                .map_err(|e| self.db_err(e))?
-                .is_none()
-            {
-                return Err(Error::NoSuchBucket {
-                    bucket: bucket.to_owned(),
-                });
+            if buckets.remove(bucket).map_err(|e| self.db_err(e))?.is_none() {
+                return Err(Error::NoSuchBucket { bucket: bucket.to_owned() });
             }
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let (start, end) = bucket_bounds(bucket);
             let mut markers = Vec::new();
-            for entry in objects
-                .range(start.as_slice()..end.as_slice())
-                .map_err(|e| self.db_err(e))?
-            {
+            for entry in objects.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
                 let (key, value) = entry.map_err(|e| self.db_err(e))?;
                 let meta = self.decode_meta(value.value())?;
                 if !meta.deleted {
-                    return Err(Error::BucketNotEmpty {
-                        bucket: bucket.to_owned(),
-                    });
+                    return Err(Error::BucketNotEmpty { bucket: bucket.to_owned() });
                 }
                 markers.push(key.value().to_vec());
             }
@@ -207,24 +174,12 @@ impl Drive {
     }
 
     /// Writes `data` at `offset` of `version`'s staging file (created on first write).
-    pub fn write_chunk(
-        &self,
-        bucket: &str,
-        version: VersionId,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<(), Error> {
+    pub fn write_chunk(&self, bucket: &str, version: VersionId, offset: u64, data: &[u8]) -> Result<(), Error> {
         if !self.has_bucket(bucket)? {
-            return Err(Error::NoSuchBucket {
-                bucket: bucket.to_owned(),
-            });
+            return Err(Error::NoSuchBucket { bucket: bucket.to_owned() });
         }
         let path = self.staging_path(version);
-        let file = OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(false)
-            .open(&path);
+        let file = OpenOptions::new().create(true).write(true).truncate(false).open(&path);
         let result = file.and_then(|file| file.write_all_at(data, offset));
         result.map_err(|source| self.io_err(&path, source))
     }
@@ -233,34 +188,24 @@ impl Drive {
     pub fn abort(&self, version: VersionId) -> Result<(), Error> {
         let path = self.staging_path(version);
         match fs::remove_file(&path) {
-            Err(source) if source.kind() != io::ErrorKind::NotFound => {
-                Err(self.io_err(&path, source))
-            }
+            Err(source) if source.kind() != io::ErrorKind::NotFound => Err(self.io_err(&path, source)),
             _ => Ok(()),
         }
     }
 
     /// Makes `meta` durable and current unless the drive already has this version or a newer
     /// one. The staging file must hold exactly this drive's chunks of the layout.
-    pub fn commit(
-        &self,
-        meta: &ObjectMeta,
-        missing_positions: &[u32],
-    ) -> Result<CommitOutcome, Error> {
+    pub fn commit(&self, meta: &ObjectMeta, missing_positions: &[u32]) -> Result<CommitOutcome, Error> {
         if !self.has_bucket(&meta.bucket)? {
-            return Err(Error::NoSuchBucket {
-                bucket: meta.bucket.clone(),
-            });
+            return Err(Error::NoSuchBucket { bucket: meta.bucket.clone() });
         }
         if let Some(current) = self.get_meta(&meta.bucket, &meta.key)?
             && current.version >= meta.version
         {
             self.abort(meta.version)?;
-            return Ok(CommitOutcome::Superseded {
-                current: current.version,
-            });
+            return Ok(CommitOutcome::Superseded { current: current.version });
         }
-        let has_data = !meta.deleted && meta.size > 0;
+        let has_data = meta.has_data_file();
         if has_data {
             self.publish_staged(meta)?;
         }
@@ -271,11 +216,11 @@ impl Drive {
                 self.remove_data_file(meta.version);
                 Ok(CommitOutcome::Superseded { current })
             }
-            ReplaceResult::Applied { old_data } => {
+            ReplaceResult::Applied { old_data, replaced_parts } => {
                 if let Some(old) = old_data {
                     self.remove_data_file(old);
                 }
-                Ok(CommitOutcome::Applied)
+                Ok(CommitOutcome::Applied { replaced_parts })
             }
         }
     }
@@ -287,22 +232,15 @@ impl Drive {
         let removed = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let object_key = object_key(bucket, key);
-            let current = match objects
-                .get(object_key.as_slice())
-                .map_err(|e| self.db_err(e))?
-            {
+            let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
                 Some(value) => Some(self.decode_meta(value.value())?),
                 None => None,
             };
             match current {
                 Some(current) if current.version == version => {
-                    objects
-                        .remove(object_key.as_slice())
-                        .map_err(|e| self.db_err(e))?;
+                    objects.remove(object_key.as_slice()).map_err(|e| self.db_err(e))?;
                     let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
-                    versions
-                        .remove(version.to_hex().as_str())
-                        .map_err(|e| self.db_err(e))?;
+                    versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
                     true
                 }
                 _ => false,
@@ -319,9 +257,7 @@ impl Drive {
     pub fn get_meta(&self, bucket: &str, key: &str) -> Result<Option<ObjectMeta>, Error> {
         let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
-        let value = table
-            .get(object_key(bucket, key).as_slice())
-            .map_err(|e| self.db_err(e))?;
+        let value = table.get(object_key(bucket, key).as_slice()).map_err(|e| self.db_err(e))?;
         value.map(|v| self.decode_meta(v.value())).transpose()
     }
 
@@ -337,31 +273,16 @@ impl Drive {
 
     /// Keys of `bucket` greater than `start_after` that start with `prefix`, sorted, at most
     /// `limit`; delete markers included (the client merges drives and hides them).
-    pub fn list(
-        &self,
-        bucket: &str,
-        prefix: &str,
-        start_after: &str,
-        limit: usize,
-    ) -> Result<Vec<ListEntry>, Error> {
+    pub fn list(&self, bucket: &str, prefix: &str, start_after: &str, limit: usize) -> Result<Vec<ListEntry>, Error> {
         if !self.has_bucket(bucket)? {
-            return Err(Error::NoSuchBucket {
-                bucket: bucket.to_owned(),
-            });
+            return Err(Error::NoSuchBucket { bucket: bucket.to_owned() });
         }
         let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
-        let lower = if prefix > start_after {
-            object_key(bucket, prefix)
-        } else {
-            object_key(bucket, start_after)
-        };
+        let lower = if prefix > start_after { object_key(bucket, prefix) } else { object_key(bucket, start_after) };
         let (_, end) = bucket_bounds(bucket);
         let mut entries = Vec::new();
-        for entry in table
-            .range(lower.as_slice()..end.as_slice())
-            .map_err(|e| self.db_err(e))?
-        {
+        for entry in table.range(lower.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
             if entries.len() >= limit {
                 break;
             }
@@ -400,7 +321,7 @@ impl Drive {
 }
 
 enum ReplaceResult {
-    Applied { old_data: Option<VersionId> },
+    Applied { old_data: Option<VersionId>, replaced_parts: Vec<String> },
     Superseded(VersionId),
 }
 
@@ -431,11 +352,7 @@ impl Drive {
                 let entry = entry.map_err(|e| self.io_err(&dir, e))?;
                 let name = entry.file_name();
                 let name = name.to_string_lossy();
-                if versions
-                    .get(name.as_ref())
-                    .map_err(|e| self.db_err(e))?
-                    .is_none()
-                {
+                if versions.get(name.as_ref()).map_err(|e| self.db_err(e))?.is_none() {
                     fs::remove_file(entry.path()).map_err(|e| self.io_err(&entry.path(), e))?;
                     removed += 1;
                 }
@@ -453,9 +370,7 @@ impl Drive {
         let file = match File::open(&staging) {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(Error::NoStagedData {
-                    version: meta.version.to_hex(),
-                });
+                return Err(Error::NoStagedData { version: meta.version.to_hex() });
             }
             Err(e) => return Err(self.io_err(&staging, e)),
         };
@@ -464,21 +379,13 @@ impl Drive {
         let last = geometry.stripes - 1;
         let expected = geometry.file_offset(last) + geometry.chunk_len(last) as u64;
         if found != expected {
-            return Err(Error::StagedLengthMismatch {
-                version: meta.version.to_hex(),
-                found,
-                expected,
-            });
+            return Err(Error::StagedLengthMismatch { version: meta.version.to_hex(), found, expected });
         }
         file.sync_all().map_err(|e| self.io_err(&staging, e))?;
         let target = self.data_path(meta.version);
         fs::rename(&staging, &target).map_err(|e| self.io_err(&target, e))?;
-        let dir = target
-            .parent()
-            .expect("data files live in a shard directory");
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| self.io_err(dir, e))
+        let dir = target.parent().expect("data files live in a shard directory");
+        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| self.io_err(dir, e))
     }
 
     /// Step (4) of a commit: one redb transaction that replaces the key's metadata if ours is
@@ -493,45 +400,33 @@ impl Drive {
         let result = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let object_key = object_key(&meta.bucket, &meta.key);
-            let current = match objects
-                .get(object_key.as_slice())
-                .map_err(|e| self.db_err(e))?
-            {
+            let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
                 Some(value) => Some(self.decode_meta(value.value())?),
                 None => None,
             };
             match current {
-                Some(current) if current.version >= meta.version => {
-                    ReplaceResult::Superseded(current.version)
-                }
+                Some(current) if current.version >= meta.version => ReplaceResult::Superseded(current.version),
                 current => {
                     let encoded = proto::encode_body(meta);
-                    objects
-                        .insert(object_key.as_slice(), encoded.as_slice())
-                        .map_err(|e| self.db_err(e))?;
+                    objects.insert(object_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
                     let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
                     if has_data {
-                        versions
-                            .insert(meta.version.to_hex().as_str(), 1)
-                            .map_err(|e| self.db_err(e))?;
+                        versions.insert(meta.version.to_hex().as_str(), 1).map_err(|e| self.db_err(e))?;
                     }
-                    let old_data = current
-                        .filter(|c| !c.deleted && c.size > 0)
-                        .map(|c| c.version);
+                    let replaced_parts =
+                        current.iter().flat_map(|c| c.parts.iter().map(|p| p.piece_key.clone())).collect();
+                    let old_data = current.filter(ObjectMeta::has_data_file).map(|c| c.version);
                     if let Some(old) = old_data {
-                        versions
-                            .remove(old.to_hex().as_str())
-                            .map_err(|e| self.db_err(e))?;
+                        versions.remove(old.to_hex().as_str()).map_err(|e| self.db_err(e))?;
                     }
                     if !missing_positions.is_empty() {
                         let mut queue = txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
-                        let positions: Vec<u8> =
-                            missing_positions.iter().map(|p| *p as u8).collect();
+                        let positions: Vec<u8> = missing_positions.iter().map(|p| *p as u8).collect();
                         queue
                             .insert(meta.version.to_hex().as_str(), positions.as_slice())
                             .map_err(|e| self.db_err(e))?;
                     }
-                    ReplaceResult::Applied { old_data }
+                    ReplaceResult::Applied { old_data, replaced_parts }
                 }
             }
         };
@@ -560,30 +455,17 @@ impl Drive {
     }
 
     fn decode_meta(&self, bytes: &[u8]) -> Result<ObjectMeta, Error> {
-        let meta: ObjectMeta =
-            proto::decode_message(bytes, "stored object metadata").map_err(|source| {
-                Error::CorruptMeta {
-                    path: self.root.clone(),
-                    source,
-                }
-            })?;
-        meta.validate().map_err(|source| Error::CorruptMeta {
-            path: self.root.clone(),
-            source,
-        })?;
+        let meta: ObjectMeta = proto::decode_message(bytes, "stored object metadata")
+            .map_err(|source| Error::CorruptMeta { path: self.root.clone(), source })?;
+        meta.validate().map_err(|source| Error::CorruptMeta { path: self.root.clone(), source })?;
         Ok(meta)
     }
 
     fn io_err(&self, path: &Path, source: io::Error) -> Error {
         if is_disk_full(&source) {
-            return Error::DiskFull {
-                path: self.root.clone(),
-            };
+            return Error::DiskFull { path: self.root.clone() };
         }
-        Error::Io {
-            path: path.to_owned(),
-            source,
-        }
+        Error::Io { path: path.to_owned(), source }
     }
 
     fn db_err(&self, source: impl Into<redb::Error>) -> Error {
@@ -596,14 +478,9 @@ fn db_error(root: &Path, source: impl Into<redb::Error>) -> Error {
     if let redb::Error::Io(io) = &source
         && is_disk_full(io)
     {
-        return Error::DiskFull {
-            path: root.to_owned(),
-        };
+        return Error::DiskFull { path: root.to_owned() };
     }
-    Error::Db {
-        path: root.to_owned(),
-        source: Box::new(source),
-    }
+    Error::Db { path: root.to_owned(), source: Box::new(source) }
 }
 
 fn is_disk_full(error: &io::Error) -> bool {
@@ -628,10 +505,7 @@ fn bucket_bounds(bucket: &str) -> (Vec<u8>, Vec<u8>) {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 #[cfg(test)]

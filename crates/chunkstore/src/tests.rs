@@ -2,10 +2,7 @@ use super::*;
 use proto::{META_FORMAT_VERSION, StripeGeometry};
 
 fn version(unix_ns: u64) -> VersionId {
-    VersionId {
-        unix_ns,
-        writer: 0xab,
-    }
+    VersionId { unix_ns, writer: 0xab }
 }
 
 fn meta(key: &str, version: VersionId, size: u64) -> ObjectMeta {
@@ -20,6 +17,7 @@ fn meta(key: &str, version: VersionId, size: u64) -> ObjectMeta {
         etag: String::new(),
         content_type: String::new(),
         user_meta: Vec::new(),
+        headers: Vec::new(),
         modified_ms: 0,
         k: 2,
         m: 1,
@@ -27,6 +25,7 @@ fn meta(key: &str, version: VersionId, size: u64) -> ObjectMeta {
         set_idx: 0,
         rotation: 0,
         crcs: vec![0; stripes * 3],
+        parts: Vec::new(),
     }
 }
 
@@ -44,9 +43,7 @@ fn put(drive: &Drive, key: &str, version: VersionId, size: u64) -> CommitOutcome
     let geometry = meta.geometry();
     for stripe in 0..geometry.stripes {
         let chunk = vec![stripe as u8; geometry.chunk_len(stripe)];
-        drive
-            .write_chunk("bkt", version, geometry.file_offset(stripe), &chunk)
-            .unwrap();
+        drive.write_chunk("bkt", version, geometry.file_offset(stripe), &chunk).unwrap();
     }
     drive.commit(&meta, &[]).unwrap()
 }
@@ -54,11 +51,8 @@ fn put(drive: &Drive, key: &str, version: VersionId, size: u64) -> CommitOutcome
 #[test]
 fn commit_makes_version_current_and_readable() {
     let (_dir, drive) = drive();
-    assert_eq!(put(&drive, "a", version(1), 10_000), CommitOutcome::Applied);
-    assert_eq!(
-        drive.get_meta("bkt", "a").unwrap().unwrap().version,
-        version(1)
-    );
+    assert_eq!(put(&drive, "a", version(1), 10_000), CommitOutcome::Applied { replaced_parts: Vec::new() });
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1));
     let file = drive.open_version(version(1)).unwrap().unwrap();
     assert_eq!(file.metadata().unwrap().len(), 4096 + 904);
 }
@@ -67,42 +61,25 @@ fn commit_makes_version_current_and_readable() {
 fn older_version_is_superseded_and_its_data_dropped() {
     let (_dir, drive) = drive();
     put(&drive, "a", version(5), 100);
-    assert_eq!(
-        put(&drive, "a", version(3), 100),
-        CommitOutcome::Superseded {
-            current: version(5)
-        }
-    );
+    assert_eq!(put(&drive, "a", version(3), 100), CommitOutcome::Superseded { current: version(5) });
     assert!(drive.open_version(version(3)).unwrap().is_none());
-    assert_eq!(put(&drive, "a", version(9), 100), CommitOutcome::Applied);
-    assert!(
-        drive.open_version(version(5)).unwrap().is_none(),
-        "replaced data is deleted"
-    );
+    assert_eq!(put(&drive, "a", version(9), 100), CommitOutcome::Applied { replaced_parts: Vec::new() });
+    assert!(drive.open_version(version(5)).unwrap().is_none(), "replaced data is deleted");
 }
 
 #[test]
 fn commit_without_staged_data_or_with_short_data_fails() {
     let (_dir, drive) = drive();
-    assert!(matches!(
-        drive.commit(&meta("a", version(1), 100), &[]),
-        Err(Error::NoStagedData { .. })
-    ));
+    assert!(matches!(drive.commit(&meta("a", version(1), 100), &[]), Err(Error::NoStagedData { .. })));
     drive.write_chunk("bkt", version(2), 0, &[1; 10]).unwrap();
-    assert!(matches!(
-        drive.commit(&meta("a", version(2), 100), &[]),
-        Err(Error::StagedLengthMismatch { .. })
-    ));
+    assert!(matches!(drive.commit(&meta("a", version(2), 100), &[]), Err(Error::StagedLengthMismatch { .. })));
     assert!(drive.get_meta("bkt", "a").unwrap().is_none());
 }
 
 #[test]
 fn writes_into_missing_bucket_fail() {
     let (_dir, drive) = drive();
-    assert!(matches!(
-        drive.write_chunk("nope", version(1), 0, &[1]),
-        Err(Error::NoSuchBucket { .. })
-    ));
+    assert!(matches!(drive.write_chunk("nope", version(1), 0, &[1]), Err(Error::NoSuchBucket { .. })));
 }
 
 #[test]
@@ -137,12 +114,7 @@ fn list_is_sorted_prefixed_and_paged() {
         put(&drive, key, version(1), 10);
     }
     let keys = |prefix, start_after, limit| -> Vec<String> {
-        drive
-            .list("bkt", prefix, start_after, limit)
-            .unwrap()
-            .into_iter()
-            .map(|e| e.key)
-            .collect()
+        drive.list("bkt", prefix, start_after, limit).unwrap().into_iter().map(|e| e.key).collect()
     };
     assert_eq!(keys("", "", 100), ["a", "b/1", "b/2", "b/3", "c"]);
     assert_eq!(keys("b/", "", 100), ["b/1", "b/2", "b/3"]);
@@ -154,29 +126,20 @@ fn list_is_sorted_prefixed_and_paged() {
 fn delete_bucket_refuses_live_objects_but_not_markers() {
     let (_dir, drive) = drive();
     put(&drive, "a", version(1), 10);
-    assert!(matches!(
-        drive.delete_bucket("bkt"),
-        Err(Error::BucketNotEmpty { .. })
-    ));
+    assert!(matches!(drive.delete_bucket("bkt"), Err(Error::BucketNotEmpty { .. })));
     let mut marker = meta("a", version(2), 0);
     marker.deleted = true;
     marker.crcs.clear();
     drive.commit(&marker, &[]).unwrap();
     drive.delete_bucket("bkt").unwrap();
     assert!(!drive.has_bucket("bkt").unwrap());
-    assert!(matches!(
-        drive.delete_bucket("bkt"),
-        Err(Error::NoSuchBucket { .. })
-    ));
+    assert!(matches!(drive.delete_bucket("bkt"), Err(Error::NoSuchBucket { .. })));
 }
 
 #[test]
 fn open_refuses_unformatted_directory() {
     let dir = tempfile::tempdir().unwrap();
-    assert!(matches!(
-        Drive::open(&dir.path().join("missing")),
-        Err(Error::DriveMissing { .. })
-    ));
+    assert!(matches!(Drive::open(&dir.path().join("missing")), Err(Error::DriveMissing { .. })));
 }
 
 #[test]
@@ -184,8 +147,5 @@ fn repair_queue_records_missing_positions() {
     let (_dir, drive) = drive();
     let meta = meta("a", version(1), 0);
     drive.commit(&meta, &[2]).unwrap();
-    assert_eq!(
-        drive.repair_queue().unwrap(),
-        vec![(version(1).to_hex(), vec![2])]
-    );
+    assert_eq!(drive.repair_queue().unwrap(), vec![(version(1).to_hex(), vec![2])]);
 }

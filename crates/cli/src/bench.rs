@@ -62,19 +62,13 @@ struct Outcome {
 
 pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
     crate::init_logging("warn");
-    if args.size == 0 || args.size > OBJECT_BYTES_MAX || args.objects == 0 || args.concurrency == 0
-    {
+    if args.size == 0 || args.size > OBJECT_BYTES_MAX || args.objects == 0 || args.concurrency == 0 {
         bail!("--size must be 1 B..1 GiB, --objects and --concurrency at least 1");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let outcome = runtime.block_on(async {
         let client = crate::object_cmd::connect(&args.config)?;
-        client
-            .make_bucket(&args.bucket)
-            .await
-            .context("create the bench bucket")?;
+        client.make_bucket(&args.bucket).await.context("create the bench bucket")?;
         if matches!(args.op, BenchOp::Get) && !args.no_prefill {
             prefill(&client, args).await?;
         }
@@ -105,30 +99,20 @@ async fn prefill(client: &Client, args: &BenchArgs) -> anyhow::Result<()> {
     let data = Arc::new(payload(args.size, 1));
     let mut workers = Vec::new();
     for _ in 0..args.concurrency {
-        let (client, next, data, bucket, objects) = (
-            client.clone(),
-            next.clone(),
-            data.clone(),
-            args.bucket.clone(),
-            args.objects,
-        );
+        let (client, next, data, bucket, objects) =
+            (client.clone(), next.clone(), data.clone(), args.bucket.clone(), args.objects);
         workers.push(tokio::spawn(async move {
             loop {
                 let idx = next.fetch_add(1, Ordering::Relaxed);
                 if idx >= objects {
                     return Ok::<_, client::Error>(());
                 }
-                client
-                    .put_bytes(&bucket, &key(idx), &data, &PutOptions::default())
-                    .await?;
+                client.put_bytes(&bucket, &key(idx), &data, &PutOptions::default()).await?;
             }
         }));
     }
     for worker in workers {
-        worker
-            .await
-            .context("prefill worker")?
-            .context("write the objects to read")?;
+        worker.await.context("prefill worker")?.context("write the objects to read")?;
     }
     Ok(())
 }
@@ -141,12 +125,7 @@ async fn measure(client: &Client, args: &BenchArgs) -> anyhow::Result<Outcome> {
     let deadline = start + args.duration;
     let mut workers = Vec::new();
     for _ in 0..args.concurrency {
-        let (client, next, data, bucket) = (
-            client.clone(),
-            next.clone(),
-            data.clone(),
-            args.bucket.clone(),
-        );
+        let (client, next, data, bucket) = (client.clone(), next.clone(), data.clone(), args.bucket.clone());
         let (op, objects, size) = (args.op, args.objects, args.size as usize);
         workers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -160,15 +139,11 @@ async fn measure(client: &Client, args: &BenchArgs) -> anyhow::Result<Outcome> {
                         let info = client.head(&bucket, &key).await?;
                         let read = client.read_at(&info, 0, &mut buf).await?;
                         if read != size {
-                            return Err(anyhow::anyhow!(
-                                "{key}: read {read} bytes, expected {size}"
-                            ));
+                            return Err(anyhow::anyhow!("{key}: read {read} bytes, expected {size}"));
                         }
                     }
                     BenchOp::Put => {
-                        client
-                            .put_bytes(&bucket, &key, &data, &PutOptions::default())
-                            .await?;
+                        client.put_bytes(&bucket, &key, &data, &PutOptions::default()).await?;
                     }
                 }
                 if latencies.len() < LATENCY_SAMPLES_MAX / 64 {
@@ -180,13 +155,7 @@ async fn measure(client: &Client, args: &BenchArgs) -> anyhow::Result<Outcome> {
             Ok::<_, anyhow::Error>((ops, bytes, latencies))
         }));
     }
-    let mut outcome = Outcome {
-        ops: 0,
-        bytes: 0,
-        elapsed: Duration::ZERO,
-        cpu: Duration::ZERO,
-        latencies: Vec::new(),
-    };
+    let mut outcome = Outcome { ops: 0, bytes: 0, elapsed: Duration::ZERO, cpu: Duration::ZERO, latencies: Vec::new() };
     for worker in workers {
         let (ops, bytes, latencies) = worker.await.context("bench worker")??;
         outcome.ops += ops;
@@ -226,11 +195,7 @@ fn report(args: &BenchArgs, outcome: &Outcome) {
     let p50 = percentile(&outcome.latencies, 0.50).as_secs_f64() * 1e3;
     let p99 = percentile(&outcome.latencies, 0.99).as_secs_f64() * 1e3;
     let gb = outcome.bytes as f64 / 1e9;
-    let cpu_per_gb = if gb > 0.0 {
-        outcome.cpu.as_secs_f64() / gb
-    } else {
-        0.0
-    };
+    let cpu_per_gb = if gb > 0.0 { outcome.cpu.as_secs_f64() / gb } else { 0.0 };
     let op = match args.op {
         BenchOp::Get => "get",
         BenchOp::Put => "put",
@@ -253,15 +218,8 @@ fn report(args: &BenchArgs, outcome: &Outcome) {
         args.objects,
         args.concurrency
     );
-    println!(
-        "  throughput   {:.3} GB/s ({}/s)",
-        throughput / 1e9,
-        format_bytes(throughput as u64)
-    );
+    println!("  throughput   {:.3} GB/s ({}/s)", throughput / 1e9, format_bytes(throughput as u64));
     println!("  objects/s    {objects_per_s:.1}");
     println!("  latency      p50 {p50:.2} ms, p99 {p99:.2} ms");
-    println!(
-        "  client CPU   {:.2} s ({cpu_per_gb:.3} CPU-s per GB)",
-        outcome.cpu.as_secs_f64()
-    );
+    println!("  client CPU   {:.2} s ({cpu_per_gb:.3} CPU-s per GB)", outcome.cpu.as_secs_f64());
 }

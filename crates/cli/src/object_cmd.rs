@@ -79,9 +79,7 @@ pub(crate) enum Op {
 
 pub(crate) fn run(op: Op) -> anyhow::Result<()> {
     crate::init_logging("warn");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         match op {
             Op::MakeBucket(args) => {
@@ -108,9 +106,7 @@ pub(crate) fn run(op: Op) -> anyhow::Result<()> {
 /// A client of the cluster named by `--config` or `TESSERA_CONFIG`.
 pub(crate) fn connect(config: &ConfigArg) -> anyhow::Result<Client> {
     let Some(path) = &config.config else {
-        bail!(
-            "no cluster config: pass --config or set TESSERA_CONFIG (create one with `tessera init`)"
-        );
+        bail!("no cluster config: pass --config or set TESSERA_CONFIG (create one with `tessera init`)");
     };
     let (map, _) = crate::cluster_cmd::load_map(path)?;
     Ok(Client::new(map, ClientOptions::default())?)
@@ -161,35 +157,22 @@ impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
 async fn put(args: &PutArgs) -> anyhow::Result<()> {
     let (bucket, key) = split_path(&args.path)?;
     let client = connect(&args.config)?;
-    let options = PutOptions {
-        content_type: args.content_type.clone(),
-        user_meta: Vec::new(),
-    };
+    let options = PutOptions { content_type: args.content_type.clone(), ..PutOptions::default() };
     let info = if args.file == Path::new("-") {
         let mut source = tokio::io::stdin();
         client.put(bucket, key, &mut source, &options).await?
     } else {
-        let file = tokio::fs::File::open(&args.file)
-            .await
-            .with_context(|| format!("open {}", args.file.display()))?;
+        let file = tokio::fs::File::open(&args.file).await.with_context(|| format!("open {}", args.file.display()))?;
         let size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
         let bar = progress_bar(size, "put");
-        let mut source = Counted {
-            inner: file,
-            bar: bar.clone(),
-        };
+        let mut source = Counted { inner: file, bar: bar.clone() };
         let info = client.put(bucket, key, &mut source, &options).await?;
         if let Some(bar) = bar {
             bar.finish_and_clear();
         }
         info
     };
-    eprintln!(
-        "put {bucket}/{key}: {} ({}), etag {}",
-        format_bytes(info.meta.size),
-        info.meta.size,
-        info.meta.etag
-    );
+    eprintln!("put {bucket}/{key}: {} ({}), etag {}", format_bytes(info.meta.size), info.meta.size, info.meta.etag);
     Ok(())
 }
 
@@ -204,24 +187,16 @@ async fn get(args: &GetArgs) -> anyhow::Result<()> {
     let mut out: Box<dyn tokio::io::AsyncWrite + Unpin + Send> = if to_stdout {
         Box::new(tokio::io::stdout())
     } else {
-        let file = tokio::fs::File::create(&partial)
-            .await
-            .with_context(|| format!("create {}", partial.display()))?;
+        let file = tokio::fs::File::create(&partial).await.with_context(|| format!("create {}", partial.display()))?;
         Box::new(file)
     };
-    let bar = if to_stdout {
-        None
-    } else {
-        progress_bar(size, "get")
-    };
+    let bar = if to_stdout { None } else { progress_bar(size, "get") };
     let mut buf = vec![0u8; GET_STEP_BYTES.min(size as usize)];
     let mut offset = 0u64;
     let result: anyhow::Result<()> = async {
         while offset < size {
             let read = client.read_at(&info, offset, &mut buf).await?;
-            out.write_all(&buf[..read])
-                .await
-                .context("write the output")?;
+            out.write_all(&buf[..read]).await.context("write the output")?;
             offset += read as u64;
             if let Some(bar) = &bar {
                 bar.set_position(offset);
@@ -251,10 +226,7 @@ async fn get(args: &GetArgs) -> anyhow::Result<()> {
 }
 
 fn partial_path(target: &Path) -> PathBuf {
-    let mut name = target
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_default();
+    let mut name = target.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(".tessera-partial");
     target.with_file_name(name)
 }
@@ -273,13 +245,7 @@ async fn list(args: &LsArgs) -> anyhow::Result<()> {
     loop {
         let page = client.list(bucket, prefix, &start_after, LIST_PAGE).await?;
         for entry in &page.entries {
-            writeln!(
-                stdout,
-                "{:>12}  {}  {}",
-                entry.size,
-                format_ms(entry.modified_ms),
-                entry.key
-            )?;
+            writeln!(stdout, "{:>12}  {}  {}", entry.size, format_ms(entry.modified_ms), entry.key)?;
         }
         match page.next_start_after {
             Some(next) => start_after = next,
@@ -312,10 +278,7 @@ async fn stat(args: &ObjectArgs) -> anyhow::Result<()> {
         format_bytes(u64::from(meta.chunk_bytes)),
         geometry.stripes
     );
-    println!(
-        "erasure set:  {} (rotation {})",
-        meta.set_idx, meta.rotation
-    );
+    println!("erasure set:  {} (rotation {})", meta.set_idx, meta.rotation);
     println!("chunks:");
     print!("{}", client::describe_layout(&info));
     Ok(())

@@ -3,13 +3,9 @@
 /// Parses a size with an optional binary (KiB, MiB, GiB) or decimal (KB, MB, GB) unit.
 pub(crate) fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("invalid size {text:?}: expected e.g. 4096, 64KiB, 1MiB"))?;
+    let number: u64 = number.parse().map_err(|_| format!("invalid size {text:?}: expected e.g. 4096, 64KiB, 1MiB"))?;
     let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
@@ -19,14 +15,10 @@ pub(crate) fn parse_bytes(text: &str) -> Result<u64, String> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         _ => {
-            return Err(format!(
-                "invalid size unit in {text:?}: use B, KiB, MiB, GiB, KB, MB or GB"
-            ));
+            return Err(format!("invalid size unit in {text:?}: use B, KiB, MiB, GiB, KB, MB or GB"));
         }
     };
-    number
-        .checked_mul(multiplier)
-        .ok_or_else(|| format!("size {text:?} is too large"))
+    number.checked_mul(multiplier).ok_or_else(|| format!("size {text:?} is too large"))
 }
 
 /// Human-readable binary size, e.g. `1.5 MiB`.
@@ -38,11 +30,7 @@ pub(crate) fn format_bytes(bytes: u64) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
 #[cfg(test)]

@@ -4,10 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use proto::{
-    AuthProof, Challenge, FRAME_HEADER_BYTES, FrameHeader, FrameKind, PROTOCOL_VERSION, Request,
-    Response,
-};
+use proto::{AuthProof, Challenge, FRAME_HEADER_BYTES, FrameHeader, FrameKind, PROTOCOL_VERSION, Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -22,27 +19,14 @@ pub(crate) struct Conn {
 
 impl Conn {
     /// Connects and authenticates with the cluster secret.
-    pub(crate) async fn open(
-        node: &str,
-        addr: SocketAddr,
-        secret: &str,
-        timeout: Duration,
-    ) -> Result<Self, Error> {
-        let unreachable = |reason: String| Error::NodeUnreachable {
-            node: node.to_owned(),
-            reason,
-        };
+    pub(crate) async fn open(node: &str, addr: SocketAddr, secret: &str, timeout: Duration) -> Result<Self, Error> {
+        let unreachable = |reason: String| Error::NodeUnreachable { node: node.to_owned(), reason };
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| unreachable(format!("connect to {addr} timed out after {timeout:?}")))?
             .map_err(|e| unreachable(format!("connect to {addr}: {e}")))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| unreachable(e.to_string()))?;
-        let mut conn = Self {
-            stream,
-            node: node.to_owned(),
-        };
+        stream.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
+        let mut conn = Self { stream, node: node.to_owned() };
         tokio::time::timeout(timeout, conn.handshake(secret))
             .await
             .map_err(|_| unreachable(format!("handshake with {addr} timed out")))??;
@@ -51,8 +35,7 @@ impl Conn {
 
     async fn handshake(&mut self, secret: &str) -> Result<(), Error> {
         let body = self.read_frame(FrameKind::Challenge).await?;
-        let challenge: Challenge =
-            proto::decode_message(&body, "challenge").map_err(|e| self.protocol(e))?;
+        let challenge: Challenge = proto::decode_message(&body, "challenge").map_err(|e| self.protocol(e))?;
         if challenge.protocol_version != PROTOCOL_VERSION {
             return Err(self.protocol(proto::Error::UnsupportedVersion {
                 what: "node protocol",
@@ -60,18 +43,14 @@ impl Conn {
                 supported: PROTOCOL_VERSION,
             }));
         }
-        let proof = AuthProof {
-            protocol_version: PROTOCOL_VERSION,
-            proof: proto::auth_proof(secret, &challenge.nonce),
-        };
+        let proof =
+            AuthProof { protocol_version: PROTOCOL_VERSION, proof: proto::auth_proof(secret, &challenge.nonce) };
         let frame = proto::encode_frame(FrameKind::Auth, &proof).map_err(|e| self.protocol(e))?;
         self.write_all(&frame).await?;
         match self.read_response().await {
             Ok(Response::Ok) => Ok(()),
             Ok(other) => Err(self.unexpected(&other)),
-            Err(Error::NodeUnreachable { .. }) => Err(Error::AuthRejected {
-                node: self.node.clone(),
-            }),
+            Err(Error::NodeUnreachable { .. }) => Err(Error::AuthRejected { node: self.node.clone() }),
             Err(e) => Err(e),
         }
     }
@@ -84,17 +63,12 @@ impl Conn {
     }
 
     pub(crate) async fn send_request(&mut self, request: &Request) -> Result<(), Error> {
-        let frame =
-            proto::encode_frame(FrameKind::Request, request).map_err(|e| self.protocol(e))?;
+        let frame = proto::encode_frame(FrameKind::Request, request).map_err(|e| self.protocol(e))?;
         self.write_all(&frame).await
     }
 
     /// Sends a request followed by raw bytes (a chunk write) in one go where possible.
-    pub(crate) async fn send_request_with_data(
-        &mut self,
-        request: &Request,
-        data: &[u8],
-    ) -> Result<(), Error> {
+    pub(crate) async fn send_request_with_data(&mut self, request: &Request, data: &[u8]) -> Result<(), Error> {
         self.send_request(request).await?;
         self.write_all(data).await
     }
@@ -117,10 +91,7 @@ impl Conn {
 
     async fn read_frame(&mut self, expected: FrameKind) -> Result<Vec<u8>, Error> {
         let mut header = [0u8; FRAME_HEADER_BYTES];
-        self.stream
-            .read_exact(&mut header)
-            .await
-            .map_err(|e| self.io(e))?;
+        self.stream.read_exact(&mut header).await.map_err(|e| self.io(e))?;
         let header = FrameHeader::decode(&header).map_err(|e| self.protocol(e))?;
         if header.kind != expected {
             return Err(self.protocol(proto::Error::Invalid {
@@ -130,10 +101,7 @@ impl Conn {
         }
         // FrameHeader::decode bounded body_len by CONTROL_BODY_BYTES_MAX.
         let mut body = vec![0u8; header.body_len];
-        self.stream
-            .read_exact(&mut body)
-            .await
-            .map_err(|e| self.io(e))?;
+        self.stream.read_exact(&mut body).await.map_err(|e| self.io(e))?;
         Ok(body)
     }
 
@@ -142,17 +110,11 @@ impl Conn {
     }
 
     fn io(&self, e: std::io::Error) -> Error {
-        Error::NodeUnreachable {
-            node: self.node.clone(),
-            reason: e.to_string(),
-        }
+        Error::NodeUnreachable { node: self.node.clone(), reason: e.to_string() }
     }
 
     fn protocol(&self, source: proto::Error) -> Error {
-        Error::Protocol {
-            node: self.node.clone(),
-            source,
-        }
+        Error::Protocol { node: self.node.clone(), source }
     }
 
     pub(crate) fn unexpected(&self, response: &Response) -> Error {
@@ -160,10 +122,7 @@ impl Conn {
             Response::Error { kind, message } => Error::from_node(&self.node, *kind, message),
             other => Error::Protocol {
                 node: self.node.clone(),
-                source: proto::Error::Invalid {
-                    what: "response",
-                    reason: format!("unexpected {other:?}"),
-                },
+                source: proto::Error::Invalid { what: "response", reason: format!("unexpected {other:?}") },
             },
         }
     }
@@ -180,12 +139,7 @@ pub(crate) struct Pool {
 
 impl Pool {
     pub(crate) fn new(node: String, addr: SocketAddr) -> Self {
-        Self {
-            node,
-            addr,
-            idle: Mutex::new(Vec::new()),
-            down_since: Mutex::new(None),
-        }
+        Self { node, addr, idle: Mutex::new(Vec::new()), down_since: Mutex::new(None) }
     }
 
     /// Whether the node failed within `backoff`: readers plan around it instead of waiting.
@@ -215,17 +169,9 @@ impl Pool {
     }
 
     /// A pooled or new connection, unless the node failed recently (see [`Pool::skip`]).
-    pub(crate) async fn get(
-        &self,
-        secret: &str,
-        timeout: Duration,
-        backoff: Duration,
-    ) -> Result<Conn, Error> {
+    pub(crate) async fn get(&self, secret: &str, timeout: Duration, backoff: Duration) -> Result<Conn, Error> {
         if self.skip(backoff) {
-            return Err(Error::NodeDown {
-                node: self.node.clone(),
-                backoff,
-            });
+            return Err(Error::NodeDown { node: self.node.clone(), backoff });
         }
         loop {
             let Some(conn) = self.idle.lock().expect("pool lock poisoned").pop() else {

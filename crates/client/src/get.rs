@@ -54,12 +54,34 @@ impl Dest<'_> {
     }
 }
 
-pub(crate) async fn read_at(
-    client: &Client,
-    info: &ObjectInfo,
-    offset: u64,
-    buf: &mut [u8],
-) -> Result<usize, Error> {
+pub(crate) async fn read_at(client: &Client, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
+    if info.meta.parts.is_empty() {
+        return read_piece_at(client, info, offset, buf).await;
+    }
+    let size = info.meta.size;
+    if offset > size || (offset == size && size > 0 && !buf.is_empty()) {
+        return Err(Error::RangeNotSatisfiable { offset, size });
+    }
+    let len = (buf.len() as u64).min(size - offset) as usize;
+    let end = offset + len as u64;
+    let mut part_start = 0u64;
+    for part in &info.meta.parts {
+        let part_end = part_start + part.size;
+        if part_end > offset && part_start < end {
+            let from = offset.max(part_start);
+            let to = end.min(part_end);
+            let piece = crate::multipart::piece_info(client, &info.meta, part)?;
+            let target = &mut buf[(from - offset) as usize..(to - offset) as usize];
+            let read = read_piece_at(client, &piece, from - part_start, target).await?;
+            assert_eq!(read as u64, to - from, "a piece read inside the piece returns every byte");
+        }
+        part_start = part_end;
+    }
+    Ok(len)
+}
+
+/// Reads from one erasure-coded piece: a single-piece object or one part of a multipart one.
+async fn read_piece_at(client: &Client, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
     let size = info.meta.size;
     if offset > size || (offset == size && size > 0 && !buf.is_empty()) {
         return Err(Error::RangeNotSatisfiable { offset, size });
@@ -74,14 +96,7 @@ pub(crate) async fn read_at(
     let mut window_start = first;
     while window_start <= last {
         let window_end = (window_start + WINDOW_STRIPES).min(last + 1);
-        read_window(
-            client,
-            info,
-            window_start..window_end,
-            offset,
-            &mut buf[..len],
-        )
-        .await?;
+        read_window(client, info, window_start..window_end, offset, &mut buf[..len]).await?;
         window_start = window_end;
     }
     Ok(len)
@@ -142,11 +157,7 @@ fn plan_window(
                 slot.failed = true;
             }
         }
-        reads.push(StripeRead {
-            stripe_idx,
-            chunk_len,
-            slots,
-        });
+        reads.push(StripeRead { stripe_idx, chunk_len, slots });
     }
     plan_replacements(client, info, &mut reads)?;
     Ok(reads)
@@ -161,29 +172,18 @@ fn is_down(client: &Client, info: &ObjectInfo, stripe_idx: u64, chunk_idx: usize
 /// For every stripe missing a needed chunk, requests enough other chunks (data first, then
 /// parity, skipping nodes known to be down) to hold k good ones. Returns whether it requested
 /// anything; fails when a stripe cannot reach k chunks at all.
-fn plan_replacements(
-    client: &Client,
-    info: &ObjectInfo,
-    reads: &mut [StripeRead],
-) -> Result<bool, Error> {
+fn plan_replacements(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead]) -> Result<bool, Error> {
     let k = usize::from(info.meta.k);
     let mut planned = false;
     for read in reads.iter_mut() {
         if !read.slots.iter().any(|s| s.needed && s.failed) {
             continue;
         }
-        let usable = read
-            .slots
-            .iter()
-            .filter(|s| s.requested && !s.failed)
-            .count();
+        let usable = read.slots.iter().filter(|s| s.requested && !s.failed).count();
         let mut short = k.saturating_sub(usable);
-        let untried: Vec<usize> = (0..read.slots.len())
-            .filter(|&c| !read.slots[c].requested)
-            .collect();
-        let (up, down): (Vec<usize>, Vec<usize>) = untried
-            .into_iter()
-            .partition(|&c| !is_down(client, info, read.stripe_idx, c));
+        let untried: Vec<usize> = (0..read.slots.len()).filter(|&c| !read.slots[c].requested).collect();
+        let (up, down): (Vec<usize>, Vec<usize>) =
+            untried.into_iter().partition(|&c| !is_down(client, info, read.stripe_idx, c));
         for chunk_idx in up.into_iter().chain(down) {
             if short == 0 {
                 break;
@@ -208,11 +208,7 @@ fn unavailable(client: &Client, info: &ObjectInfo, read: &StripeRead) -> Error {
         .iter()
         .enumerate()
         .filter(|(_, s)| s.failed)
-        .map(|(c, _)| {
-            client
-                .node_id(drives[info.placement.position(read.stripe_idx, c)].node_idx)
-                .to_owned()
-        })
+        .map(|(c, _)| client.node_id(drives[info.placement.position(read.stripe_idx, c)].node_idx).to_owned())
         .collect();
     unreachable.sort();
     unreachable.dedup();
@@ -234,8 +230,7 @@ async fn fetch_round(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead
     let drives = client.set_drives(&info.placement);
     let geometry = info.meta.geometry();
     let mut direct: Vec<(usize, usize, usize, usize)> = Vec::new(); // (buf_start, len, window_idx, chunk_idx)
-    let mut jobs_by_node: Vec<Vec<Job<'_>>> =
-        (0..client.inner.pools.len()).map(|_| Vec::new()).collect();
+    let mut jobs_by_node: Vec<Vec<Job<'_>>> = (0..client.inner.pools.len()).map(|_| Vec::new()).collect();
     for (window_idx, read) in reads.iter_mut().enumerate() {
         for (chunk_idx, slot) in read.slots.iter_mut().enumerate() {
             if !slot.requested || slot.good || slot.failed {
@@ -246,15 +241,7 @@ async fn fetch_round(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead
                 continue;
             }
             let dest = Dest::Scratch(std::mem::take(&mut slot.scratch));
-            let job = make_job(
-                info,
-                drives,
-                &geometry,
-                (read.stripe_idx, read.chunk_len),
-                window_idx,
-                chunk_idx,
-                dest,
-            );
+            let job = make_job(info, drives, &geometry, (read.stripe_idx, read.chunk_len), window_idx, chunk_idx, dest);
             jobs_by_node[job.1].push(job.0);
         }
     }
@@ -267,26 +254,11 @@ async fn fetch_round(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead
         rest = tail;
         consumed = start + len;
         let stripe = (reads[window_idx].stripe_idx, reads[window_idx].chunk_len);
-        let job = make_job(
-            info,
-            drives,
-            &geometry,
-            stripe,
-            window_idx,
-            chunk_idx,
-            Dest::Direct(piece),
-        );
+        let job = make_job(info, drives, &geometry, stripe, window_idx, chunk_idx, Dest::Direct(piece));
         jobs_by_node[job.1].push(job.0);
     }
-    let fetches = jobs_by_node
-        .into_iter()
-        .enumerate()
-        .map(|(node_idx, jobs)| fetch_node(client, node_idx, jobs));
-    for (job, good) in futures_util::future::join_all(fetches)
-        .await
-        .into_iter()
-        .flatten()
-    {
+    let fetches = jobs_by_node.into_iter().enumerate().map(|(node_idx, jobs)| fetch_node(client, node_idx, jobs));
+    for (job, good) in futures_util::future::join_all(fetches).await.into_iter().flatten() {
         let slot = &mut reads[job.window_idx].slots[job.chunk_idx];
         slot.good = good;
         slot.failed = !good;
@@ -313,25 +285,12 @@ fn make_job<'b>(
         len: chunk_len as u32,
     };
     let crc = info.meta.crc(stripe_idx, chunk_idx);
-    (
-        Job {
-            window_idx,
-            chunk_idx,
-            item,
-            crc,
-            dest,
-        },
-        drive.node_idx,
-    )
+    (Job { window_idx, chunk_idx, item, crc, dest }, drive.node_idx)
 }
 
 /// One batched read from one node. Items the node cannot serve, that fail their checksum, or
 /// that were not received before an error or the timeout come back as not good.
-async fn fetch_node<'b>(
-    client: &Client,
-    node_idx: usize,
-    mut jobs: Vec<Job<'b>>,
-) -> Vec<(Job<'b>, bool)> {
+async fn fetch_node<'b>(client: &Client, node_idx: usize, mut jobs: Vec<Job<'b>>) -> Vec<(Job<'b>, bool)> {
     let mut good = vec![false; jobs.len()];
     if jobs.is_empty() {
         return Vec::new();
@@ -339,13 +298,7 @@ async fn fetch_node<'b>(
     let pool = &client.inner.pools[node_idx];
     let options = &client.inner.options;
     let exchange = async {
-        let mut conn = pool
-            .get(
-                &client.inner.map.secret,
-                options.connect_timeout,
-                options.down_backoff,
-            )
-            .await?;
+        let mut conn = pool.get(&client.inner.map.secret, options.connect_timeout, options.down_backoff).await?;
         let items = jobs.iter().map(|job| job.item.clone()).collect();
         conn.send_request(&Request::Read { items }).await?;
         let statuses = match conn.read_response().await? {
@@ -358,11 +311,7 @@ async fn fetch_node<'b>(
                 continue;
             }
             let dest = job.dest.bytes_mut();
-            assert_eq!(
-                dest.len(),
-                job.item.len as usize,
-                "every destination holds exactly its chunk"
-            );
+            assert_eq!(dest.len(), job.item.len as usize, "every destination holds exactly its chunk");
             conn.read_exact(dest).await?;
             *good = crc32c::crc32c(dest) == job.crc;
             if !*good {
@@ -437,15 +386,9 @@ fn decode_in_place(client: &Client, read: &mut StripeRead, buf: &mut [u8]) -> Re
         // Absent parity chunks are neither read nor written; they only need the right length.
         slot.scratch.resize(chunk_len, 0);
     }
-    let mut chunks: Vec<&mut [u8]> = buf[base..base + k * chunk_len]
-        .chunks_mut(chunk_len)
-        .collect();
+    let mut chunks: Vec<&mut [u8]> = buf[base..base + k * chunk_len].chunks_mut(chunk_len).collect();
     for (chunk_idx, chunk) in chunks.iter().enumerate() {
-        assert_eq!(
-            read.slots[chunk_idx].direct,
-            Some(base + chunk_idx * chunk_len),
-            "data chunks are contiguous"
-        );
+        assert_eq!(read.slots[chunk_idx].direct, Some(base + chunk_idx * chunk_len), "data chunks are contiguous");
         debug_assert_eq!(chunk.len(), chunk_len);
     }
     chunks.extend(read.slots[k..].iter_mut().map(|s| s.scratch.as_mut_slice()));

@@ -26,6 +26,7 @@
 mod conn;
 mod get;
 mod list;
+mod multipart;
 mod put;
 
 use std::fmt::Write as _;
@@ -40,6 +41,7 @@ use proto::{ErrorKind, ObjectMeta, Request, Response, VersionId};
 use conn::{Conn, Pool};
 
 pub use list::ListPage;
+pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
 pub use proto::ListEntry;
 
 /// Timeouts and bounds of a client. Every node call has a deadline.
@@ -70,7 +72,11 @@ impl Default for ClientOptions {
 #[derive(Clone, Debug, Default)]
 pub struct PutOptions {
     pub content_type: Option<String>,
+    /// `x-amz-meta-*` pairs, names without the prefix.
     pub user_meta: Vec<(String, String)>,
+    /// Standard headers replayed on GET (lowercase names): content-encoding,
+    /// content-disposition, cache-control, content-language, expires.
+    pub headers: Vec<(String, String)>,
 }
 
 /// An object version as the client sees it: its metadata and where its chunks are.
@@ -105,17 +111,8 @@ pub enum Error {
         needed: usize,
         unreachable: Vec<String>,
     },
-    #[error(
-        "cannot write {bucket}/{key}: {acked} of {total} drives accepted it, {needed} needed ({reasons})"
-    )]
-    WriteQuorum {
-        bucket: String,
-        key: String,
-        acked: usize,
-        total: usize,
-        needed: usize,
-        reasons: String,
-    },
+    #[error("cannot write {bucket}/{key}: {acked} of {total} drives accepted it, {needed} needed ({reasons})")]
+    WriteQuorum { bucket: String, key: String, acked: usize, total: usize, needed: usize, reasons: String },
     #[error("node {node} is unreachable: {reason}")]
     NodeUnreachable { node: String, reason: String },
     #[error("node {node} failed less than {backoff:?} ago; not retried yet")]
@@ -125,17 +122,21 @@ pub enum Error {
     #[error("node {node}: drive is full")]
     DiskFull { node: String },
     #[error("node {node}: {message}")]
-    Node {
-        node: String,
-        kind: ErrorKind,
-        message: String,
-    },
+    Node { node: String, kind: ErrorKind, message: String },
     #[error("node {node} sent a bad message: {source}")]
     Protocol { node: String, source: proto::Error },
     #[error("node {node} timed out after {timeout:?}")]
     Timeout { node: String, timeout: Duration },
     #[error("read the object source: {0}")]
     Source(std::io::Error),
+    #[error("no such multipart upload {upload_id}")]
+    NoSuchUpload { upload_id: String },
+    #[error("invalid part {number}: {reason}")]
+    InvalidPart { number: u32, reason: String },
+    #[error("parts must be listed in ascending order of part number")]
+    InvalidPartOrder,
+    #[error("part {number} has {size} bytes; every part but the last needs at least 5 MiB")]
+    EntityTooSmall { number: u32, size: u64 },
     #[error("range starts at {offset}, past the end of the {size}-byte object")]
     RangeNotSatisfiable { offset: u64, size: u64 },
     #[error("invalid cluster map: {0}")]
@@ -145,24 +146,14 @@ pub enum Error {
 }
 
 fn unreachable_suffix(nodes: &[String]) -> String {
-    if nodes.is_empty() {
-        String::new()
-    } else {
-        format!("; unreachable nodes: {}", nodes.join(", "))
-    }
+    if nodes.is_empty() { String::new() } else { format!("; unreachable nodes: {}", nodes.join(", ")) }
 }
 
 impl Error {
     fn from_node(node: &str, kind: ErrorKind, message: &str) -> Self {
         match kind {
-            ErrorKind::DiskFull => Error::DiskFull {
-                node: node.to_owned(),
-            },
-            _ => Error::Node {
-                node: node.to_owned(),
-                kind,
-                message: message.to_owned(),
-            },
+            ErrorKind::DiskFull => Error::DiskFull { node: node.to_owned() },
+            _ => Error::Node { node: node.to_owned(), kind, message: message.to_owned() },
         }
     }
 }
@@ -187,37 +178,17 @@ impl Client {
     /// A client of the cluster described by `map`.
     pub fn new(map: ClusterMap, options: ClientOptions) -> Result<Self, Error> {
         let codec = ec::Codec::new(map.erasure.k, map.erasure.m)?;
-        let pools = map
-            .nodes
-            .iter()
-            .map(|node| Pool::new(node.id.clone(), node.addr))
-            .collect();
-        let inner = Inner {
-            map,
-            codec,
-            pools,
-            options,
-            writer_id: rand::random(),
-            last_version_ns: AtomicU64::new(0),
-        };
-        Ok(Self {
-            inner: Arc::new(inner),
-        })
+        let pools = map.nodes.iter().map(|node| Pool::new(node.id.clone(), node.addr)).collect();
+        let inner = Inner { map, codec, pools, options, writer_id: rand::random(), last_version_ns: AtomicU64::new(0) };
+        Ok(Self { inner: Arc::new(inner) })
     }
 
     /// Fetches the cluster map from any node at `addr` (authenticated with `secret`).
-    pub async fn bootstrap(
-        addr: SocketAddr,
-        secret: &str,
-        options: ClientOptions,
-    ) -> Result<Self, Error> {
+    pub async fn bootstrap(addr: SocketAddr, secret: &str, options: ClientOptions) -> Result<Self, Error> {
         let mut conn = Conn::open(&addr.to_string(), addr, secret, options.connect_timeout).await?;
         let response = tokio::time::timeout(options.request_timeout, conn.call(&Request::GetMap))
             .await
-            .map_err(|_| Error::Timeout {
-                node: addr.to_string(),
-                timeout: options.request_timeout,
-            })??;
+            .map_err(|_| Error::Timeout { node: addr.to_string(), timeout: options.request_timeout })??;
         let Response::Map { toml } = response else {
             return Err(conn.unexpected(&response));
         };
@@ -239,12 +210,7 @@ impl Client {
 
     /// Reads `buf.len()` bytes (fewer at the end of the object) at `offset` of the version in
     /// `info` straight into `buf`; returns how many bytes were read.
-    pub async fn read_at(
-        &self,
-        info: &ObjectInfo,
-        offset: u64,
-        buf: &mut [u8],
-    ) -> Result<usize, Error> {
+    pub async fn read_at(&self, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
         get::read_at(self, info, offset, buf).await
     }
 
@@ -280,32 +246,30 @@ impl Client {
     ) -> Result<ObjectInfo, Error> {
         proto::validate_bucket(bucket)?;
         proto::validate_key(key)?;
-        put::put(self, bucket, key, source, options).await
+        let (info, replaced) = put::put(self, bucket, key, source, options).await?;
+        multipart::delete_pieces(self, &replaced).await;
+        Ok(info)
     }
 
     /// Deletes `bucket/key` by committing a delete marker (a newer version) on the quorum.
     pub async fn delete(&self, bucket: &str, key: &str) -> Result<(), Error> {
         proto::validate_bucket(bucket)?;
         proto::validate_key(key)?;
-        put::delete(self, bucket, key).await
+        let replaced = put::delete(self, bucket, key).await?;
+        multipart::delete_pieces(self, &replaced).await;
+        Ok(())
     }
 
     /// A fresh, strictly increasing version id for this client.
     fn next_version(&self) -> VersionId {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
         let last = &self.inner.last_version_ns;
         let mut prev = last.load(Ordering::SeqCst);
         loop {
             let next = now.max(prev + 1);
             match last.compare_exchange(prev, next, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => {
-                    return VersionId {
-                        unix_ns: next,
-                        writer: self.inner.writer_id,
-                    };
+                    return VersionId { unix_ns: next, writer: self.inner.writer_id };
                 }
                 Err(actual) => prev = actual,
             }
@@ -326,13 +290,7 @@ impl Client {
         let pool = &self.inner.pools[node_idx];
         let options = &self.inner.options;
         let exchange = async {
-            let mut conn = pool
-                .get(
-                    &self.inner.map.secret,
-                    options.connect_timeout,
-                    options.down_backoff,
-                )
-                .await?;
+            let mut conn = pool.get(&self.inner.map.secret, options.connect_timeout, options.down_backoff).await?;
             let response = conn.call(request).await?;
             pool.put_back(conn, options.idle_connections_per_node_max);
             Ok::<_, Error>(response)
@@ -347,10 +305,7 @@ impl Client {
             }
             Err(_) => {
                 pool.mark_down();
-                Err(Error::Timeout {
-                    node: pool.node.clone(),
-                    timeout: options.request_timeout,
-                })
+                Err(Error::Timeout { node: pool.node.clone(), timeout: options.request_timeout })
             }
         }
     }
@@ -360,11 +315,7 @@ impl Client {
         let drives = self.set_drives(&placement).to_vec();
         let calls = drives.iter().map(|drive| {
             let request = Request::MetaGet {
-                items: vec![proto::MetaKey {
-                    drive: drive.drive_idx as u32,
-                    bucket: bucket.into(),
-                    key: key.into(),
-                }],
+                items: vec![proto::MetaKey { drive: drive.drive_idx as u32, bucket: bucket.into(), key: key.into() }],
             };
             async move { self.call(drive.node_idx, &request).await }
         });
@@ -373,9 +324,7 @@ impl Client {
         let mut unreachable = Vec::new();
         for (drive, response) in drives.iter().zip(responses) {
             match response {
-                Ok(Response::Metas { mut metas }) if metas.len() == 1 => {
-                    replies.push(Some(metas.pop().flatten()))
-                }
+                Ok(Response::Metas { mut metas }) if metas.len() == 1 => replies.push(Some(metas.pop().flatten())),
                 Ok(_) | Err(_) => {
                     unreachable.push(self.node_id(drive.node_idx).to_owned());
                     replies.push(None);
@@ -397,16 +346,10 @@ impl Client {
                     unreachable,
                 });
             }
-            return Err(Error::NotFound {
-                bucket: bucket.into(),
-                key: key.into(),
-            });
+            return Err(Error::NotFound { bucket: bucket.into(), key: key.into() });
         };
         if meta.deleted {
-            return Err(Error::NotFound {
-                bucket: bucket.into(),
-                key: key.into(),
-            });
+            return Err(Error::NotFound { bucket: bucket.into(), key: key.into() });
         }
         let meta_positions = replies
             .iter()
@@ -414,16 +357,8 @@ impl Client {
             .filter(|(_, r)| matches!(r, Some(Some(m)) if m.version == meta.version))
             .map(|(p, _)| p)
             .collect();
-        let names = drives
-            .iter()
-            .map(|d| (self.node_id(d.node_idx).to_owned(), d.drive_idx))
-            .collect();
-        Ok(ObjectInfo {
-            meta,
-            placement,
-            drives: names,
-            meta_positions,
-        })
+        let names = drives.iter().map(|d| (self.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
+        Ok(ObjectInfo { meta, placement, drives: names, meta_positions })
     }
 }
 
@@ -434,11 +369,7 @@ fn choose_version(replies: &[Option<Option<ObjectMeta>>], k: usize) -> Option<Ob
     let mut metas: Vec<&ObjectMeta> = replies.iter().flatten().flatten().collect();
     metas.sort_by_key(|m| std::cmp::Reverse(m.version));
     let count = |v: VersionId| metas.iter().filter(|m| m.version == v).count();
-    metas
-        .iter()
-        .find(|m| count(m.version) >= k)
-        .or(metas.first())
-        .map(|m| (*m).clone())
+    metas.iter().find(|m| count(m.version) >= k).or(metas.first()).map(|m| (*m).clone())
 }
 
 /// Renders which chunks of `info` are on which node, for `tessera stat`.
@@ -449,17 +380,9 @@ pub fn describe_layout(info: &ObjectInfo) -> String {
     for (position, (node, drive)) in info.drives.iter().enumerate() {
         let (mut data, mut parity) = (0u64, 0u64);
         for stripe in 0..geometry.stripes {
-            if info.placement.chunk_at(stripe, position) < k {
-                data += 1
-            } else {
-                parity += 1
-            }
+            if info.placement.chunk_at(stripe, position) < k { data += 1 } else { parity += 1 }
         }
-        let meta = if info.meta_positions.contains(&position) {
-            ""
-        } else {
-            " (no metadata)"
-        };
+        let meta = if info.meta_positions.contains(&position) { "" } else { " (no metadata)" };
         let first = if geometry.stripes > 0 {
             format!(", stripe 0 chunk {}", info.placement.chunk_at(0, position))
         } else {

@@ -20,25 +20,13 @@ impl Client {
     /// Creates `bucket` on every node; succeeds once a majority of nodes have it.
     pub async fn make_bucket(&self, bucket: &str) -> Result<(), Error> {
         proto::validate_bucket(bucket)?;
-        self.bucket_call(
-            &Request::BucketCreate {
-                bucket: bucket.into(),
-            },
-            bucket,
-        )
-        .await
+        self.bucket_call(&Request::BucketCreate { bucket: bucket.into() }, bucket).await
     }
 
     /// Removes an empty `bucket` from every node.
     pub async fn remove_bucket(&self, bucket: &str) -> Result<(), Error> {
         proto::validate_bucket(bucket)?;
-        self.bucket_call(
-            &Request::BucketDelete {
-                bucket: bucket.into(),
-            },
-            bucket,
-        )
-        .await
+        self.bucket_call(&Request::BucketDelete { bucket: bucket.into() }, bucket).await
     }
 
     /// Buckets known to a majority of reachable nodes, sorted.
@@ -55,11 +43,9 @@ impl Client {
             }
         }
         self.require_majority(reachable)?;
-        Ok(counts
-            .into_iter()
-            .filter(|(_, c)| *c * 2 > reachable)
-            .map(|(name, _)| name)
-            .collect())
+        // Internal buckets (a leading dot: not a valid S3 name) stay hidden.
+        let visible = counts.into_iter().filter(|(name, c)| *c * 2 > reachable && !name.starts_with('.'));
+        Ok(visible.map(|(name, _)| name).collect())
     }
 
     /// Whether `bucket` exists (on a majority of reachable nodes).
@@ -71,14 +57,19 @@ impl Client {
     /// Live objects of `bucket` whose key starts with `prefix` and sorts after `start_after`,
     /// at most `limit` of them. Asks every drive of every erasure set and keeps, per key, the
     /// newest version; delete markers hide their key.
-    pub async fn list(
+    pub async fn list(&self, bucket: &str, prefix: &str, start_after: &str, limit: u32) -> Result<ListPage, Error> {
+        proto::validate_bucket(bucket)?;
+        self.list_inner(bucket, prefix, start_after, limit).await
+    }
+
+    /// [`Client::list`] without name checks, for internal buckets.
+    pub(crate) async fn list_inner(
         &self,
         bucket: &str,
         prefix: &str,
         start_after: &str,
         limit: u32,
     ) -> Result<ListPage, Error> {
-        proto::validate_bucket(bucket)?;
         let limit = limit.clamp(1, LIST_LIMIT_MAX);
         let map = &self.inner.map;
         let mut calls = Vec::new();
@@ -91,9 +82,7 @@ impl Client {
                     start_after: start_after.into(),
                     limit,
                 };
-                calls.push(
-                    async move { (drive.node_idx, self.call(drive.node_idx, &request).await) },
-                );
+                calls.push(async move { (drive.node_idx, self.call(drive.node_idx, &request).await) });
             }
         }
         let mut newest: BTreeMap<String, ListEntry> = BTreeMap::new();
@@ -114,10 +103,7 @@ impl Client {
                         }
                     }
                 }
-                Ok(Response::Error {
-                    kind: ErrorKind::NoSuchBucket,
-                    ..
-                }) => missing_bucket += 1,
+                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => missing_bucket += 1,
                 Ok(other) => {
                     tracing::warn!(node = %self.node_id(node_idx), ?other, "unexpected listing answer")
                 }
@@ -125,9 +111,7 @@ impl Client {
             }
         }
         if missing_bucket > answered {
-            return Err(Error::NoSuchBucket {
-                bucket: bucket.into(),
-            });
+            return Err(Error::NoSuchBucket { bucket: bucket.into() });
         }
         let drives_total: usize = map.sets.iter().map(|s| s.drives.len()).sum();
         self.require_majority_of(answered + missing_bucket, drives_total)?;
@@ -135,36 +119,21 @@ impl Client {
         // keys up to there.
         let keys: Vec<String> = newest.keys().take(limit as usize).cloned().collect();
         let last_key = keys.last().cloned();
-        let entries = keys
-            .into_iter()
-            .filter_map(|k| newest.remove(&k))
-            .filter(|e| !e.deleted)
-            .collect();
+        let entries = keys.into_iter().filter_map(|k| newest.remove(&k)).filter(|e| !e.deleted).collect();
         let next_start_after = if truncated { last_key } else { None };
-        Ok(ListPage {
-            entries,
-            next_start_after,
-        })
+        Ok(ListPage { entries, next_start_after })
     }
 
-    async fn bucket_call(&self, request: &Request, bucket: &str) -> Result<(), Error> {
+    pub(crate) async fn bucket_call(&self, request: &Request, bucket: &str) -> Result<(), Error> {
         let responses = self.call_all_nodes(request).await;
         let mut ok = 0;
         for (node_idx, response) in responses.into_iter().enumerate() {
             match response {
                 Ok(Response::Ok) => ok += 1,
-                Ok(Response::Error {
-                    kind: ErrorKind::BucketNotEmpty,
-                    ..
-                }) => {
-                    return Err(Error::BucketNotEmpty {
-                        bucket: bucket.into(),
-                    });
+                Ok(Response::Error { kind: ErrorKind::BucketNotEmpty, .. }) => {
+                    return Err(Error::BucketNotEmpty { bucket: bucket.into() });
                 }
-                Ok(Response::Error {
-                    kind: ErrorKind::NoSuchBucket,
-                    ..
-                }) => {}
+                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => {}
                 Ok(Response::Error { kind, message }) => {
                     tracing::warn!(node = %self.node_id(node_idx), ?kind, %message, "bucket operation failed on a node");
                 }
@@ -172,9 +141,7 @@ impl Client {
             }
         }
         if ok == 0 && matches!(request, Request::BucketDelete { .. }) {
-            return Err(Error::NoSuchBucket {
-                bucket: bucket.into(),
-            });
+            return Err(Error::NoSuchBucket { bucket: bucket.into() });
         }
         self.require_majority(ok)
     }

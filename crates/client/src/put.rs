@@ -5,13 +5,20 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use cluster::DriveRef;
 use md5::{Digest, Md5};
-use proto::{
-    CommitOutcome, META_FORMAT_VERSION, ObjectMeta, Request, Response, StripeGeometry, VersionId,
-};
+use proto::{CommitOutcome, META_FORMAT_VERSION, ObjectMeta, Request, Response, StripeGeometry, VersionId};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::conn::Conn;
 use crate::{Client, Error, ObjectInfo, PutOptions};
+
+/// A commit that reached the write quorum.
+pub(crate) struct Committed {
+    /// Set positions whose drive holds the version.
+    pub(crate) positions: Vec<usize>,
+    /// Piece keys of the multipart version this one replaced: garbage once it is committed,
+    /// deleted by the public entry points (`multipart::delete_pieces`).
+    pub(crate) replaced_parts: Vec<String>,
+}
 
 /// One stripe being filled or sent: k data chunks then m parity chunks, each `chunk_bytes` long.
 struct StripeBuffer {
@@ -39,7 +46,7 @@ pub(crate) async fn put(
     key: &str,
     source: &mut (dyn AsyncRead + Unpin + Send),
     options: &PutOptions,
-) -> Result<ObjectInfo, Error> {
+) -> Result<(ObjectInfo, Vec<String>), Error> {
     let map = &client.inner.map;
     let (k, n) = (map.erasure.k, map.erasure.n());
     let chunk_bytes = map.chunk_bytes as usize;
@@ -65,9 +72,7 @@ pub(crate) async fn put(
             crcs.extend_from_slice(&current.crcs);
             size += current.data_len as u64;
             if current.data_len < k * chunk_bytes && next.data_len > 0 {
-                return Err(Error::Source(std::io::Error::other(
-                    "source yielded data after a short stripe",
-                )));
+                return Err(Error::Source(std::io::Error::other("source yielded data after a short stripe")));
             }
             std::mem::swap(&mut current, &mut next);
             stripe_idx += 1;
@@ -87,11 +92,9 @@ pub(crate) async fn put(
         deleted: false,
         size,
         etag: hex::encode(md5.finalize()),
-        content_type: options
-            .content_type
-            .clone()
-            .unwrap_or_else(|| "application/octet-stream".into()),
+        content_type: options.content_type.clone().unwrap_or_else(|| "application/octet-stream".into()),
         user_meta: options.user_meta.clone(),
+        headers: options.headers.clone(),
         modified_ms: unix_ms(),
         k: k as u8,
         m: map.erasure.m as u8,
@@ -99,41 +102,47 @@ pub(crate) async fn put(
         set_idx: placement.set_idx as u32,
         rotation: placement.rotation as u8,
         crcs,
+        parts: Vec::new(),
     };
-    debug_assert_eq!(
-        meta.geometry(),
-        StripeGeometry::new(size, k, map.chunk_bytes)
-    );
-    let meta_positions = fanout.commit(&meta).await?;
-    let drives = fanout
-        .drives
-        .iter()
-        .map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx))
-        .collect();
-    Ok(ObjectInfo {
-        meta,
-        placement,
-        drives,
-        meta_positions,
-    })
+    debug_assert_eq!(meta.geometry(), StripeGeometry::new(size, k, map.chunk_bytes));
+    let committed = fanout.commit(&meta).await?;
+    let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
+    Ok((ObjectInfo { meta, placement, drives, meta_positions: committed.positions }, committed.replaced_parts))
 }
 
 /// Commits a delete marker: a newer version with no data.
-pub(crate) async fn delete(client: &Client, bucket: &str, key: &str) -> Result<(), Error> {
+pub(crate) async fn delete(client: &Client, bucket: &str, key: &str) -> Result<Vec<String>, Error> {
     client.head_inner(bucket, key).await?;
+    let (_, replaced) = commit_without_data(client, bucket, key, |marker| {
+        marker.deleted = true;
+        Ok(())
+    })
+    .await?;
+    Ok(replaced)
+}
+
+/// Commits a version that has no data file of its own (a delete marker, or a multipart object
+/// whose bytes are its parts' pieces) on the key's set. `fill` completes the record.
+pub(crate) async fn commit_without_data(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    fill: impl FnOnce(&mut ObjectMeta) -> Result<(), Error>,
+) -> Result<(ObjectInfo, Vec<String>), Error> {
     let map = &client.inner.map;
     let placement = map.placement(bucket, key);
     let mut fanout = Fanout::open(client, bucket, key, client.next_version(), &placement).await?;
-    let marker = ObjectMeta {
+    let mut meta = ObjectMeta {
         format: META_FORMAT_VERSION,
         bucket: bucket.to_owned(),
         key: key.to_owned(),
         version: fanout.version,
-        deleted: true,
+        deleted: false,
         size: 0,
         etag: String::new(),
         content_type: String::new(),
         user_meta: Vec::new(),
+        headers: Vec::new(),
         modified_ms: unix_ms(),
         k: map.erasure.k as u8,
         m: map.erasure.m as u8,
@@ -141,18 +150,21 @@ pub(crate) async fn delete(client: &Client, bucket: &str, key: &str) -> Result<(
         set_idx: placement.set_idx as u32,
         rotation: placement.rotation as u8,
         crcs: Vec::new(),
+        parts: Vec::new(),
     };
-    fanout.commit(&marker).await.map(|_| ())
+    if let Err(e) = fill(&mut meta) {
+        fanout.abort_all().await;
+        return Err(e);
+    }
+    assert!(!meta.has_data_file(), "commit_without_data commits no data");
+    let committed = fanout.commit(&meta).await?;
+    let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
+    Ok((ObjectInfo { meta, placement, drives, meta_positions: committed.positions }, committed.replaced_parts))
 }
 
 impl StripeBuffer {
     fn new(n: usize, chunk_bytes: usize) -> Self {
-        Self {
-            bytes: vec![0u8; n * chunk_bytes],
-            data_len: 0,
-            chunk_len: 0,
-            crcs: Vec::with_capacity(n),
-        }
+        Self { bytes: vec![0u8; n * chunk_bytes], data_len: 0, chunk_len: 0, crcs: Vec::with_capacity(n) }
     }
 
     fn chunk(&self, chunk_idx: usize) -> &[u8] {
@@ -173,10 +185,7 @@ async fn fill_stripe(
     let capacity = k * client.inner.map.chunk_bytes as usize;
     let mut filled = 0;
     while filled < capacity {
-        let read = source
-            .read(&mut stripe.bytes[filled..capacity])
-            .await
-            .map_err(Error::Source)?;
+        let read = source.read(&mut stripe.bytes[filled..capacity]).await.map_err(Error::Source)?;
         if read == 0 {
             break;
         }
@@ -213,23 +222,11 @@ impl<'a> Fanout<'a> {
         let drives = client.set_drives(placement).to_vec();
         let secret = &client.inner.map.secret;
         let options = &client.inner.options;
-        let opens = drives.iter().map(|d| {
-            client.inner.pools[d.node_idx].get(
-                secret,
-                options.connect_timeout,
-                options.down_backoff,
-            )
-        });
+        let opens = drives
+            .iter()
+            .map(|d| client.inner.pools[d.node_idx].get(secret, options.connect_timeout, options.down_backoff));
         let results = futures_util::future::join_all(opens).await;
-        let mut fanout = Self {
-            client,
-            bucket,
-            key,
-            version,
-            drives,
-            conns: Vec::new(),
-            failures: Vec::new(),
-        };
+        let mut fanout = Self { client, bucket, key, version, drives, conns: Vec::new(), failures: Vec::new() };
         for result in results {
             match result {
                 Ok(conn) => fanout.conns.push(Some(conn)),
@@ -258,25 +255,11 @@ impl<'a> Fanout<'a> {
     fn quorum_error(&self, acked: usize) -> Error {
         let erasure = self.client.inner.map.erasure;
         let tolerated = erasure.n() - erasure.write_quorum();
-        let no_bucket = |e: &&Error| {
-            matches!(
-                e,
-                Error::Node {
-                    kind: proto::ErrorKind::NoSuchBucket,
-                    ..
-                }
-            )
-        };
+        let no_bucket = |e: &&Error| matches!(e, Error::Node { kind: proto::ErrorKind::NoSuchBucket, .. });
         if self.failures.iter().filter(no_bucket).count() > tolerated {
-            return Error::NoSuchBucket {
-                bucket: self.bucket.to_owned(),
-            };
+            return Error::NoSuchBucket { bucket: self.bucket.to_owned() };
         }
-        let full: Vec<&Error> = self
-            .failures
-            .iter()
-            .filter(|e| matches!(e, Error::DiskFull { .. }))
-            .collect();
+        let full: Vec<&Error> = self.failures.iter().filter(|e| matches!(e, Error::DiskFull { .. })).collect();
         if full.len() > tolerated
             && let Error::DiskFull { node } = full[0]
         {
@@ -288,12 +271,7 @@ impl<'a> Fanout<'a> {
             acked,
             total: erasure.n(),
             needed: erasure.write_quorum(),
-            reasons: self
-                .failures
-                .iter()
-                .map(Error::to_string)
-                .collect::<Vec<_>>()
-                .join("; "),
+            reasons: self.failures.iter().map(Error::to_string).collect::<Vec<_>>().join("; "),
         }
     }
 
@@ -307,86 +285,74 @@ impl<'a> Fanout<'a> {
         placement: &cluster::Placement,
     ) -> Result<(), Error> {
         let timeout = self.client.inner.options.request_timeout;
-        let sends =
-            self.conns
-                .iter_mut()
-                .zip(&self.drives)
-                .enumerate()
-                .map(|(position, (conn, drive))| {
-                    let chunk = stripe.chunk(placement.chunk_at(stripe_idx, position));
-                    let request = Request::ChunkWrite {
-                        drive: drive.drive_idx as u32,
-                        bucket: self.bucket.to_owned(),
-                        version: self.version,
-                        offset,
-                        len: chunk.len() as u32,
-                    };
-                    async move {
-                        let Some(c) = conn.as_mut() else {
-                            return Ok(());
-                        };
-                        let node = c.node.clone();
-                        let exchange = async {
-                            c.send_request_with_data(&request, chunk).await?;
-                            match c.read_response().await? {
-                                Response::Ok => Ok(()),
-                                other => Err(c.unexpected(&other)),
-                            }
-                        };
-                        let result = tokio::time::timeout(timeout, exchange)
-                            .await
-                            .unwrap_or(Err(Error::Timeout { node, timeout }));
-                        if result.is_err() {
-                            *conn = None;
-                        }
-                        result
+        let sends = self.conns.iter_mut().zip(&self.drives).enumerate().map(|(position, (conn, drive))| {
+            let chunk = stripe.chunk(placement.chunk_at(stripe_idx, position));
+            let request = Request::ChunkWrite {
+                drive: drive.drive_idx as u32,
+                bucket: self.bucket.to_owned(),
+                version: self.version,
+                offset,
+                len: chunk.len() as u32,
+            };
+            async move {
+                let Some(c) = conn.as_mut() else {
+                    return Ok(());
+                };
+                let node = c.node.clone();
+                let exchange = async {
+                    c.send_request_with_data(&request, chunk).await?;
+                    match c.read_response().await? {
+                        Response::Ok => Ok(()),
+                        other => Err(c.unexpected(&other)),
                     }
-                });
+                };
+                let result =
+                    tokio::time::timeout(timeout, exchange).await.unwrap_or(Err(Error::Timeout { node, timeout }));
+                if result.is_err() {
+                    *conn = None;
+                }
+                result
+            }
+        });
         let results = futures_util::future::join_all(sends).await;
-        self.failures
-            .extend(results.into_iter().filter_map(Result::err));
+        self.failures.extend(results.into_iter().filter_map(Result::err));
         self.check_quorum()
     }
 
     /// Commits `meta` on every live drive; acknowledged once W drives hold it durably. Below W,
     /// rolls back the drives that applied it, so a failed PUT leaves no visible version.
-    async fn commit(&mut self, meta: &ObjectMeta) -> Result<Vec<usize>, Error> {
-        let missing: Vec<u32> = self
-            .conns
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.is_none())
-            .map(|(p, _)| p as u32)
-            .collect();
+    async fn commit(&mut self, meta: &ObjectMeta) -> Result<Committed, Error> {
+        let missing: Vec<u32> =
+            self.conns.iter().enumerate().filter(|(_, c)| c.is_none()).map(|(p, _)| p as u32).collect();
         let timeout = self.client.inner.options.request_timeout;
-        let commits = self
-            .conns
-            .iter_mut()
-            .zip(&self.drives)
-            .map(|(conn, drive)| {
-                let request = Request::Commit {
-                    drive: drive.drive_idx as u32,
-                    meta: meta.clone(),
-                    missing_positions: missing.clone(),
-                };
-                async move {
-                    let c = conn.as_mut()?;
-                    let node = c.node.clone();
-                    let result = tokio::time::timeout(timeout, c.call(&request))
-                        .await
-                        .unwrap_or(Err(Error::Timeout { node, timeout }));
-                    Some(match result {
-                        Ok(Response::Committed { outcome }) => Ok(outcome),
-                        Ok(other) => Err(c.unexpected(&other)),
-                        Err(e) => Err(e),
-                    })
-                }
-            });
+        let commits = self.conns.iter_mut().zip(&self.drives).map(|(conn, drive)| {
+            let request = Request::Commit {
+                drive: drive.drive_idx as u32,
+                meta: meta.clone(),
+                missing_positions: missing.clone(),
+            };
+            async move {
+                let c = conn.as_mut()?;
+                let node = c.node.clone();
+                let result = tokio::time::timeout(timeout, c.call(&request))
+                    .await
+                    .unwrap_or(Err(Error::Timeout { node, timeout }));
+                Some(match result {
+                    Ok(Response::Committed { outcome }) => Ok(outcome),
+                    Ok(other) => Err(c.unexpected(&other)),
+                    Err(e) => Err(e),
+                })
+            }
+        });
         let results = futures_util::future::join_all(commits).await;
         let mut applied = Vec::new();
+        let mut replaced = std::collections::BTreeSet::new();
         for (position, result) in results.into_iter().enumerate() {
             match result {
-                Some(Ok(CommitOutcome::Applied)) => applied.push(position),
+                Some(Ok(CommitOutcome::Applied { replaced_parts })) => {
+                    applied.push(position);
+                    replaced.extend(replaced_parts);
+                }
                 // A newer version already won on this drive: our version is durably ordered
                 // before it, which is all a PUT promises.
                 Some(Ok(CommitOutcome::Superseded { .. })) => applied.push(position),
@@ -400,7 +366,7 @@ impl<'a> Fanout<'a> {
         let quorum = self.client.inner.map.erasure.write_quorum();
         if applied.len() >= quorum {
             self.release();
-            return Ok(applied);
+            return Ok(Committed { positions: applied, replaced_parts: replaced.into_iter().collect() });
         }
         let error = self.quorum_error(applied.len());
         self.rollback(&applied).await;
@@ -430,10 +396,7 @@ impl<'a> Fanout<'a> {
         let timeout = self.client.inner.options.request_timeout;
         for (conn, drive) in self.conns.iter_mut().zip(&self.drives) {
             let Some(c) = conn.as_mut() else { continue };
-            let request = Request::Abort {
-                drive: drive.drive_idx as u32,
-                version: self.version,
-            };
+            let request = Request::Abort { drive: drive.drive_idx as u32, version: self.version };
             // Dropping the connection below makes the node drop the staging file anyway.
             let _ = tokio::time::timeout(timeout, c.call(&request)).await;
         }
@@ -452,8 +415,5 @@ impl<'a> Fanout<'a> {
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

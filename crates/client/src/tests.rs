@@ -5,15 +5,13 @@ fn meta(version: u64) -> ObjectMeta {
         format: proto::META_FORMAT_VERSION,
         bucket: "b".into(),
         key: "k".into(),
-        version: VersionId {
-            unix_ns: version,
-            writer: 1,
-        },
+        version: VersionId { unix_ns: version, writer: 1 },
         deleted: false,
         size: 0,
         etag: String::new(),
         content_type: String::new(),
         user_meta: Vec::new(),
+        headers: Vec::new(),
         modified_ms: 0,
         k: 2,
         m: 1,
@@ -21,15 +19,13 @@ fn meta(version: u64) -> ObjectMeta {
         set_idx: 0,
         rotation: 0,
         crcs: Vec::new(),
+        parts: Vec::new(),
     }
 }
 
 fn check(replies: &[Option<Option<u64>>], k: usize, expected: Option<u64>) {
     let replies: Vec<_> = replies.iter().map(|r| r.map(|v| v.map(meta))).collect();
-    assert_eq!(
-        choose_version(&replies, k).map(|m| m.version.unix_ns),
-        expected
-    );
+    assert_eq!(choose_version(&replies, k).map(|m| m.version.unix_ns), expected);
 }
 
 #[test]

@@ -76,9 +76,7 @@ impl ErasureConfig {
     /// Checks `1 <= k`, `1 <= m` and `k + m <= N_MAX`.
     pub fn new(k: usize, m: usize) -> Result<Self, Error> {
         if k == 0 || m == 0 || k + m > N_MAX {
-            return Err(Error::InvalidErasure {
-                text: format!("{k}+{m}"),
-            });
+            return Err(Error::InvalidErasure { text: format!("{k}+{m}") });
         }
         Ok(Self { k, m })
     }
@@ -101,9 +99,7 @@ impl ErasureConfig {
 impl FromStr for ErasureConfig {
     type Err = Error;
     fn from_str(text: &str) -> Result<Self, Error> {
-        let invalid = || Error::InvalidErasure {
-            text: text.to_owned(),
-        };
+        let invalid = || Error::InvalidErasure { text: text.to_owned() };
         let (k, m) = text.split_once('+').ok_or_else(invalid)?;
         let k: usize = k.trim().parse().map_err(|_| invalid())?;
         let m: usize = m.trim().parse().map_err(|_| invalid())?;
@@ -195,32 +191,17 @@ pub struct ClusterMap {
 impl ClusterMap {
     /// Builds a fresh map: nodes `n1..nN` on `127.0.0.1:base_port+i`, drives `nI/dJ`, and erasure
     /// sets taken round-robin over nodes so each set has `n` distinct nodes.
-    pub fn generate(
-        spec: &InitSpec,
-        cluster_id: &str,
-        secret: &str,
-        base_dir: &Path,
-    ) -> Result<Self, Error> {
+    pub fn generate(spec: &InitSpec, cluster_id: &str, secret: &str, base_dir: &Path) -> Result<Self, Error> {
         let n = spec.erasure.n();
         if spec.nodes < n {
-            return Err(Error::TooFewNodes {
-                k: spec.erasure.k,
-                m: spec.erasure.m,
-                nodes: spec.nodes,
-            });
+            return Err(Error::TooFewNodes { k: spec.erasure.k, m: spec.erasure.m, nodes: spec.nodes });
         }
         let drive_count = spec.nodes * spec.drives_per_node;
         if spec.drives_per_node == 0 || !drive_count.is_multiple_of(n) {
-            return Err(Error::DrivesNotMultiple {
-                drives: drive_count,
-                n,
-            });
+            return Err(Error::DrivesNotMultiple { drives: drive_count, n });
         }
         if usize::from(spec.base_port) + spec.nodes > usize::from(u16::MAX) {
-            return Err(Error::PortsExhausted {
-                base_port: spec.base_port,
-                nodes: spec.nodes,
-            });
+            return Err(Error::PortsExhausted { base_port: spec.base_port, nodes: spec.nodes });
         }
         let nodes = (0..spec.nodes)
             .map(|node_idx| Node {
@@ -233,16 +214,9 @@ impl ClusterMap {
             .collect();
         // Drive i of the round-robin sequence is on node i mod N; n consecutive entries are on n
         // consecutive (hence distinct, as N >= n) nodes.
-        let sequence: Vec<DriveRef> = (0..drive_count)
-            .map(|i| DriveRef {
-                node_idx: i % spec.nodes,
-                drive_idx: i / spec.nodes,
-            })
-            .collect();
-        let sets = sequence
-            .chunks(n)
-            .map(|c| ErasureSet { drives: c.to_vec() })
-            .collect();
+        let sequence: Vec<DriveRef> =
+            (0..drive_count).map(|i| DriveRef { node_idx: i % spec.nodes, drive_idx: i / spec.nodes }).collect();
+        let sets = sequence.chunks(n).map(|c| ErasureSet { drives: c.to_vec() }).collect();
         let map = Self {
             cluster_id: cluster_id.to_owned(),
             version: 1,
@@ -260,13 +234,8 @@ impl ClusterMap {
     /// Parses and validates `cluster.toml`; `base_dir` is the directory the file is in.
     pub fn from_toml(text: &str, base_dir: &Path) -> Result<Self, Error> {
         let file: file::ClusterFile = toml::from_str(text).map_err(|e| {
-            let line = e.span().map_or(0, |span| {
-                text[..span.start.min(text.len())].lines().count().max(1)
-            });
-            Error::Parse {
-                line,
-                message: e.message().replace('\n', " "),
-            }
+            let line = e.span().map_or(0, |span| text[..span.start.min(text.len())].lines().count().max(1));
+            Error::Parse { line, message: e.message().replace('\n', " ") }
         })?;
         let map = file.into_map(base_dir)?;
         map.validate()?;
@@ -287,11 +256,7 @@ impl ClusterMap {
     /// The drive directory of `drive`, resolved against the map's directory.
     pub fn drive_path(&self, drive: DriveRef) -> PathBuf {
         let path = &self.nodes[drive.node_idx].drives[drive.drive_idx];
-        if path.is_absolute() {
-            path.clone()
-        } else {
-            self.base_dir.join(path)
-        }
+        if path.is_absolute() { path.clone() } else { self.base_dir.join(path) }
     }
 
     /// The erasure set and rotation of `bucket/key`: a stable hash (xxh3-64), so every client
@@ -303,19 +268,13 @@ impl ClusterMap {
         name.extend_from_slice(key.as_bytes());
         let hash = xxhash_rust::xxh3::xxh3_64(&name);
         let n = self.erasure.n();
-        Placement {
-            set_idx: (hash % self.sets.len() as u64) as usize,
-            rotation: ((hash >> 32) % n as u64) as usize,
-            n,
-        }
+        Placement { set_idx: (hash % self.sets.len() as u64) as usize, rotation: ((hash >> 32) % n as u64) as usize, n }
     }
 
     fn validate(&self) -> Result<(), Error> {
         let n = self.erasure.n();
         if !(CHUNK_BYTES_MIN..=CHUNK_BYTES_MAX).contains(&self.chunk_bytes) {
-            return Err(Error::ChunkBytesOutOfRange {
-                chunk_bytes: self.chunk_bytes,
-            });
+            return Err(Error::ChunkBytesOutOfRange { chunk_bytes: self.chunk_bytes });
         }
         if self.nodes.len() < n {
             let (k, m, nodes) = (self.erasure.k, self.erasure.m, self.nodes.len());
@@ -325,33 +284,23 @@ impl ClusterMap {
         let mut addrs = HashSet::new();
         for node in &self.nodes {
             if !ids.insert(node.id.as_str()) {
-                return Err(Error::DuplicateNodeId {
-                    id: node.id.clone(),
-                });
+                return Err(Error::DuplicateNodeId { id: node.id.clone() });
             }
             if !addrs.insert(node.addr) {
                 return Err(Error::DuplicateAddr { addr: node.addr });
             }
             if node.drives.is_empty() {
-                return Err(Error::NoDrives {
-                    id: node.id.clone(),
-                });
+                return Err(Error::NoDrives { id: node.id.clone() });
             }
         }
         if self.sets.is_empty() {
-            return Err(Error::InvalidSet {
-                set_idx: 0,
-                reason: "the map has no erasure sets".into(),
-            });
+            return Err(Error::InvalidSet { set_idx: 0, reason: "the map has no erasure sets".into() });
         }
         let mut used = HashSet::new();
         for (set_idx, set) in self.sets.iter().enumerate() {
             let invalid = |reason: String| Error::InvalidSet { set_idx, reason };
             if set.drives.len() != n {
-                return Err(invalid(format!(
-                    "has {} drives, the erasure config needs {n}",
-                    set.drives.len()
-                )));
+                return Err(invalid(format!("has {} drives, the erasure config needs {n}", set.drives.len())));
             }
             let mut set_nodes = HashSet::new();
             for drive in &set.drives {
@@ -359,19 +308,13 @@ impl ClusterMap {
                     return Err(invalid(format!("names node index {}", drive.node_idx)));
                 };
                 if drive.drive_idx >= node.drives.len() {
-                    return Err(invalid(format!(
-                        "names drive {} of node {}",
-                        drive.drive_idx, node.id
-                    )));
+                    return Err(invalid(format!("names drive {} of node {}", drive.drive_idx, node.id)));
                 }
                 if !set_nodes.insert(drive.node_idx) {
                     return Err(invalid(format!("has two drives on node {}", node.id)));
                 }
                 if !used.insert(*drive) {
-                    return Err(invalid(format!(
-                        "reuses drive {} of node {}",
-                        drive.drive_idx, node.id
-                    )));
+                    return Err(invalid(format!("reuses drive {} of node {}", drive.drive_idx, node.id)));
                 }
             }
         }
@@ -429,11 +372,7 @@ mod file {
                     .map(|node| NodeFile {
                         id: node.id.clone(),
                         addr: node.addr.to_string(),
-                        drives: node
-                            .drives
-                            .iter()
-                            .map(|d| d.display().to_string())
-                            .collect(),
+                        drives: node.drives.iter().map(|d| d.display().to_string()).collect(),
                     })
                     .collect(),
                 sets: map
@@ -457,16 +396,12 @@ mod file {
             let erasure: ErasureConfig = self.ec.parse()?;
             let mut nodes = Vec::with_capacity(self.nodes.len());
             for node in self.nodes {
-                let addr = node.addr.parse().map_err(|_| Error::InvalidAddr {
-                    id: node.id.clone(),
-                    addr: node.addr.clone(),
-                })?;
+                let addr = node
+                    .addr
+                    .parse()
+                    .map_err(|_| Error::InvalidAddr { id: node.id.clone(), addr: node.addr.clone() })?;
                 let drives = node.drives.into_iter().map(PathBuf::from).collect();
-                nodes.push(Node {
-                    id: node.id,
-                    addr,
-                    drives,
-                });
+                nodes.push(Node { id: node.id, addr, drives });
             }
             let mut sets = Vec::with_capacity(self.sets.len());
             for (set_idx, set) in self.sets.into_iter().enumerate() {
@@ -477,10 +412,7 @@ mod file {
                     .collect::<Option<Vec<_>>>()
                     .ok_or_else(|| Error::InvalidSet {
                         set_idx,
-                        reason: format!(
-                            "drives {:?} are not all NODE_ID:DRIVE_INDEX of listed nodes",
-                            set.drives
-                        ),
+                        reason: format!("drives {:?} are not all NODE_ID:DRIVE_INDEX of listed nodes", set.drives),
                     })?;
                 sets.push(ErasureSet { drives });
             }
@@ -501,10 +433,7 @@ mod file {
         let (id, drive) = text.split_once(':')?;
         let node_idx = nodes.iter().position(|node| node.id == id)?;
         let drive_idx = drive.parse().ok()?;
-        Some(DriveRef {
-            node_idx,
-            drive_idx,
-        })
+        Some(DriveRef { node_idx, drive_idx })
     }
 }
 

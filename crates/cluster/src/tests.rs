@@ -12,32 +12,20 @@ fn spec(nodes: usize, drives_per_node: usize, k: usize, m: usize) -> InitSpec {
 }
 
 fn generate(nodes: usize, drives_per_node: usize, k: usize, m: usize) -> Result<ClusterMap, Error> {
-    ClusterMap::generate(
-        &spec(nodes, drives_per_node, k, m),
-        "cid",
-        "00ff",
-        Path::new("/data"),
-    )
+    ClusterMap::generate(&spec(nodes, drives_per_node, k, m), "cid", "00ff", Path::new("/data"))
 }
 
 #[test]
 fn erasure_config_parses_and_rejects() {
-    assert_eq!(
-        "4+2".parse::<ErasureConfig>().unwrap(),
-        ErasureConfig { k: 4, m: 2 }
-    );
+    assert_eq!("4+2".parse::<ErasureConfig>().unwrap(), ErasureConfig { k: 4, m: 2 });
     for bad in ["4", "0+2", "4+0", "30+3", "a+b", "", "+"] {
-        assert!(
-            bad.parse::<ErasureConfig>().is_err(),
-            "{bad} must be rejected"
-        );
+        assert!(bad.parse::<ErasureConfig>().is_err(), "{bad} must be rejected");
     }
 }
 
 #[test]
 fn write_quorum_follows_design() {
-    let check =
-        |k, m, expected| assert_eq!(ErasureConfig::new(k, m).unwrap().write_quorum(), expected);
+    let check = |k, m, expected| assert_eq!(ErasureConfig::new(k, m).unwrap().write_quorum(), expected);
     check(4, 2, 5);
     check(8, 3, 9);
     check(2, 2, 3);
@@ -51,29 +39,15 @@ fn generated_map_round_trips_through_toml() {
     let map = generate(6, 2, 4, 2).unwrap();
     assert_eq!(map.sets.len(), 2);
     let text = map.to_toml();
-    assert!(
-        text.contains("[[node]]")
-            && text.contains("id = \"n1\"")
-            && text.contains("127.0.0.1:7000")
-    );
+    assert!(text.contains("[[node]]") && text.contains("id = \"n1\"") && text.contains("127.0.0.1:7000"));
     let parsed = ClusterMap::from_toml(&text, Path::new("/data")).unwrap();
     assert_eq!(parsed, map);
 }
 
 #[test]
 fn generate_rejects_impossible_shapes() {
-    assert_eq!(
-        generate(5, 1, 4, 2).unwrap_err(),
-        Error::TooFewNodes {
-            k: 4,
-            m: 2,
-            nodes: 5
-        }
-    );
-    assert_eq!(
-        generate(7, 1, 4, 2).unwrap_err(),
-        Error::DrivesNotMultiple { drives: 7, n: 6 }
-    );
+    assert_eq!(generate(5, 1, 4, 2).unwrap_err(), Error::TooFewNodes { k: 4, m: 2, nodes: 5 });
+    assert_eq!(generate(7, 1, 4, 2).unwrap_err(), Error::DrivesNotMultiple { drives: 7, n: 6 });
     assert!(generate(7, 6, 4, 2).is_ok());
 }
 
@@ -83,26 +57,11 @@ fn malformed_toml_is_rejected_with_reason() {
     let text = map.to_toml();
     let check = |text: &str| ClusterMap::from_toml(text, Path::new("/d")).unwrap_err();
     assert!(matches!(check("not toml ["), Error::Parse { line: 1, .. }));
-    assert!(matches!(
-        check(&text.replace("format = 1", "format = 9")),
-        Error::UnsupportedFormat { found: 9 }
-    ));
-    assert!(matches!(
-        check(&text.replace("127.0.0.1:7001", "127.0.0.1:7000")),
-        Error::DuplicateAddr { .. }
-    ));
-    assert!(matches!(
-        check(&text.replace("\"n2:0\"", "\"n1:0\"")),
-        Error::InvalidSet { .. }
-    ));
-    assert!(matches!(
-        check(&text.replace("\"n2:0\"", "\"n9:0\"")),
-        Error::InvalidSet { .. }
-    ));
-    assert!(matches!(
-        check(&text.replace("ec = \"4+2\"", "ec = \"4+3\"")),
-        Error::TooFewNodes { .. }
-    ));
+    assert!(matches!(check(&text.replace("format = 1", "format = 9")), Error::UnsupportedFormat { found: 9 }));
+    assert!(matches!(check(&text.replace("127.0.0.1:7001", "127.0.0.1:7000")), Error::DuplicateAddr { .. }));
+    assert!(matches!(check(&text.replace("\"n2:0\"", "\"n1:0\"")), Error::InvalidSet { .. }));
+    assert!(matches!(check(&text.replace("\"n2:0\"", "\"n9:0\"")), Error::InvalidSet { .. }));
+    assert!(matches!(check(&text.replace("ec = \"4+2\"", "ec = \"4+3\"")), Error::TooFewNodes { .. }));
 }
 
 #[test]
@@ -157,9 +116,6 @@ fn placement_balances_objects_over_sets() {
     }
     let mean = objects / sets;
     for count in counts {
-        assert!(
-            count > mean * 8 / 10 && count < mean * 12 / 10,
-            "unbalanced: {count} vs mean {mean}"
-        );
+        assert!(count > mean * 8 / 10 && count < mean * 12 / 10, "unbalanced: {count} vs mean {mean}");
     }
 }

@@ -45,11 +45,7 @@ fn bench_tessera(group: &mut Group<'_>, k: usize, m: usize, chunk_bytes: usize) 
     for (op, lost) in [("decode1", 1), ("decodem", m)] {
         let present: Vec<bool> = (0..k + m).map(|i| i >= lost).collect();
         group.bench_function(format!("tessera/{op}"), |b| {
-            b.iter(|| {
-                codec
-                    .reconstruct(black_box(&mut chunks), &present)
-                    .expect("reconstruct")
-            });
+            b.iter(|| codec.reconstruct(black_box(&mut chunks), &present).expect("reconstruct"));
         });
     }
     if chunk_bytes == CHUNK_SIZES[0].0 {
@@ -61,10 +57,7 @@ fn bench_tessera(group: &mut Group<'_>, k: usize, m: usize, chunk_bytes: usize) 
             b.iter(|| codec.encode(black_box(&data), parity).expect("encode"));
         });
     }
-    assert!(
-        chunks.iter().zip(&expected).all(|(c, e)| **c == **e),
-        "{k}+{m} wrong bytes"
-    );
+    assert!(chunks.iter().zip(&expected).all(|(c, e)| **c == **e), "{k}+{m} wrong bytes");
 }
 
 fn bench_isal_direct(group: &mut Group<'_>, k: usize, m: usize, chunk_bytes: usize) {
@@ -84,9 +77,7 @@ fn bench_isal_direct(group: &mut Group<'_>, k: usize, m: usize, chunk_bytes: usi
         let mut submatrix = matrix[lost * k..(lost + k) * k].to_vec();
         let mut inverse = vec![0u8; k * k];
         // SAFETY: both buffers hold k * k bytes.
-        let status = unsafe {
-            sys::gf_invert_matrix(submatrix.as_mut_ptr(), inverse.as_mut_ptr(), k as c_int)
-        };
+        let status = unsafe { sys::gf_invert_matrix(submatrix.as_mut_ptr(), inverse.as_mut_ptr(), k as c_int) };
         assert_eq!(status, 0, "Cauchy submatrix is invertible");
         let decode_tables = init_tables(k, &inverse[..lost * k]);
         group.bench_function(format!("isal-direct/{op}"), |b| {
@@ -118,12 +109,7 @@ impl Stripe {
             state ^= state << 17;
             *byte = state as u8;
         }
-        let mut stripe = Stripe {
-            buffer,
-            offset,
-            chunk_bytes,
-            n,
-        };
+        let mut stripe = Stripe { buffer, offset, chunk_bytes, n };
         let codec = Codec::new(k, m).expect("valid config");
         let mut chunks = stripe.chunks();
         let (data, parity) = chunks.split_at_mut(k);
@@ -143,23 +129,12 @@ fn init_tables(k: usize, coefficients: &[u8]) -> Vec<u8> {
     let mut tables = vec![0u8; 32 * k * rows];
     // SAFETY: reads k * rows coefficients, writes 32 * k * rows bytes.
     unsafe {
-        sys::ec_init_tables(
-            k as c_int,
-            rows as c_int,
-            coefficients.as_ptr().cast_mut(),
-            tables.as_mut_ptr(),
-        );
+        sys::ec_init_tables(k as c_int, rows as c_int, coefficients.as_ptr().cast_mut(), tables.as_mut_ptr());
     }
     tables
 }
 
-fn encode_data(
-    chunk_bytes: usize,
-    k: usize,
-    tables: &[u8],
-    sources: &mut [*mut u8],
-    targets: &mut [*mut u8],
-) {
+fn encode_data(chunk_bytes: usize, k: usize, tables: &[u8], sources: &mut [*mut u8], targets: &mut [*mut u8]) {
     assert!(sources.len() == k && tables.len() == 32 * k * targets.len());
     // SAFETY: every pointer addresses a distinct live chunk of chunk_bytes bytes, sources and
     // targets are disjoint, and the tables match k x targets.len().
@@ -176,10 +151,7 @@ fn encode_data(
 }
 
 fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2))
-        .sample_size(10)
+    Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(2)).sample_size(10)
 }
 
 criterion_group! {

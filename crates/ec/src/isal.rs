@@ -36,8 +36,7 @@ pub(crate) fn invert_matrix(matrix: &[u8], k: usize) -> Option<Vec<u8>> {
     let mut inverse = vec![0u8; k * k];
     // SAFETY: both buffers hold k * k bytes, all gf_invert_matrix reads or writes; it destroys
     // its input, which is our private copy.
-    let status =
-        unsafe { sys::gf_invert_matrix(scratch.as_mut_ptr(), inverse.as_mut_ptr(), k as c_int) };
+    let status = unsafe { sys::gf_invert_matrix(scratch.as_mut_ptr(), inverse.as_mut_ptr(), k as c_int) };
     (status == 0).then_some(inverse)
 }
 
@@ -54,12 +53,7 @@ pub(crate) fn init_tables(k: usize, rows: usize, coefficients: &[u8]) -> Box<[u8
     // SAFETY: ec_init_tables reads k * rows coefficients (it never writes through `a`, so the
     // const-to-mut cast is sound) and writes 32 * k * rows bytes, the size of `tables`.
     unsafe {
-        sys::ec_init_tables(
-            k as c_int,
-            rows as c_int,
-            coefficients.as_ptr().cast_mut(),
-            tables.as_mut_ptr(),
-        );
+        sys::ec_init_tables(k as c_int, rows as c_int, coefficients.as_ptr().cast_mut(), tables.as_mut_ptr());
     }
     tables
 }
@@ -79,26 +73,12 @@ pub(crate) fn encode(tables: &[u8], data: &[&[u8]], parity: &mut [&mut [u8]]) {
     }
     // SAFETY: `data` and `parity` are live borrows of `len` bytes each (asserted above); the
     // parity slices are `&mut`, so they alias neither each other nor the shared data slices.
-    unsafe {
-        encode_data(
-            len,
-            data.len(),
-            parity.len(),
-            tables,
-            &mut sources,
-            &mut targets,
-        )
-    };
+    unsafe { encode_data(len, data.len(), parity.len(), tables, &mut sources, &mut targets) };
 }
 
 /// Writes `chunks[t]` for each target t from `chunks[s]` for each source s (both in ascending
 /// index order, matching the rows and columns the tables were built with).
-pub(crate) fn decode(
-    tables: &[u8],
-    chunks: &mut [&mut [u8]],
-    sources: ChunkSet,
-    targets: ChunkSet,
-) {
+pub(crate) fn decode(tables: &[u8], chunks: &mut [&mut [u8]], sources: ChunkSet, targets: ChunkSet) {
     let len = chunks[0].len();
     assert!(chunks.len() <= N_MAX && chunks.iter().all(|c| c.len() == len));
     assert!(sources.is_disjoint(targets) && sources.union(targets).all_below(chunks.len()));
@@ -113,14 +93,7 @@ pub(crate) fn decode(
     // SAFETY: every pointer comes from a distinct `&mut [u8]` of `len` bytes borrowed from
     // `chunks` for this call, and sources and targets are disjoint (asserted above).
     unsafe {
-        encode_data(
-            len,
-            sources.len(),
-            targets.len(),
-            tables,
-            &mut source_pointers,
-            &mut target_pointers,
-        );
+        encode_data(len, sources.len(), targets.len(), tables, &mut source_pointers, &mut target_pointers);
     }
 }
 

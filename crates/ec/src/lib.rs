@@ -79,13 +79,7 @@ impl Codec {
         }
         let encode_matrix = isal::cauchy_matrix(k, k + m);
         let encode_tables = isal::init_tables(k, m, &encode_matrix[k * k..]);
-        Ok(Codec {
-            k,
-            m,
-            encode_matrix,
-            encode_tables,
-            decode_tables: RwLock::new(HashMap::new()),
-        })
+        Ok(Codec { k, m, encode_matrix, encode_tables, decode_tables: RwLock::new(HashMap::new()) })
     }
 
     /// Data chunks per stripe.
@@ -127,11 +121,7 @@ impl Codec {
 
     /// Like [`Codec::reconstruct`], but rebuilds only the missing data chunks (`0..k`); missing
     /// parity chunks are left untouched. This is the degraded-read path.
-    pub fn reconstruct_data(
-        &self,
-        chunks: &mut [&mut [u8]],
-        present: &[bool],
-    ) -> Result<(), Error> {
+    pub fn reconstruct_data(&self, chunks: &mut [&mut [u8]], present: &[bool]) -> Result<(), Error> {
         let present = self.check_chunks(chunks, present)?;
         let missing_data = ChunkSet::below(self.k).difference(present);
         self.decode(chunks, present, missing_data)
@@ -145,17 +135,9 @@ impl Codec {
     }
 
     /// Writes `targets` from the first k chunks of `present`.
-    fn decode(
-        &self,
-        chunks: &mut [&mut [u8]],
-        present: ChunkSet,
-        targets: ChunkSet,
-    ) -> Result<(), Error> {
+    fn decode(&self, chunks: &mut [&mut [u8]], present: ChunkSet, targets: ChunkSet) -> Result<(), Error> {
         if present.len() < self.k {
-            return Err(Error::TooFewChunks {
-                present: present.len(),
-                needed: self.k,
-            });
+            return Err(Error::TooFewChunks { present: present.len(), needed: self.k });
         }
         if targets.is_empty() {
             return Ok(());
@@ -170,19 +152,13 @@ impl Codec {
     fn decode_tables(&self, sources: ChunkSet, targets: ChunkSet) -> Arc<[u8]> {
         let key = DecodeKey { sources, targets };
         // The map stays valid if a holder panicked: every write is a single insert or clear.
-        let cache = self
-            .decode_tables
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let cache = self.decode_tables.read().unwrap_or_else(PoisonError::into_inner);
         if let Some(tables) = cache.get(&key) {
             return Arc::clone(tables);
         }
         drop(cache);
         let tables: Arc<[u8]> = self.build_decode_tables(sources, targets).into();
-        let mut cache = self
-            .decode_tables
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut cache = self.decode_tables.write().unwrap_or_else(PoisonError::into_inner);
         if cache.len() >= DECODE_CACHE_ENTRIES_MAX {
             cache.clear();
         }
@@ -195,21 +171,16 @@ impl Codec {
     fn build_decode_tables(&self, sources: ChunkSet, targets: ChunkSet) -> Box<[u8]> {
         let k = self.k;
         assert_eq!(sources.len(), k);
-        let submatrix: Vec<u8> = sources
-            .iter()
-            .flat_map(|i| self.encode_row(i))
-            .copied()
-            .collect();
-        let inverse = isal::invert_matrix(&submatrix, k)
-            .expect("every k rows of an identity-over-Cauchy matrix are independent");
+        let submatrix: Vec<u8> = sources.iter().flat_map(|i| self.encode_row(i)).copied().collect();
+        let inverse =
+            isal::invert_matrix(&submatrix, k).expect("every k rows of an identity-over-Cauchy matrix are independent");
         let mut rows = Vec::with_capacity(targets.len() * k);
         for target in targets.iter() {
             let encode_row = self.encode_row(target);
-            rows.extend((0..k).map(|column| {
-                (0..k).fold(0, |sum, l| {
-                    sum ^ isal::gf_mul(encode_row[l], inverse[l * k + column])
-                })
-            }));
+            rows.extend(
+                (0..k)
+                    .map(|column| (0..k).fold(0, |sum, l| sum ^ isal::gf_mul(encode_row[l], inverse[l * k + column]))),
+            );
         }
         isal::init_tables(k, targets.len(), &rows)
     }
@@ -220,20 +191,13 @@ impl Codec {
 
     #[cfg(test)]
     fn decode_cache_len(&self) -> usize {
-        self.decode_tables
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.decode_tables.read().unwrap_or_else(PoisonError::into_inner).len()
     }
 }
 
 impl fmt::Debug for Codec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let cached = self
-            .decode_tables
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len();
+        let cached = self.decode_tables.read().unwrap_or_else(PoisonError::into_inner).len();
         f.debug_struct("Codec")
             .field("k", &self.k)
             .field("m", &self.m)

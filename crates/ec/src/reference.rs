@@ -23,9 +23,7 @@ pub(crate) fn mul(a: u8, b: u8) -> u8 {
 
 /// The b with `a * b == 1`.
 pub(crate) fn inv(a: u8) -> u8 {
-    (1..=255)
-        .find(|&b| mul(a, b) == 1)
-        .expect("nonzero elements have an inverse")
+    (1..=255).find(|&b| mul(a, b) == 1).expect("nonzero elements have an inverse")
 }
 
 /// Parity chunks for `data` (k chunks of equal length) under a k + m Cauchy code.

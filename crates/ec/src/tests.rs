@@ -22,33 +22,14 @@ fn check(codec: &Codec, stripe: &[Vec<u8>], lost: &[usize]) {
     let present: Vec<bool> = (0..codec.n()).map(|i| !lost.contains(&i)).collect();
 
     let mut chunks = damaged(stripe, lost);
-    codec
-        .reconstruct(&mut as_slices(&mut chunks), &present)
-        .expect("reconstruct");
-    assert_same(
-        &chunks,
-        stripe,
-        &format!("reconstruct {k}+{m} lost {lost:?}"),
-    );
+    codec.reconstruct(&mut as_slices(&mut chunks), &present).expect("reconstruct");
+    assert_same(&chunks, stripe, &format!("reconstruct {k}+{m} lost {lost:?}"));
 
     let mut chunks = damaged(stripe, lost);
-    let expected: Vec<Vec<u8>> = (0..codec.n())
-        .map(|i| {
-            if i < k {
-                stripe[i].clone()
-            } else {
-                chunks[i].clone()
-            }
-        })
-        .collect();
-    codec
-        .reconstruct_data(&mut as_slices(&mut chunks), &present)
-        .expect("reconstruct_data");
-    assert_same(
-        &chunks,
-        &expected,
-        &format!("reconstruct_data {k}+{m} lost {lost:?}"),
-    );
+    let expected: Vec<Vec<u8>> =
+        (0..codec.n()).map(|i| if i < k { stripe[i].clone() } else { chunks[i].clone() }).collect();
+    codec.reconstruct_data(&mut as_slices(&mut chunks), &present).expect("reconstruct_data");
+    assert_same(&chunks, &expected, &format!("reconstruct_data {k}+{m} lost {lost:?}"));
 }
 
 /// `k` data chunks of `len` bytes from `seed`, followed by the parity `codec` computes.
@@ -57,19 +38,14 @@ fn encoded_stripe(codec: &Codec, len: usize, seed: u64) -> Vec<Vec<u8>> {
     let data: Vec<Vec<u8>> = (0..codec.k()).map(|_| random.bytes(len)).collect();
     let mut parity = vec![vec![0u8; len]; codec.m()];
     let data_slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-    codec
-        .encode(&data_slices, &mut as_slices(&mut parity))
-        .expect("encode");
+    codec.encode(&data_slices, &mut as_slices(&mut parity)).expect("encode");
     data.into_iter().chain(parity).collect()
 }
 
 fn damaged(stripe: &[Vec<u8>], lost: &[usize]) -> Vec<Vec<u8>> {
     let mut chunks = stripe.to_vec();
     for &i in lost {
-        chunks[i]
-            .iter_mut()
-            .enumerate()
-            .for_each(|(j, byte)| *byte = 0xa5 ^ j as u8);
+        chunks[i].iter_mut().enumerate().for_each(|(j, byte)| *byte = 0xa5 ^ j as u8);
     }
     chunks
 }
@@ -79,9 +55,7 @@ fn as_slices(chunks: &mut [Vec<u8>]) -> Vec<&mut [u8]> {
 }
 
 fn assert_same(found: &[Vec<u8>], expected: &[Vec<u8>], what: &str) {
-    let differing: Vec<usize> = (0..expected.len())
-        .filter(|&i| found[i] != expected[i])
-        .collect();
+    let differing: Vec<usize> = (0..expected.len()).filter(|&i| found[i] != expected[i]).collect();
     assert!(differing.is_empty(), "{what}: chunks {differing:?} differ");
 }
 
@@ -95,11 +69,7 @@ fn erasure_patterns(n: usize, m: usize, enumerated_max: u128, seed: u64) -> Vec<
     let mut random = SplitMix64(seed);
     (0..PATTERNS_SAMPLED)
         .map(|sample| {
-            let lost = if sample % 4 == 0 {
-                1 + random.below(m)
-            } else {
-                m
-            };
+            let lost = if sample % 4 == 0 { 1 + random.below(m) } else { m };
             let mut indices: Vec<usize> = (0..n).collect();
             for i in 0..lost {
                 let j = i + random.below(n - i);
@@ -195,11 +165,7 @@ fn reconstruct_at_n_max_returns_original_bytes() {
         let codec = Codec::new(k, m).expect("valid config");
         assert_eq!(codec.n(), N_MAX);
         let stripe = encoded_stripe(&codec, LEN_ODD, 11);
-        assert_same(
-            &stripe[k..],
-            &reference::encode(&stripe[..k], m),
-            "parity at N_MAX",
-        );
+        assert_same(&stripe[k..], &reference::encode(&stripe[..k], m), "parity at N_MAX");
         for lost in erasure_patterns(N_MAX, m, 0, 11) {
             check(&codec, &stripe, &lost);
         }
@@ -261,10 +227,7 @@ fn reconstruct_with_more_than_m_lost_returns_too_few_chunks_and_writes_nothing()
             "{k}+{m}: {result:?}"
         );
         let result = codec.reconstruct_data(&mut as_slices(&mut chunks), &present);
-        assert!(
-            matches!(result, Err(Error::TooFewChunks { .. })),
-            "{k}+{m}: {result:?}"
-        );
+        assert!(matches!(result, Err(Error::TooFewChunks { .. })), "{k}+{m}: {result:?}");
         assert_same(&chunks, &before, "chunks after TooFewChunks");
     }
 }
@@ -277,49 +240,13 @@ fn encode_with_wrong_chunk_count_returns_chunk_count() {
     let data_slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
 
     let result = codec.encode(&data_slices[..3], &mut as_slices(&mut parity[..2]));
-    assert!(
-        matches!(
-            result,
-            Err(Error::ChunkCount {
-                expected: 4,
-                found: 3
-            })
-        ),
-        "{result:?}"
-    );
+    assert!(matches!(result, Err(Error::ChunkCount { expected: 4, found: 3 })), "{result:?}");
     let result = codec.encode(&data_slices, &mut as_slices(&mut parity[..2]));
-    assert!(
-        matches!(
-            result,
-            Err(Error::ChunkCount {
-                expected: 4,
-                found: 5
-            })
-        ),
-        "{result:?}"
-    );
+    assert!(matches!(result, Err(Error::ChunkCount { expected: 4, found: 5 })), "{result:?}");
     let result = codec.encode(&data_slices[..4], &mut as_slices(&mut parity));
-    assert!(
-        matches!(
-            result,
-            Err(Error::ChunkCount {
-                expected: 2,
-                found: 3
-            })
-        ),
-        "{result:?}"
-    );
+    assert!(matches!(result, Err(Error::ChunkCount { expected: 2, found: 3 })), "{result:?}");
     let result = codec.encode(&[], &mut []);
-    assert!(
-        matches!(
-            result,
-            Err(Error::ChunkCount {
-                expected: 4,
-                found: 0
-            })
-        ),
-        "{result:?}"
-    );
+    assert!(matches!(result, Err(Error::ChunkCount { expected: 4, found: 0 })), "{result:?}");
 }
 
 #[test]
@@ -343,22 +270,13 @@ fn encode_with_unequal_lengths_returns_chunk_length_mismatch() {
     let data_slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     let mut parity = vec![vec![0u8; 8]; 2];
     let result = codec.encode(&data_slices, &mut as_slices(&mut parity));
-    let mismatch = Err::<(), _>(Error::ChunkLengthMismatch {
-        expected: 8,
-        found: 9,
-    });
+    let mismatch = Err::<(), _>(Error::ChunkLengthMismatch { expected: 8, found: 9 });
     assert_eq!(format!("{result:?}"), format!("{mismatch:?}"));
 
     let data_slices = [&data[0][..]; 4];
     let mut parity = [vec![0u8; 8], vec![0u8; 7]];
     let result = codec.encode(&data_slices, &mut as_slices(&mut parity));
-    assert!(matches!(
-        result,
-        Err(Error::ChunkLengthMismatch {
-            expected: 8,
-            found: 7
-        })
-    ));
+    assert!(matches!(result, Err(Error::ChunkLengthMismatch { expected: 8, found: 7 })));
 }
 
 #[test]
@@ -368,35 +286,14 @@ fn reconstruct_with_unequal_lengths_returns_chunk_length_mismatch() {
     chunks[5] = vec![0u8; 16];
     let present = [true, false, true, true, true, true];
     let result = codec.reconstruct(&mut as_slices(&mut chunks), &present);
-    assert!(matches!(
-        result,
-        Err(Error::ChunkLengthMismatch {
-            expected: 8,
-            found: 16
-        })
-    ));
+    assert!(matches!(result, Err(Error::ChunkLengthMismatch { expected: 8, found: 16 })));
     let result = codec.reconstruct_data(&mut as_slices(&mut chunks), &present);
-    assert!(matches!(
-        result,
-        Err(Error::ChunkLengthMismatch {
-            expected: 8,
-            found: 16
-        })
-    ));
+    assert!(matches!(result, Err(Error::ChunkLengthMismatch { expected: 8, found: 16 })));
 }
 
 #[test]
 fn new_with_invalid_config_returns_invalid_config() {
-    for (k, m) in [
-        (0, 0),
-        (0, 1),
-        (1, 0),
-        (31, 2),
-        (2, 31),
-        (16, 17),
-        (usize::MAX, 1),
-        (1, usize::MAX),
-    ] {
+    for (k, m) in [(0, 0), (0, 1), (1, 0), (31, 2), (2, 31), (16, 17), (usize::MAX, 1), (1, usize::MAX)] {
         let result = Codec::new(k, m);
         assert!(
             matches!(result, Err(Error::InvalidConfig { k: found_k, m: found_m }) if (found_k, found_m) == (k, m)),
@@ -412,31 +309,10 @@ fn new_with_invalid_config_returns_invalid_config() {
 #[test]
 fn error_messages_name_the_numbers() {
     let cases = [
-        (
-            Error::InvalidConfig { k: 30, m: 4 },
-            "invalid erasure code 30+4: need k >= 1, m >= 1 and k + m <= 32",
-        ),
-        (
-            Error::ChunkCount {
-                expected: 6,
-                found: 5,
-            },
-            "expected 6 chunks, found 5",
-        ),
-        (
-            Error::ChunkLengthMismatch {
-                expected: 8,
-                found: 9,
-            },
-            "chunk lengths differ: expected 8 bytes, found 9",
-        ),
-        (
-            Error::TooFewChunks {
-                present: 3,
-                needed: 4,
-            },
-            "3 chunks present, 4 needed to decode",
-        ),
+        (Error::InvalidConfig { k: 30, m: 4 }, "invalid erasure code 30+4: need k >= 1, m >= 1 and k + m <= 32"),
+        (Error::ChunkCount { expected: 6, found: 5 }, "expected 6 chunks, found 5"),
+        (Error::ChunkLengthMismatch { expected: 8, found: 9 }, "chunk lengths differ: expected 8 bytes, found 9"),
+        (Error::TooFewChunks { present: 3, needed: 4 }, "3 chunks present, 4 needed to decode"),
     ];
     for (error, message) in cases {
         assert_eq!(error.to_string(), message);

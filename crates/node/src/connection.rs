@@ -8,8 +8,8 @@ use std::os::fd::AsFd;
 
 use chunkstore::Drive;
 use proto::{
-    AuthProof, Challenge, ErrorKind, FRAME_HEADER_BYTES, FrameHeader, FrameKind, ItemStatus,
-    ListEntry, NONCE_BYTES, PROTOCOL_VERSION, ReadItem, Request, Response, VersionId,
+    AuthProof, Challenge, ErrorKind, FRAME_HEADER_BYTES, FrameHeader, FrameKind, ItemStatus, ListEntry, NONCE_BYTES,
+    PROTOCOL_VERSION, ReadItem, Request, Response, VersionId,
 };
 use rand::RngCore;
 
@@ -31,13 +31,9 @@ enum ConnError {
 /// Serves one connection to its end. Staging files written on this connection and never
 /// committed or aborted are dropped when it closes, so a client that dies mid-PUT leaves nothing.
 pub(crate) fn serve(mut stream: TcpStream, state: &State) {
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let mut staged = HashSet::new();
-    let result = handshake(&mut stream, state)
-        .and_then(|()| serve_requests(&mut stream, state, &mut staged));
+    let result = handshake(&mut stream, state).and_then(|()| serve_requests(&mut stream, state, &mut staged));
     for (drive, version) in staged {
         if let Err(e) = state.drives[drive].abort(version) {
             tracing::warn!(error = %e, "could not drop the staging file of an unfinished PUT");
@@ -51,10 +47,7 @@ pub(crate) fn serve(mut stream: TcpStream, state: &State) {
 }
 
 fn is_disconnect(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
-    )
+    matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe)
 }
 
 fn handshake(stream: &mut TcpStream, state: &State) -> Result<(), ConnError> {
@@ -63,18 +56,13 @@ fn handshake(stream: &mut TcpStream, state: &State) -> Result<(), ConnError> {
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let mut nonce = [0u8; NONCE_BYTES];
     rand::thread_rng().fill_bytes(&mut nonce);
-    let challenge = Challenge {
-        protocol_version: PROTOCOL_VERSION,
-        nonce,
-    };
+    let challenge = Challenge { protocol_version: PROTOCOL_VERSION, nonce };
     stream.write_all(&proto::encode_frame(FrameKind::Challenge, &challenge)?)?;
     let Some(body) = read_frame(stream, FrameKind::Auth)? else {
         return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()));
     };
     let auth: AuthProof = proto::decode_message(&body, "authentication")?;
-    if auth.protocol_version != PROTOCOL_VERSION
-        || !proto::verify_auth_proof(&state.secret, &nonce, &auth.proof)
-    {
+    if auth.protocol_version != PROTOCOL_VERSION || !proto::verify_auth_proof(&state.secret, &nonce, &auth.proof) {
         return Err(ConnError::AuthFailed);
     }
     send(stream, &Response::Ok)?;
@@ -114,20 +102,13 @@ fn serve_requests(
         let request = proto::decode_request(&body)?;
         match request {
             Request::Read { items } => serve_read(stream, state, &items)?,
-            Request::ChunkWrite {
-                drive,
-                bucket,
-                version,
-                offset,
-                len,
-            } => {
+            Request::ChunkWrite { drive, bucket, version, offset, len } => {
                 // `len` was checked against CHUNK_BYTES_MAX by decode_request.
                 chunk_buffer.resize(len as usize, 0);
                 stream.read_exact(&mut chunk_buffer)?;
                 let response = with_drive(state, drive, |d| {
                     staged.insert((drive as usize, version));
-                    d.write_chunk(&bucket, version, offset, &chunk_buffer)
-                        .map(|()| Response::Ok)
+                    d.write_chunk(&bucket, version, offset, &chunk_buffer).map(|()| Response::Ok)
                 });
                 send(stream, &response)?;
             }
@@ -140,15 +121,9 @@ fn serve_requests(
     Ok(())
 }
 
-fn handle_control(
-    state: &State,
-    request: Request,
-    staged: &mut HashSet<(usize, VersionId)>,
-) -> Response {
+fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, VersionId)>) -> Response {
     match request {
-        Request::GetMap => Response::Map {
-            toml: state.map_text.clone(),
-        },
+        Request::GetMap => Response::Map { toml: state.map_text.clone() },
         Request::BucketCreate { bucket } => all_drives(state, |d| d.create_bucket(&bucket)),
         Request::BucketDelete { bucket } => delete_bucket(state, &bucket),
         Request::BucketList => list_buckets(state),
@@ -165,34 +140,18 @@ fn handle_control(
                 .collect();
             Response::Metas { metas }
         }
-        Request::Commit {
-            drive,
-            meta,
-            missing_positions,
-        } => with_drive(state, drive, |d| {
+        Request::Commit { drive, meta, missing_positions } => with_drive(state, drive, |d| {
             staged.remove(&(drive as usize, meta.version));
-            d.commit(&meta, &missing_positions)
-                .map(|outcome| Response::Committed { outcome })
+            d.commit(&meta, &missing_positions).map(|outcome| Response::Committed { outcome })
         }),
         Request::Abort { drive, version } => with_drive(state, drive, |d| {
             staged.remove(&(drive as usize, version));
             d.abort(version).map(|()| Response::Ok)
         }),
-        Request::Rollback {
-            drive,
-            bucket,
-            key,
-            version,
-        } => with_drive(state, drive, |d| {
-            d.rollback(&bucket, &key, version).map(|()| Response::Ok)
-        }),
-        Request::List {
-            drive,
-            bucket,
-            prefix,
-            start_after,
-            limit,
-        } => with_drive(state, drive, |d| {
+        Request::Rollback { drive, bucket, key, version } => {
+            with_drive(state, drive, |d| d.rollback(&bucket, &key, version).map(|()| Response::Ok))
+        }
+        Request::List { drive, bucket, prefix, start_after, limit } => with_drive(state, drive, |d| {
             d.list(&bucket, &prefix, &start_after, limit as usize)
                 .map(|entries: Vec<ListEntry>| Response::Listing { entries })
         }),
@@ -202,11 +161,7 @@ fn handle_control(
     }
 }
 
-fn with_drive(
-    state: &State,
-    drive: u32,
-    op: impl FnOnce(&Drive) -> Result<Response, chunkstore::Error>,
-) -> Response {
+fn with_drive(state: &State, drive: u32, op: impl FnOnce(&Drive) -> Result<Response, chunkstore::Error>) -> Response {
     match state.drives.get(drive as usize) {
         Some(d) => op(d).unwrap_or_else(|e| error_response(&e)),
         None => Response::Error {
@@ -230,9 +185,7 @@ fn delete_bucket(state: &State, bucket: &str) -> Response {
     for drive in &state.drives {
         match drive.list(bucket, "", "", 1) {
             Ok(entries) if entries.iter().any(|e| !e.deleted) => {
-                return error_response(&chunkstore::Error::BucketNotEmpty {
-                    bucket: bucket.to_owned(),
-                });
+                return error_response(&chunkstore::Error::BucketNotEmpty { bucket: bucket.to_owned() });
             }
             _ => {}
         }
@@ -245,13 +198,7 @@ fn delete_bucket(state: &State, bucket: &str) -> Response {
             Err(e) => return error_response(&e),
         }
     }
-    if found {
-        Response::Ok
-    } else {
-        error_response(&chunkstore::Error::NoSuchBucket {
-            bucket: bucket.to_owned(),
-        })
-    }
+    if found { Response::Ok } else { error_response(&chunkstore::Error::NoSuchBucket { bucket: bucket.to_owned() }) }
 }
 
 fn list_buckets(state: &State) -> Response {
@@ -262,9 +209,7 @@ fn list_buckets(state: &State) -> Response {
             Err(e) => return error_response(&e),
         }
     }
-    Response::Buckets {
-        names: names.into_iter().collect(),
-    }
+    Response::Buckets { names: names.into_iter().collect() }
 }
 
 fn error_response(error: &chunkstore::Error) -> Response {
@@ -275,19 +220,12 @@ fn error_response(error: &chunkstore::Error) -> Response {
         E::DiskFull { .. } => ErrorKind::DiskFull,
         E::NoStagedData { .. } => ErrorKind::NoSuchUpload,
         E::StagedLengthMismatch { .. } => ErrorKind::BadRequest,
-        E::DriveMissing { .. }
-        | E::DriveUnusable { .. }
-        | E::Io { .. }
-        | E::Db { .. }
-        | E::CorruptMeta { .. } => {
+        E::DriveMissing { .. } | E::DriveUnusable { .. } | E::Io { .. } | E::Db { .. } | E::CorruptMeta { .. } => {
             tracing::warn!(error = %error, "drive operation failed");
             ErrorKind::Io
         }
     };
-    Response::Error {
-        kind,
-        message: error.to_string(),
-    }
+    Response::Error { kind, message: error.to_string() }
 }
 
 /// Answers a batched read: statuses first, then the bytes of every servable item, each sent from
@@ -331,23 +269,14 @@ fn open_item(state: &State, item: &ReadItem) -> (ItemStatus, Option<File>) {
 /// Sends `len` bytes at `offset` of `file` to the socket without copying them through user
 /// space. Once the statuses are sent the byte count is promised, so a short file ends the
 /// connection (the client then treats the rest of the batch as missing).
-fn send_file_range(
-    stream: &mut TcpStream,
-    file: &File,
-    offset: u64,
-    len: usize,
-) -> Result<(), ConnError> {
+fn send_file_range(stream: &mut TcpStream, file: &File, offset: u64, len: usize) -> Result<(), ConnError> {
     let mut offset = offset as i64;
     let mut left = len;
     while left > 0 {
-        let sent =
-            nix::sys::sendfile::sendfile64(stream.as_fd(), file.as_fd(), Some(&mut offset), left)
-                .map_err(io::Error::from)?;
+        let sent = nix::sys::sendfile::sendfile64(stream.as_fd(), file.as_fd(), Some(&mut offset), left)
+            .map_err(io::Error::from)?;
         if sent == 0 {
-            return Err(ConnError::Io(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "chunk file shrank during a read",
-            )));
+            return Err(ConnError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "chunk file shrank during a read")));
         }
         left -= sent;
     }

@@ -37,16 +37,9 @@ pub enum Error {
     #[error("unknown node id {id:?}: the cluster map has {known}")]
     UnknownNode { id: String, known: String },
     #[error("cannot listen on {addr}: {source}{hint}", hint = if source.kind() == std::io::ErrorKind::AddrInUse { " (is another node running on this port?)" } else { "" })]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
     #[error("drive {idx} of node {id}: {source}")]
-    Drive {
-        id: String,
-        idx: usize,
-        source: chunkstore::Error,
-    },
+    Drive { id: String, idx: usize, source: chunkstore::Error },
 }
 
 /// Creates and formats every drive directory of every node in `map` (on this machine), so the
@@ -54,15 +47,8 @@ pub enum Error {
 pub fn format_drives(map: &ClusterMap) -> Result<(), Error> {
     for (node_idx, node) in map.nodes.iter().enumerate() {
         for drive_idx in 0..node.drives.len() {
-            let path = map.drive_path(cluster::DriveRef {
-                node_idx,
-                drive_idx,
-            });
-            Drive::format(&path).map_err(|source| Error::Drive {
-                id: node.id.clone(),
-                idx: drive_idx,
-                source,
-            })?;
+            let path = map.drive_path(cluster::DriveRef { node_idx, drive_idx });
+            Drive::format(&path).map_err(|source| Error::Drive { id: node.id.clone(), idx: drive_idx, source })?;
         }
     }
     Ok(())
@@ -97,24 +83,14 @@ impl Server {
     /// Opens the node's drives (sweeping crash leftovers) and binds its address.
     pub fn bind(config: NodeConfig) -> Result<Self, Error> {
         let map = &config.map;
-        let node_idx = map
-            .node_idx(&config.node_id)
-            .ok_or_else(|| Error::UnknownNode {
-                id: config.node_id.clone(),
-                known: map
-                    .nodes
-                    .iter()
-                    .map(|n| n.id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
+        let node_idx = map.node_idx(&config.node_id).ok_or_else(|| Error::UnknownNode {
+            id: config.node_id.clone(),
+            known: map.nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>().join(", "),
+        })?;
         let node = &map.nodes[node_idx];
         let mut drives = Vec::with_capacity(node.drives.len());
         for drive_idx in 0..node.drives.len() {
-            let path = map.drive_path(cluster::DriveRef {
-                node_idx,
-                drive_idx,
-            });
+            let path = map.drive_path(cluster::DriveRef { node_idx, drive_idx });
             let drive = Drive::open(&path).map_err(|source| Error::Drive {
                 id: config.node_id.clone(),
                 idx: drive_idx,
@@ -122,10 +98,7 @@ impl Server {
             })?;
             drives.push(drive);
         }
-        let listener = TcpListener::bind(node.addr).map_err(|source| Error::Bind {
-            addr: node.addr,
-            source,
-        })?;
+        let listener = TcpListener::bind(node.addr).map_err(|source| Error::Bind { addr: node.addr, source })?;
         let state = State {
             node_id: config.node_id,
             secret: map.secret.clone(),
@@ -133,10 +106,7 @@ impl Server {
             drives,
             connections: AtomicUsize::new(0),
         };
-        Ok(Self {
-            listener,
-            state: Arc::new(state),
-        })
+        Ok(Self { listener, state: Arc::new(state) })
     }
 
     /// The address the node listens on.
@@ -158,19 +128,14 @@ impl Server {
             let open = self.state.connections.fetch_add(1, Ordering::SeqCst);
             if open >= CONNECTIONS_MAX {
                 self.state.connections.fetch_sub(1, Ordering::SeqCst);
-                tracing::warn!(
-                    limit = CONNECTIONS_MAX,
-                    "connection limit reached; closing new connection"
-                );
+                tracing::warn!(limit = CONNECTIONS_MAX, "connection limit reached; closing new connection");
                 continue;
             }
             let state = Arc::clone(&self.state);
-            let spawned = std::thread::Builder::new()
-                .name("conn".into())
-                .spawn(move || {
-                    connection::serve(stream, &state);
-                    state.connections.fetch_sub(1, Ordering::SeqCst);
-                });
+            let spawned = std::thread::Builder::new().name("conn".into()).spawn(move || {
+                connection::serve(stream, &state);
+                state.connections.fetch_sub(1, Ordering::SeqCst);
+            });
             if let Err(e) = spawned {
                 self.state.connections.fetch_sub(1, Ordering::SeqCst);
                 tracing::warn!(error = %e, "could not start a connection thread");

@@ -24,7 +24,7 @@
 mod meta;
 mod names;
 
-pub use meta::{META_FORMAT_VERSION, ObjectMeta, StripeGeometry};
+pub use meta::{META_FORMAT_VERSION, ObjectMeta, PartPiece, StripeGeometry};
 pub use names::{KEY_BYTES_MAX, NameError, validate_bucket, validate_key};
 
 use hmac::{Hmac, Mac};
@@ -61,22 +61,11 @@ pub enum Error {
     #[error("frame body of {len} bytes exceeds the limit of {CONTROL_BODY_BYTES_MAX}")]
     FrameTooLarge { len: usize },
     #[error("undecodable {what}: {source}")]
-    Decode {
-        what: &'static str,
-        source: postcard::Error,
-    },
+    Decode { what: &'static str, source: postcard::Error },
     #[error("{what} has {found} items, the limit is {max}")]
-    TooManyItems {
-        what: &'static str,
-        found: usize,
-        max: usize,
-    },
+    TooManyItems { what: &'static str, found: usize, max: usize },
     #[error("unsupported {what} version {found} (this build speaks {supported})")]
-    UnsupportedVersion {
-        what: &'static str,
-        found: u16,
-        supported: u16,
-    },
+    UnsupportedVersion { what: &'static str, found: u16, supported: u16 },
     #[error("invalid {what}: {reason}")]
     Invalid { what: &'static str, reason: String },
 }
@@ -133,10 +122,7 @@ impl FrameHeader {
         };
         let flags = u16::from_le_bytes([bytes[6], bytes[7]]);
         if flags != 0 {
-            return Err(Error::Invalid {
-                what: "frame flags",
-                reason: format!("{flags:#x} set, version 1 has none"),
-            });
+            return Err(Error::Invalid { what: "frame flags", reason: format!("{flags:#x} set, version 1 has none") });
         }
         let body_len = u32::from_le_bytes(bytes[8..12].try_into().expect("slice of 4")) as usize;
         Self::new(kind, body_len)
@@ -160,29 +146,20 @@ pub fn encode_frame<T: Serialize>(kind: FrameKind, message: &T) -> Result<Vec<u8
 
 /// Decodes a request body and checks its item counts and lengths against the limits.
 pub fn decode_request(body: &[u8]) -> Result<Request, Error> {
-    let request: Request = postcard::from_bytes(body).map_err(|source| Error::Decode {
-        what: "request",
-        source,
-    })?;
+    let request: Request = postcard::from_bytes(body).map_err(|source| Error::Decode { what: "request", source })?;
     request.validate()?;
     Ok(request)
 }
 
 /// Decodes a response body and checks its item counts and lengths against the limits.
 pub fn decode_response(body: &[u8]) -> Result<Response, Error> {
-    let response: Response = postcard::from_bytes(body).map_err(|source| Error::Decode {
-        what: "response",
-        source,
-    })?;
+    let response: Response = postcard::from_bytes(body).map_err(|source| Error::Decode { what: "response", source })?;
     response.validate()?;
     Ok(response)
 }
 
 /// Decodes a handshake message or a stored record.
-pub fn decode_message<T: for<'de> Deserialize<'de>>(
-    body: &[u8],
-    what: &'static str,
-) -> Result<T, Error> {
+pub fn decode_message<T: for<'de> Deserialize<'de>>(body: &[u8], what: &'static str) -> Result<T, Error> {
     postcard::from_bytes(body).map_err(|source| Error::Decode { what, source })
 }
 
@@ -202,21 +179,15 @@ pub struct AuthProof {
 
 /// HMAC-SHA256 over a domain tag and `nonce`, keyed with the cluster secret.
 pub fn auth_proof(secret: &str, nonce: &[u8; NONCE_BYTES]) -> [u8; NONCE_BYTES] {
-    let mut mac =
-        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
     mac.update(b"tessera node protocol v1\0");
     mac.update(nonce);
     mac.finalize().into_bytes().into()
 }
 
 /// Checks a proof in constant time.
-pub fn verify_auth_proof(
-    secret: &str,
-    nonce: &[u8; NONCE_BYTES],
-    proof: &[u8; NONCE_BYTES],
-) -> bool {
-    let mut mac =
-        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+pub fn verify_auth_proof(secret: &str, nonce: &[u8; NONCE_BYTES], proof: &[u8; NONCE_BYTES]) -> bool {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
     mac.update(b"tessera node protocol v1\0");
     mac.update(nonce);
     mac.verify_slice(proof).is_ok()
@@ -279,10 +250,11 @@ pub enum ItemStatus {
 }
 
 /// What a [`Request::Commit`] did.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub enum CommitOutcome {
-    /// This version is now the drive's current version of the key.
-    Applied,
+    /// This version is now the drive's current version of the key. `replaced_parts` lists the
+    /// piece keys of the multipart version it replaced, for the writer to delete.
+    Applied { replaced_parts: Vec<String> },
     /// The drive already had this version or a newer one; this one was dropped (and its data
     /// deleted), which is also a durable outcome for the writer.
     Superseded { current: VersionId },
@@ -313,39 +285,18 @@ pub enum Request {
     /// Current metadata of each key (absent: `None`).
     MetaGet { items: Vec<MetaKey> },
     /// Write `len` raw bytes (following this frame) at `offset` of the staging file of `version`.
-    ChunkWrite {
-        drive: u32,
-        bucket: String,
-        version: VersionId,
-        offset: u64,
-        len: u32,
-    },
+    ChunkWrite { drive: u32, bucket: String, version: VersionId, offset: u64, len: u32 },
     /// Make `meta` durable and current on `drive` if it is newer than what the drive has.
     /// `missing_positions` lists set positions that did not get their chunks (queued for repair).
-    Commit {
-        drive: u32,
-        meta: ObjectMeta,
-        missing_positions: Vec<u32>,
-    },
+    Commit { drive: u32, meta: ObjectMeta, missing_positions: Vec<u32> },
     /// Drop the staging file of an uncommitted version.
     Abort { drive: u32, version: VersionId },
     /// Undo the commit of a PUT that failed to reach its write quorum.
-    Rollback {
-        drive: u32,
-        bucket: String,
-        key: String,
-        version: VersionId,
-    },
+    Rollback { drive: u32, bucket: String, key: String, version: VersionId },
     /// Batched scatter-gather read.
     Read { items: Vec<ReadItem> },
     /// Keys of `bucket` after `start_after` that start with `prefix`, sorted, at most `limit`.
-    List {
-        drive: u32,
-        bucket: String,
-        prefix: String,
-        start_after: String,
-        limit: u32,
-    },
+    List { drive: u32, bucket: String, prefix: String, start_after: String, limit: u32 },
 }
 
 /// What went wrong on the node, for [`Response::Error`].
@@ -391,38 +342,24 @@ pub enum Response {
 
 impl Request {
     fn validate(&self) -> Result<(), Error> {
-        let too_many = |what, found| Error::TooManyItems {
-            what,
-            found,
-            max: BATCH_ITEMS_MAX,
-        };
+        let too_many = |what, found| Error::TooManyItems { what, found, max: BATCH_ITEMS_MAX };
         match self {
             Request::MetaGet { items } if items.len() > BATCH_ITEMS_MAX => {
                 Err(too_many("metadata request", items.len()))
             }
-            Request::Read { items } if items.len() > BATCH_ITEMS_MAX => {
-                Err(too_many("read batch", items.len()))
-            }
-            Request::Read { items } => match items
-                .iter()
-                .find(|item| item.len as usize > CHUNK_BYTES_MAX)
-            {
-                Some(item) => Err(Error::Invalid {
-                    what: "read item",
-                    reason: format!("len {} exceeds one chunk", item.len),
-                }),
+            Request::Read { items } if items.len() > BATCH_ITEMS_MAX => Err(too_many("read batch", items.len())),
+            Request::Read { items } => match items.iter().find(|item| item.len as usize > CHUNK_BYTES_MAX) {
+                Some(item) => {
+                    Err(Error::Invalid { what: "read item", reason: format!("len {} exceeds one chunk", item.len) })
+                }
                 None => Ok(()),
             },
             Request::ChunkWrite { len, .. } if *len as usize > CHUNK_BYTES_MAX => {
-                Err(Error::Invalid {
-                    what: "chunk write",
-                    reason: format!("len {len} exceeds one chunk"),
-                })
+                Err(Error::Invalid { what: "chunk write", reason: format!("len {len} exceeds one chunk") })
             }
-            Request::List { limit, .. } if *limit > LIST_LIMIT_MAX => Err(Error::Invalid {
-                what: "list",
-                reason: format!("limit {limit} exceeds {LIST_LIMIT_MAX}"),
-            }),
+            Request::List { limit, .. } if *limit > LIST_LIMIT_MAX => {
+                Err(Error::Invalid { what: "list", reason: format!("limit {limit} exceeds {LIST_LIMIT_MAX}") })
+            }
             Request::Commit { meta, .. } => meta.validate(),
             _ => Ok(()),
         }
@@ -431,11 +368,7 @@ impl Request {
 
 impl Response {
     fn validate(&self) -> Result<(), Error> {
-        let too_many = |what, found| Error::TooManyItems {
-            what,
-            found,
-            max: BATCH_ITEMS_MAX,
-        };
+        let too_many = |what, found| Error::TooManyItems { what, found, max: BATCH_ITEMS_MAX };
         match self {
             Response::Metas { metas } if metas.len() > BATCH_ITEMS_MAX => {
                 Err(too_many("metadata response", metas.len()))
@@ -444,11 +377,7 @@ impl Response {
                 Err(too_many("read response", statuses.len()))
             }
             Response::Listing { entries } if entries.len() > LIST_LIMIT_MAX as usize => {
-                Err(Error::TooManyItems {
-                    what: "listing",
-                    found: entries.len(),
-                    max: LIST_LIMIT_MAX as usize,
-                })
+                Err(Error::TooManyItems { what: "listing", found: entries.len(), max: LIST_LIMIT_MAX as usize })
             }
             Response::Metas { metas } => metas.iter().flatten().try_for_each(ObjectMeta::validate),
             _ => Ok(()),

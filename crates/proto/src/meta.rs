@@ -21,14 +21,38 @@ pub struct ObjectMeta {
     /// Hex MD5 of the body.
     pub etag: String,
     pub content_type: String,
+    /// `x-amz-meta-*` pairs (names without the prefix).
     pub user_meta: Vec<(String, String)>,
+    /// Standard headers replayed on GET: content-encoding, content-disposition, cache-control,
+    /// content-language, expires (lowercase names).
+    pub headers: Vec<(String, String)>,
     pub modified_ms: u64,
     pub k: u8,
     pub m: u8,
     pub chunk_bytes: u32,
     pub set_idx: u32,
     pub rotation: u8,
-    /// CRC32C of every chunk, stripe-major: `crcs[stripe * n + chunk_idx]`.
+    /// CRC32C of every chunk, stripe-major: `crcs[stripe * n + chunk_idx]`. Empty for a
+    /// multipart object, whose bytes live in `parts`.
+    pub crcs: Vec<u32>,
+    /// A multipart object: its parts in order, each an erasure-coded piece of its own (written
+    /// by UploadPart, never copied). Empty for a single-piece object.
+    pub parts: Vec<PartPiece>,
+}
+
+/// One part of a multipart object: where its piece is and how to verify it. The piece has the
+/// object's k, m and chunk size, its own set and rotation.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PartPiece {
+    pub number: u32,
+    /// Internal key of the piece (in the multipart bucket); deleted with the object.
+    pub piece_key: String,
+    pub version: VersionId,
+    pub size: u64,
+    /// Hex MD5 of the part.
+    pub etag: String,
+    pub set_idx: u32,
+    pub rotation: u8,
     pub crcs: Vec<u32>,
 }
 
@@ -36,6 +60,11 @@ impl ObjectMeta {
     /// Chunks per stripe.
     pub fn n(&self) -> usize {
         usize::from(self.k) + usize::from(self.m)
+    }
+
+    /// Whether this version owns a data file of its own on each drive of its set.
+    pub fn has_data_file(&self) -> bool {
+        !self.deleted && self.size > 0 && self.parts.is_empty()
     }
 
     /// The stripe geometry implied by size, k and chunk size.
@@ -50,12 +79,7 @@ impl ObjectMeta {
 
     /// Checks internal consistency of a record received from a peer or read from disk.
     pub fn validate(&self) -> Result<(), Error> {
-        let invalid = |reason: String| {
-            Err(Error::Invalid {
-                what: "object metadata",
-                reason,
-            })
-        };
+        let invalid = |reason: String| Err(Error::Invalid { what: "object metadata", reason });
         if self.format != META_FORMAT_VERSION {
             return Err(Error::UnsupportedVersion {
                 what: "object metadata",
@@ -72,16 +96,21 @@ impl ObjectMeta {
         if usize::from(self.rotation) >= self.n() {
             return invalid(format!("rotation {} >= n", self.rotation));
         }
-        let expected = if self.deleted {
-            0
-        } else {
-            self.geometry().stripes as u128 * self.n() as u128
-        };
+        let single_piece = !self.deleted && self.parts.is_empty();
+        let expected = if single_piece { self.geometry().stripes as u128 * self.n() as u128 } else { 0 };
         if self.crcs.len() as u128 != expected {
-            return invalid(format!(
-                "{} checksums, the layout needs {expected}",
-                self.crcs.len()
-            ));
+            return invalid(format!("{} checksums, the layout needs {expected}", self.crcs.len()));
+        }
+        let mut total = 0u64;
+        for part in &self.parts {
+            let stripes = StripeGeometry::new(part.size, usize::from(self.k), self.chunk_bytes).stripes;
+            if part.crcs.len() as u128 != stripes as u128 * self.n() as u128 || usize::from(part.rotation) >= self.n() {
+                return invalid(format!("part {} does not match its layout", part.number));
+            }
+            total = total.saturating_add(part.size);
+        }
+        if !self.parts.is_empty() && total != self.size {
+            return invalid(format!("parts hold {total} bytes, the object {}", self.size));
         }
         Ok(())
     }
@@ -102,12 +131,7 @@ impl StripeGeometry {
     pub fn new(size: u64, k: usize, chunk_bytes: u32) -> Self {
         assert!(k > 0 && chunk_bytes > 0);
         let stripes = size.div_ceil(Self::stripe_bytes_of(k, chunk_bytes));
-        Self {
-            size,
-            k,
-            chunk_bytes,
-            stripes,
-        }
+        Self { size, k, chunk_bytes, stripes }
     }
 
     fn stripe_bytes_of(k: usize, chunk_bytes: u32) -> u64 {
@@ -147,8 +171,6 @@ impl StripeGeometry {
         assert!(chunk_idx < self.k);
         let chunk_len = self.chunk_len(stripe_idx) as u64;
         let start = chunk_idx as u64 * chunk_len;
-        self.stripe_data_bytes(stripe_idx)
-            .saturating_sub(start)
-            .min(chunk_len) as usize
+        self.stripe_data_bytes(stripe_idx).saturating_sub(start).min(chunk_len) as usize
     }
 }

@@ -16,19 +16,11 @@ pub enum NameError {
 
 /// S3 bucket naming rules.
 pub fn validate_bucket(name: &str) -> Result<(), NameError> {
-    let bad = |reason| {
-        Err(NameError::Bucket {
-            name: name.to_owned(),
-            reason,
-        })
-    };
+    let bad = |reason| Err(NameError::Bucket { name: name.to_owned(), reason });
     if !(3..=63).contains(&name.len()) {
         return bad("length must be 3 to 63");
     }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
-    {
+    if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-') {
         return bad("only lowercase letters, digits, '.' and '-' are allowed");
     }
     let first = name.as_bytes()[0];
@@ -48,19 +40,13 @@ pub fn validate_bucket(name: &str) -> Result<(), NameError> {
 /// Keys are 1 to [`KEY_BYTES_MAX`] bytes of UTF-8 without NUL.
 pub fn validate_key(key: &str) -> Result<(), NameError> {
     if key.is_empty() {
-        return Err(NameError::Key {
-            reason: "empty".into(),
-        });
+        return Err(NameError::Key { reason: "empty".into() });
     }
     if key.len() > KEY_BYTES_MAX {
-        return Err(NameError::Key {
-            reason: format!("{} bytes, the limit is {KEY_BYTES_MAX}", key.len()),
-        });
+        return Err(NameError::Key { reason: format!("{} bytes, the limit is {KEY_BYTES_MAX}", key.len()) });
     }
     if key.contains('\0') {
-        return Err(NameError::Key {
-            reason: "contains a NUL byte".into(),
-        });
+        return Err(NameError::Key { reason: "contains a NUL byte".into() });
     }
     Ok(())
 }

@@ -7,15 +7,13 @@ fn meta(size: u64, k: u8, m: u8, chunk_bytes: u32) -> ObjectMeta {
         format: META_FORMAT_VERSION,
         bucket: "bkt".into(),
         key: "a/b.bin".into(),
-        version: VersionId {
-            unix_ns: 7,
-            writer: 9,
-        },
+        version: VersionId { unix_ns: 7, writer: 9 },
         deleted: false,
         size,
         etag: "00".into(),
         content_type: "application/octet-stream".into(),
         user_meta: vec![("x".into(), "y".into())],
+        headers: Vec::new(),
         modified_ms: 1,
         k,
         m,
@@ -23,6 +21,7 @@ fn meta(size: u64, k: u8, m: u8, chunk_bytes: u32) -> ObjectMeta {
         set_idx: 0,
         rotation: 1,
         crcs: vec![0; geometry.stripes as usize * usize::from(k + m)],
+        parts: Vec::new(),
     }
 }
 
@@ -31,10 +30,7 @@ fn check_request_round_trip(request: Request) {
     let header = FrameHeader::decode(frame[..FRAME_HEADER_BYTES].try_into().unwrap()).unwrap();
     assert_eq!(header.kind, FrameKind::Request);
     assert_eq!(header.body_len, frame.len() - FRAME_HEADER_BYTES);
-    assert_eq!(
-        decode_request(&frame[FRAME_HEADER_BYTES..]).unwrap(),
-        request
-    );
+    assert_eq!(decode_request(&frame[FRAME_HEADER_BYTES..]).unwrap(), request);
 }
 
 #[test]
@@ -46,15 +42,7 @@ fn requests_round_trip() {
         missing_positions: vec![3],
     });
     check_request_round_trip(Request::Read {
-        items: vec![ReadItem {
-            drive: 1,
-            version: VersionId {
-                unix_ns: 1,
-                writer: 2,
-            },
-            offset: 3,
-            len: 4,
-        }],
+        items: vec![ReadItem { drive: 1, version: VersionId { unix_ns: 1, writer: 2 }, offset: 3, len: 4 }],
     });
     check_request_round_trip(Request::List {
         drive: 0,
@@ -67,33 +55,15 @@ fn requests_round_trip() {
 
 #[test]
 fn limits_are_enforced_at_limit_plus_one() {
-    let item = ReadItem {
-        drive: 0,
-        version: VersionId {
-            unix_ns: 1,
-            writer: 1,
-        },
-        offset: 0,
-        len: 1,
-    };
-    let at_limit = Request::Read {
-        items: vec![item.clone(); BATCH_ITEMS_MAX],
-    };
+    let item = ReadItem { drive: 0, version: VersionId { unix_ns: 1, writer: 1 }, offset: 0, len: 1 };
+    let at_limit = Request::Read { items: vec![item.clone(); BATCH_ITEMS_MAX] };
     assert!(decode_request(&encode_body(&at_limit)).is_ok());
-    let over = Request::Read {
-        items: vec![item; BATCH_ITEMS_MAX + 1],
-    };
-    assert!(matches!(
-        decode_request(&encode_body(&over)),
-        Err(Error::TooManyItems { .. })
-    ));
+    let over = Request::Read { items: vec![item; BATCH_ITEMS_MAX + 1] };
+    assert!(matches!(decode_request(&encode_body(&over)), Err(Error::TooManyItems { .. })));
     let big = Request::ChunkWrite {
         drive: 0,
         bucket: "b".into(),
-        version: VersionId {
-            unix_ns: 1,
-            writer: 1,
-        },
+        version: VersionId { unix_ns: 1, writer: 1 },
         offset: 0,
         len: CHUNK_BYTES_MAX as u32 + 1,
     };
@@ -110,22 +80,13 @@ fn bad_headers_are_refused() {
     let good = FrameHeader::new(FrameKind::Response, 10).unwrap().encode();
     let mut bad_magic = good;
     bad_magic[0] = b'X';
-    assert!(matches!(
-        FrameHeader::decode(&bad_magic),
-        Err(Error::BadMagic { .. })
-    ));
+    assert!(matches!(FrameHeader::decode(&bad_magic), Err(Error::BadMagic { .. })));
     let mut huge = good;
     huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
-    assert!(matches!(
-        FrameHeader::decode(&huge),
-        Err(Error::FrameTooLarge { .. })
-    ));
+    assert!(matches!(FrameHeader::decode(&huge), Err(Error::FrameTooLarge { .. })));
     let mut kind = good;
     kind[4] = 99;
-    assert!(matches!(
-        FrameHeader::decode(&kind),
-        Err(Error::UnknownKind { kind: 99 })
-    ));
+    assert!(matches!(FrameHeader::decode(&kind), Err(Error::UnknownKind { kind: 99 })));
 }
 
 #[test]
@@ -147,14 +108,8 @@ fn metadata_with_wrong_checksum_count_is_invalid() {
 
 #[test]
 fn version_hex_round_trips_and_orders_by_time_then_writer() {
-    let a = VersionId {
-        unix_ns: 5,
-        writer: u64::MAX,
-    };
-    let b = VersionId {
-        unix_ns: 6,
-        writer: 0,
-    };
+    let a = VersionId { unix_ns: 5, writer: u64::MAX };
+    let b = VersionId { unix_ns: 6, writer: 0 };
     assert!(a < b);
     assert_eq!(VersionId::from_hex(&a.to_hex()), Some(a));
     assert_eq!(VersionId::from_hex("../../etc/passwd"), None);
@@ -165,22 +120,10 @@ fn names_follow_s3_rules() {
     for good in ["abc", "my-bucket.1", "a23"] {
         assert!(validate_bucket(good).is_ok(), "{good}");
     }
-    for bad in [
-        "ab",
-        "ABC",
-        "-abc",
-        "abc-",
-        "a..b",
-        "192.168.1.1",
-        "a_b",
-        &"a".repeat(64),
-    ] {
+    for bad in ["ab", "ABC", "-abc", "abc-", "a..b", "192.168.1.1", "a_b", &"a".repeat(64)] {
         assert!(validate_bucket(bad).is_err(), "{bad}");
     }
-    assert!(
-        validate_key("../../x").is_ok(),
-        "keys are never paths, so any UTF-8 is fine"
-    );
+    assert!(validate_key("../../x").is_ok(), "keys are never paths, so any UTF-8 is fine");
     assert!(validate_key("").is_err());
     assert!(validate_key(&"k".repeat(KEY_BYTES_MAX)).is_ok());
     assert!(validate_key(&"k".repeat(KEY_BYTES_MAX + 1)).is_err());

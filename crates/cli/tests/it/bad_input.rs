@@ -5,24 +5,14 @@ use std::process::Command;
 use crate::harness::{Cluster, Shape, TESSERA, free_ports};
 
 fn run(args: &[&str]) -> (bool, String) {
-    let output = Command::new(TESSERA)
-        .args(args)
-        .env_remove("TESSERA_CONFIG")
-        .output()
-        .unwrap();
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let output = Command::new(TESSERA).args(args).env_remove("TESSERA_CONFIG").output().unwrap();
+    (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
 fn assert_one_line_error(args: &[&str], expected: &str) {
     let (ok, stderr) = run(args);
     assert!(!ok, "tessera {args:?} must fail");
-    assert!(
-        stderr.starts_with("error: ") && stderr.contains(expected),
-        "tessera {args:?}: {stderr}"
-    );
+    assert!(stderr.starts_with("error: ") && stderr.contains(expected), "tessera {args:?}: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
 }
 
@@ -30,13 +20,7 @@ fn assert_one_line_error(args: &[&str], expected: &str) {
 fn node_with_unknown_id_exits_with_one_line_error() {
     let cluster = Cluster::init(Shape::default());
     assert_one_line_error(
-        &[
-            "node",
-            "--config",
-            cluster.config.to_str().unwrap(),
-            "--id",
-            "n9",
-        ],
+        &["node", "--config", cluster.config.to_str().unwrap(), "--id", "n9"],
         "unknown node id \"n9\"",
     );
 }
@@ -45,47 +29,20 @@ fn node_with_unknown_id_exits_with_one_line_error() {
 fn node_on_a_port_in_use_exits_with_one_line_error() {
     let cluster = Cluster::init(Shape::default());
     let _taken = std::net::TcpListener::bind(cluster.addrs[0]).unwrap();
-    assert_one_line_error(
-        &[
-            "node",
-            "--config",
-            cluster.config.to_str().unwrap(),
-            "--id",
-            "n1",
-        ],
-        "in use",
-    );
+    assert_one_line_error(&["node", "--config", cluster.config.to_str().unwrap(), "--id", "n1"], "in use");
 }
 
 #[test]
 fn node_with_missing_or_unwritable_drive_exits_with_one_line_error() {
     let cluster = Cluster::init(Shape::default());
     std::fs::remove_dir_all(cluster.drive_dir(0, 0)).unwrap();
-    assert_one_line_error(
-        &[
-            "node",
-            "--config",
-            cluster.config.to_str().unwrap(),
-            "--id",
-            "n1",
-        ],
-        "does not exist",
-    );
+    assert_one_line_error(&["node", "--config", cluster.config.to_str().unwrap(), "--id", "n1"], "does not exist");
     if unsafe { libc::geteuid() } != 0 {
         let dir = cluster.drive_dir(1, 0);
         let mut perms = std::fs::metadata(&dir).unwrap().permissions();
         std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o500);
         std::fs::set_permissions(&dir, perms).unwrap();
-        assert_one_line_error(
-            &[
-                "node",
-                "--config",
-                cluster.config.to_str().unwrap(),
-                "--id",
-                "n2",
-            ],
-            "not usable",
-        );
+        assert_one_line_error(&["node", "--config", cluster.config.to_str().unwrap(), "--id", "n2"], "not usable");
     }
 }
 
@@ -94,20 +51,10 @@ fn malformed_cluster_toml_is_refused_with_the_reason() {
     let cluster = Cluster::init(Shape::default());
     let config = cluster.config.to_str().unwrap();
     let text = std::fs::read_to_string(&cluster.config).unwrap();
-    std::fs::write(
-        &cluster.config,
-        text.replace("ec = \"4+2\"", "ec = \"four\""),
-    )
-    .unwrap();
-    assert_one_line_error(
-        &["node", "--config", config, "--id", "n1"],
-        "invalid erasure config",
-    );
+    std::fs::write(&cluster.config, text.replace("ec = \"4+2\"", "ec = \"four\"")).unwrap();
+    assert_one_line_error(&["node", "--config", config, "--id", "n1"], "invalid erasure config");
     std::fs::write(&cluster.config, "this is not [toml").unwrap();
-    assert_one_line_error(
-        &["node", "--config", config, "--id", "n1"],
-        "malformed cluster.toml",
-    );
+    assert_one_line_error(&["node", "--config", config, "--id", "n1"], "malformed cluster.toml");
     assert_one_line_error(&["ls", "--config", config], "malformed cluster.toml");
 }
 
@@ -117,43 +64,18 @@ fn init_refuses_impossible_shapes_and_existing_clusters() {
     let data = dir.path().join("d");
     let data = data.to_str().unwrap();
     let base = free_ports(6).to_string();
-    assert_one_line_error(
-        &["init", "--nodes", "5", "--ec", "4+2", "--data", data],
-        "needs at least 6 nodes",
-    );
+    assert_one_line_error(&["init", "--nodes", "5", "--ec", "4+2", "--data", data], "needs at least 6 nodes");
     // A value clap rejects gets clap's usage error (error line, blank line, hint), exit 2.
     let (ok, stderr) = run(&["init", "--nodes", "6", "--ec", "40+2", "--data", data]);
-    assert!(
-        !ok && stderr.starts_with("error: ") && stderr.contains("invalid erasure config"),
-        "{stderr}"
-    );
-    let (ok, stderr) = run(&[
-        "init",
-        "--nodes",
-        "6",
-        "--ec",
-        "4+2",
-        "--data",
-        data,
-        "--base-port",
-        &base,
-    ]);
+    assert!(!ok && stderr.starts_with("error: ") && stderr.contains("invalid erasure config"), "{stderr}");
+    let (ok, stderr) = run(&["init", "--nodes", "6", "--ec", "4+2", "--data", data, "--base-port", &base]);
     assert!(ok, "{stderr}");
-    assert_one_line_error(
-        &["init", "--nodes", "6", "--ec", "4+2", "--data", data],
-        "already exists",
-    );
+    assert_one_line_error(&["init", "--nodes", "6", "--ec", "4+2", "--data", data], "already exists");
 }
 
 #[test]
 fn client_commands_without_config_say_how_to_get_one() {
     assert_one_line_error(&["ls"], "pass --config or set TESSERA_CONFIG");
-    assert_one_line_error(
-        &["get", "nokey", "-", "--config", "/nonexistent/cluster.toml"],
-        "expected BUCKET/KEY",
-    );
-    assert_one_line_error(
-        &["ls", "--config", "/nonexistent/cluster.toml"],
-        "No such file or directory",
-    );
+    assert_one_line_error(&["get", "nokey", "-", "--config", "/nonexistent/cluster.toml"], "expected BUCKET/KEY");
+    assert_one_line_error(&["ls", "--config", "/nonexistent/cluster.toml"], "No such file or directory");
 }

@@ -12,16 +12,11 @@ use crate::harness::{Cluster, Shape, block_on, payload, write_file};
 fn cluster_with_objects(count: usize, size: usize) -> (Cluster, Vec<Vec<u8>>) {
     let cluster = Cluster::start(Shape::default());
     let client = cluster.client();
-    let objects: Vec<Vec<u8>> = (0..count)
-        .map(|i| payload(size + i * 1001, i as u64))
-        .collect();
+    let objects: Vec<Vec<u8>> = (0..count).map(|i| payload(size + i * 1001, i as u64)).collect();
     block_on(async {
         client.make_bucket("bkt").await.unwrap();
         for (i, data) in objects.iter().enumerate() {
-            client
-                .put_bytes("bkt", &format!("obj-{i}"), data, &Default::default())
-                .await
-                .unwrap();
+            client.put_bytes("bkt", &format!("obj-{i}"), data, &Default::default()).await.unwrap();
         }
     });
     (cluster, objects)
@@ -87,11 +82,7 @@ fn node_killed_during_puts_loses_no_acknowledged_object() {
                         break;
                     }
                     let data = payload(300_000, i);
-                    if client
-                        .put_bytes("bkt", &format!("p-{i}"), &data, &Default::default())
-                        .await
-                        .is_ok()
-                    {
+                    if client.put_bytes("bkt", &format!("p-{i}"), &data, &Default::default()).await.is_ok() {
                         acked.lock().unwrap().push((i, data));
                     }
                 }
@@ -112,10 +103,7 @@ fn node_killed_during_puts_loses_no_acknowledged_object() {
     let client = cluster.client();
     block_on(async {
         for (i, data) in acked.iter() {
-            assert!(
-                client.get("bkt", &format!("p-{i}")).await.unwrap() == *data,
-                "p-{i}"
-            );
+            assert!(client.get("bkt", &format!("p-{i}")).await.unwrap() == *data, "p-{i}");
         }
     });
 }
@@ -135,9 +123,7 @@ fn node_killed_during_gets_every_read_is_byte_exact() {
     };
     std::thread::sleep(Duration::from_millis(100));
     cluster.kill_node(3);
-    reader
-        .join()
-        .expect("every GET during the kill returns the right bytes");
+    reader.join().expect("every GET during the kill returns the right bytes");
 }
 
 #[test]
@@ -164,25 +150,12 @@ fn failed_put_leaves_nothing_visible_and_no_orphan_files() {
     cluster.start_node(0);
     cluster.start_node(1);
     cluster.wait_ready();
-    assert!(
-        cluster
-            .cli_err(&["get", "bkt/doomed", "-"])
-            .contains("no such object")
-    );
+    assert!(cluster.cli_err(&["get", "bkt/doomed", "-"]).contains("no such object"));
     assert_eq!(cluster.cli_ok(&["ls", "bkt"]), "");
     for idx in 0..6 {
-        assert!(
-            cluster.data_files(idx).is_empty(),
-            "n{} kept data of a failed PUT",
-            idx + 1
-        );
+        assert!(cluster.data_files(idx).is_empty(), "n{} kept data of a failed PUT", idx + 1);
         let tmp = cluster.drive_dir(idx, 0).join("tmp");
-        assert_eq!(
-            std::fs::read_dir(tmp).unwrap().count(),
-            0,
-            "n{} kept a staging file",
-            idx + 1
-        );
+        assert_eq!(std::fs::read_dir(tmp).unwrap().count(), 0, "n{} kept a staging file", idx + 1);
     }
 }
 
@@ -203,36 +176,18 @@ fn protocol_garbage_oversized_frames_and_wrong_secret_leave_the_node_up() {
         payload(4096, 99),
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
         // A valid magic with a 4 GiB body length.
-        [
-            b"TSR1".as_slice(),
-            &2u16.to_le_bytes(),
-            &0u16.to_le_bytes(),
-            &u32::MAX.to_le_bytes(),
-        ]
-        .concat(),
+        [b"TSR1".as_slice(), &2u16.to_le_bytes(), &0u16.to_le_bytes(), &u32::MAX.to_le_bytes()].concat(),
         // An auth frame with a wrong proof.
-        proto::encode_frame(
-            proto::FrameKind::Auth,
-            &proto::AuthProof {
-                protocol_version: 1,
-                proof: [7; 32],
-            },
-        )
-        .unwrap(),
+        proto::encode_frame(proto::FrameKind::Auth, &proto::AuthProof { protocol_version: 1, proof: [7; 32] }).unwrap(),
     ];
     for bytes in garbage {
         let mut stream = TcpStream::connect(addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let _ = stream.write_all(&bytes);
         // The node answers the challenge, then closes: reading must reach EOF, not hang.
         let mut sink = Vec::new();
         let _ = stream.read_to_end(&mut sink);
-        assert!(
-            sink.len() < 1024,
-            "the node must not answer garbage with data"
-        );
+        assert!(sink.len() < 1024, "the node must not answer garbage with data");
     }
     // A client with the wrong secret is refused with a clear error.
     let text = std::fs::read_to_string(&cluster.config).unwrap();
@@ -242,10 +197,7 @@ fn protocol_garbage_oversized_frames_and_wrong_secret_leave_the_node_up() {
     });
     let wrong = client::Client::new(wrong.unwrap(), client::ClientOptions::default()).unwrap();
     let err = block_on(wrong.head("bkt", "obj-0")).unwrap_err();
-    assert!(
-        err.to_string().contains("unreachable") || err.to_string().contains("refused"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("unreachable") || err.to_string().contains("refused"), "{err}");
     assert!(cluster.is_running(0), "garbage must not crash the node");
     assert_all_readable(&cluster, &objects);
     assert!(cluster.log(0).contains("authentication failed"));
@@ -258,10 +210,7 @@ fn full_disks_fail_the_put_cleanly_and_the_node_keeps_serving() {
         return;
     }
     let mut cluster = Cluster::init(Shape::default());
-    let mounted: Vec<std::path::PathBuf> = [0usize, 1]
-        .iter()
-        .map(|&idx| cluster.drive_dir(idx, 0))
-        .collect();
+    let mounted: Vec<std::path::PathBuf> = [0usize, 1].iter().map(|&idx| cluster.drive_dir(idx, 0)).collect();
     for dir in &mounted {
         let status = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
@@ -275,10 +224,7 @@ fn full_disks_fail_the_put_cleanly_and_the_node_keeps_serving() {
     impl Drop for Unmount {
         fn drop(&mut self) {
             for dir in &self.0 {
-                let _ = std::process::Command::new("umount")
-                    .arg("-l")
-                    .arg(dir)
-                    .status();
+                let _ = std::process::Command::new("umount").arg("-l").arg(dir).status();
             }
         }
     }
@@ -294,21 +240,13 @@ fn full_disks_fail_the_put_cleanly_and_the_node_keeps_serving() {
     let big = write_file(cluster.dir.path(), "big", &payload(8_000_000, 4));
     let err = cluster.cli_err(&["put", big.to_str().unwrap(), "bkt/big"]);
     assert!(err.contains("full"), "{err}");
-    assert!(
-        cluster
-            .cli_err(&["get", "bkt/big", "-"])
-            .contains("no such object")
-    );
+    assert!(cluster.cli_err(&["get", "bkt/big", "-"]).contains("no such object"));
     let out = cluster.dir.path().join("small.out");
     cluster.cli_ok(&["get", "bkt/small", out.to_str().unwrap()]);
     assert_eq!(std::fs::read(out).unwrap(), small);
     for idx in 0..2 {
         assert!(cluster.is_running(idx));
         let tmp = cluster.drive_dir(idx, 0).join("tmp");
-        assert_eq!(
-            std::fs::read_dir(tmp).unwrap().count(),
-            0,
-            "no partial staging file is left"
-        );
+        assert_eq!(std::fs::read_dir(tmp).unwrap().count(), 0, "no partial staging file is left");
     }
 }

@@ -24,12 +24,7 @@ pub(crate) struct Shape {
 
 impl Default for Shape {
     fn default() -> Self {
-        Self {
-            nodes: 6,
-            drives_per_node: 1,
-            ec: "4+2",
-            chunk_size: "64KiB",
-        }
+        Self { nodes: 6, drives_per_node: 1, ec: "4+2", chunk_size: "64KiB" }
     }
 }
 
@@ -52,8 +47,7 @@ pub(crate) fn free_ports(count: usize) -> u16 {
             NEXT_PORT.store(20_000, Ordering::SeqCst);
             continue;
         }
-        let all_free =
-            (0..count as u16).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        let all_free = (0..count as u16).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         if all_free {
             return base;
         }
@@ -79,39 +73,15 @@ impl Cluster {
         let base = free_ports(shape.nodes);
         let data = dir.path().join("data");
         let output = Command::new(TESSERA)
-            .args([
-                "init",
-                "--nodes",
-                &shape.nodes.to_string(),
-                "--drives-per-node",
-            ])
+            .args(["init", "--nodes", &shape.nodes.to_string(), "--drives-per-node"])
             .arg(shape.drives_per_node.to_string())
-            .args([
-                "--ec",
-                shape.ec,
-                "--chunk-size",
-                shape.chunk_size,
-                "--base-port",
-                &base.to_string(),
-                "--data",
-            ])
+            .args(["--ec", shape.ec, "--chunk-size", shape.chunk_size, "--base-port", &base.to_string(), "--data"])
             .arg(&data)
             .output()
             .expect("run tessera init");
-        assert!(
-            output.status.success(),
-            "init failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let addrs = (0..shape.nodes)
-            .map(|i| SocketAddr::from(([127, 0, 0, 1], base + i as u16)))
-            .collect();
-        Self {
-            config: data.join("cluster.toml"),
-            dir,
-            addrs,
-            nodes: (0..shape.nodes).map(|_| None).collect(),
-        }
+        assert!(output.status.success(), "init failed: {}", String::from_utf8_lossy(&output.stderr));
+        let addrs = (0..shape.nodes).map(|i| SocketAddr::from(([127, 0, 0, 1], base + i as u16))).collect();
+        Self { config: data.join("cluster.toml"), dir, addrs, nodes: (0..shape.nodes).map(|_| None).collect() }
     }
 
     pub(crate) fn data_dir(&self) -> PathBuf {
@@ -128,16 +98,8 @@ impl Cluster {
     }
 
     pub(crate) fn start_node(&mut self, idx: usize) {
-        assert!(
-            self.nodes[idx].is_none(),
-            "node n{} is already running",
-            idx + 1
-        );
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path(idx))
-            .expect("open node log");
+        assert!(self.nodes[idx].is_none(), "node n{} is already running", idx + 1);
+        let log = fs::OpenOptions::new().create(true).append(true).open(self.log_path(idx)).expect("open node log");
         let child = Command::new(TESSERA)
             .args(["node", "--config"])
             .arg(&self.config)
@@ -157,23 +119,11 @@ impl Cluster {
             if self.nodes[idx].is_none() {
                 continue;
             }
-            while TcpStream::connect_timeout(&self.addrs[idx], Duration::from_millis(100)).is_err()
-            {
-                if let Some(status) = self.nodes[idx]
-                    .as_mut()
-                    .and_then(|c| c.try_wait().expect("poll child"))
-                {
-                    panic!(
-                        "node n{} exited during startup ({status}):\n{}",
-                        idx + 1,
-                        self.log(idx)
-                    );
+            while TcpStream::connect_timeout(&self.addrs[idx], Duration::from_millis(100)).is_err() {
+                if let Some(status) = self.nodes[idx].as_mut().and_then(|c| c.try_wait().expect("poll child")) {
+                    panic!("node n{} exited during startup ({status}):\n{}", idx + 1, self.log(idx));
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "node n{} not ready in {READY_TIMEOUT:?}",
-                    idx + 1
-                );
+                assert!(Instant::now() < deadline, "node n{} not ready in {READY_TIMEOUT:?}", idx + 1);
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
@@ -201,9 +151,7 @@ impl Cluster {
     }
 
     pub(crate) fn is_running(&mut self, idx: usize) -> bool {
-        self.nodes[idx]
-            .as_mut()
-            .is_some_and(|c| c.try_wait().expect("poll child").is_none())
+        self.nodes[idx].as_mut().is_some_and(|c| c.try_wait().expect("poll child").is_none())
     }
 
     pub(crate) fn log(&self, idx: usize) -> String {
@@ -247,8 +195,7 @@ impl Cluster {
     /// A smart client of this cluster with short timeouts.
     pub(crate) fn client(&self) -> client::Client {
         let text = fs::read_to_string(&self.config).expect("read cluster.toml");
-        let map =
-            cluster::ClusterMap::from_toml(&text, &self.data_dir()).expect("parse cluster.toml");
+        let map = cluster::ClusterMap::from_toml(&text, &self.data_dir()).expect("parse cluster.toml");
         let options = client::ClientOptions {
             connect_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(3),
@@ -287,11 +234,7 @@ impl Drop for Cluster {
                 eprintln!("----- log of node n{} -----\n{log}", idx + 1);
             }
             // ERROR means a human must look: no test expects one.
-            unexpected.extend(
-                log.lines()
-                    .filter(|l| l.contains(" ERROR "))
-                    .map(|l| format!("n{}: {l}", idx + 1)),
-            );
+            unexpected.extend(log.lines().filter(|l| l.contains(" ERROR ")).map(|l| format!("n{}: {l}", idx + 1)));
         }
         if !failed && !unexpected.is_empty() {
             panic!("unexpected ERROR log lines:\n{}", unexpected.join("\n"));
@@ -325,15 +268,8 @@ pub(crate) fn block_on<F: std::future::Future>(future: F) -> F::Output {
     let runtime = RUNTIME.get_or_init(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_test_writer()
-            .try_init();
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime")
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
     });
     runtime.block_on(future)
 }

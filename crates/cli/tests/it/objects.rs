@@ -7,10 +7,7 @@ fn put_get_round_trips_every_size_byte_exact() {
     let cluster = Cluster::start(Shape::default());
     cluster.cli_ok(&["mb", "bkt"]);
     let chunk = 64 << 10;
-    for (i, size) in [0, 1, chunk - 1, chunk, 4 * chunk, 4 * chunk + 1, 3_000_001]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, size) in [0, 1, chunk - 1, chunk, 4 * chunk, 4 * chunk + 1, 3_000_001].into_iter().enumerate() {
         let data = payload(size, i as u64);
         let source = write_file(cluster.dir.path(), &format!("in-{i}"), &data);
         let key = format!("bkt/sizes/{size}");
@@ -30,33 +27,17 @@ fn ranged_reads_fetch_exact_bytes_across_stripes() {
     let data = payload(1_000_003, 7);
     block_on(async {
         client.make_bucket("bkt").await.unwrap();
-        client
-            .put_bytes("bkt", "obj", &data, &Default::default())
-            .await
-            .unwrap();
+        client.put_bytes("bkt", "obj", &data, &Default::default()).await.unwrap();
         let info = client.head("bkt", "obj").await.unwrap();
         let stripe = 4 * (64 << 10);
-        for (offset, len) in [
-            (0, 1),
-            (1, 10),
-            (65535, 2),
-            (stripe - 1, 2),
-            (stripe + 3, 3 * stripe),
-            (999_000, 5000),
-            (1_000_002, 1),
-        ] {
+        for (offset, len) in
+            [(0, 1), (1, 10), (65535, 2), (stripe - 1, 2), (stripe + 3, 3 * stripe), (999_000, 5000), (1_000_002, 1)]
+        {
             let mut buf = vec![0u8; len];
-            let read = client
-                .read_at(&info, offset as u64, &mut buf)
-                .await
-                .unwrap();
+            let read = client.read_at(&info, offset as u64, &mut buf).await.unwrap();
             let end = (offset + len).min(data.len());
             assert_eq!(read, end - offset);
-            assert_eq!(
-                &buf[..read],
-                &data[offset..end],
-                "offset {offset} len {len}"
-            );
+            assert_eq!(&buf[..read], &data[offset..end], "offset {offset} len {len}");
         }
         assert!(matches!(
             client.read_at(&info, 2_000_000, &mut [0u8; 4]).await,
@@ -67,24 +48,14 @@ fn ranged_reads_fetch_exact_bytes_across_stripes() {
 
 #[test]
 fn listing_is_sorted_prefixed_paged_and_hides_deleted_keys() {
-    let cluster = Cluster::start(Shape {
-        nodes: 6,
-        drives_per_node: 2,
-        ..Shape::default()
-    });
+    let cluster = Cluster::start(Shape { nodes: 6, drives_per_node: 2, ..Shape::default() });
     let client = cluster.client();
     block_on(async {
         client.make_bucket("bkt").await.unwrap();
         for i in (0..25).rev() {
-            client
-                .put_bytes("bkt", &format!("k/{i:03}"), b"x", &Default::default())
-                .await
-                .unwrap();
+            client.put_bytes("bkt", &format!("k/{i:03}"), b"x", &Default::default()).await.unwrap();
         }
-        client
-            .put_bytes("bkt", "other", b"y", &Default::default())
-            .await
-            .unwrap();
+        client.put_bytes("bkt", "other", b"y", &Default::default()).await.unwrap();
         client.delete("bkt", "k/013").await.unwrap();
         let mut keys = Vec::new();
         let mut start_after = String::new();
@@ -96,49 +67,28 @@ fn listing_is_sorted_prefixed_paged_and_hides_deleted_keys() {
                 None => break,
             }
         }
-        let expected: Vec<String> = (0..25)
-            .filter(|i| *i != 13)
-            .map(|i| format!("k/{i:03}"))
-            .collect();
+        let expected: Vec<String> = (0..25).filter(|i| *i != 13).map(|i| format!("k/{i:03}")).collect();
         assert_eq!(keys, expected);
-        assert!(matches!(
-            client.head("bkt", "k/013").await,
-            Err(client::Error::NotFound { .. })
-        ));
+        assert!(matches!(client.head("bkt", "k/013").await, Err(client::Error::NotFound { .. })));
     });
 }
 
 #[test]
 fn buckets_follow_s3_rules_and_rb_refuses_non_empty() {
     let cluster = Cluster::start(Shape::default());
-    assert!(
-        cluster
-            .cli_err(&["mb", "Bad_Name"])
-            .contains("invalid bucket name")
-    );
+    assert!(cluster.cli_err(&["mb", "Bad_Name"]).contains("invalid bucket name"));
     cluster.cli_ok(&["mb", "bkt"]);
     cluster.cli_ok(&["mb", "bkt2"]);
     assert_eq!(cluster.cli_ok(&["ls"]), "bkt\nbkt2\n");
     let file = write_file(cluster.dir.path(), "f", b"hello");
     let err = cluster.cli_err(&["put", file.to_str().unwrap(), "nobucket/key"]);
-    assert!(
-        err.contains("no such bucket") && err.lines().count() == 1,
-        "{err}"
-    );
+    assert!(err.contains("no such bucket") && err.lines().count() == 1, "{err}");
     let long_key = format!("bkt/{}", "k".repeat(1025));
-    assert!(
-        cluster
-            .cli_err(&["put", file.to_str().unwrap(), &long_key])
-            .contains("1025 bytes")
-    );
+    assert!(cluster.cli_err(&["put", file.to_str().unwrap(), &long_key]).contains("1025 bytes"));
     cluster.cli_ok(&["put", file.to_str().unwrap(), "bkt/f"]);
     assert!(cluster.cli_err(&["rb", "bkt"]).contains("not empty"));
     cluster.cli_ok(&["rm", "bkt/f"]);
-    assert!(
-        cluster
-            .cli_err(&["get", "bkt/f", "-"])
-            .contains("no such object")
-    );
+    assert!(cluster.cli_err(&["get", "bkt/f", "-"]).contains("no such object"));
     cluster.cli_ok(&["rb", "bkt"]);
     assert_eq!(cluster.cli_ok(&["ls"]), "bkt2\n");
 }
@@ -151,10 +101,7 @@ fn stat_shows_size_etag_erasure_and_chunk_locations() {
     cluster.cli_ok(&["put", file.to_str().unwrap(), "bkt/f"]);
     let stat = cluster.cli_ok(&["stat", "bkt/f"]);
     assert!(stat.contains("size:         5"), "{stat}");
-    assert!(
-        stat.contains("5d41402abc4b2a76b9719d911017c592"),
-        "etag is the MD5 of the body: {stat}"
-    );
+    assert!(stat.contains("5d41402abc4b2a76b9719d911017c592"), "etag is the MD5 of the body: {stat}");
     assert!(stat.contains("4+2"), "{stat}");
     for node in 1..=6 {
         assert!(stat.contains(&format!("node n{node} drive 0")), "{stat}");
@@ -173,10 +120,7 @@ fn concurrent_puts_to_one_key_converge_on_one_winner() {
                 block_on(async {
                     for round in 0..5u64 {
                         let data = payload(200_000, w * 100 + round);
-                        client
-                            .put_bytes("bkt", "contended", &data, &Default::default())
-                            .await
-                            .unwrap();
+                        client.put_bytes("bkt", "contended", &data, &Default::default()).await.unwrap();
                     }
                 })
             })
@@ -190,15 +134,104 @@ fn concurrent_puts_to_one_key_converge_on_one_winner() {
         let first = client.head("bkt", "contended").await.unwrap();
         for _ in 0..3 {
             let other = cluster.client();
-            assert_eq!(
-                other.head("bkt", "contended").await.unwrap().meta.version,
-                first.meta.version
-            );
+            assert_eq!(other.head("bkt", "contended").await.unwrap().meta.version, first.meta.version);
         }
         let body = client.get("bkt", "contended").await.unwrap();
-        assert!(
-            candidates.contains(&body),
-            "the winner is one writer's last PUT, whole"
-        );
+        assert!(candidates.contains(&body), "the winner is one writer's last PUT, whole");
+    });
+}
+
+#[test]
+fn multipart_upload_reads_back_across_parts_and_copies_nothing() {
+    let mut cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let part_bytes = client::PART_BYTES_MIN as usize;
+    let parts: Vec<Vec<u8>> = vec![payload(part_bytes, 1), payload(part_bytes + 7, 2), payload(123_457, 3)];
+    let whole: Vec<u8> = parts.concat();
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        let upload = client.create_multipart("bkt", "big", &client::PutOptions::default()).await.unwrap();
+        let mut etags = Vec::new();
+        for (i, data) in parts.iter().enumerate() {
+            let mut source = data.as_slice();
+            let info = client.put_part("bkt", "big", &upload, i as u32 + 1, &mut source).await.unwrap();
+            assert_eq!(info.size, data.len() as u64);
+            etags.push((i as u32 + 1, format!("\"{}\"", info.etag)));
+        }
+        let listed = client.list_parts("bkt", "big", &upload).await.unwrap();
+        assert_eq!(listed.iter().map(|p| p.number).collect::<Vec<_>>(), [1, 2, 3]);
+        let uploads = client.list_multipart_uploads("bkt", "").await.unwrap();
+        assert_eq!(uploads.len(), 1);
+        assert_eq!((uploads[0].key.as_str(), uploads[0].upload_id.as_str()), ("big", upload.as_str()));
+        let files_before: usize = (0..6).map(|i| cluster.data_files(i).len()).sum();
+        let info = client.complete_multipart("bkt", "big", &upload, &etags).await.unwrap();
+        assert!(info.meta.etag.ends_with("-3"), "{}", info.meta.etag);
+        let files_after: usize = (0..6).map(|i| cluster.data_files(i).len()).sum();
+        assert!(files_after < files_before, "complete adds no data file (it drops the upload marker)");
+        assert_eq!(client.get("bkt", "big").await.unwrap(), whole);
+        let head = client.head("bkt", "big").await.unwrap();
+        let mut buf = vec![0u8; 100];
+        let boundary = part_bytes as u64 - 50;
+        client.read_at(&head, boundary, &mut buf).await.unwrap();
+        assert_eq!(buf, whole[boundary as usize..boundary as usize + 100]);
+        assert!(matches!(client.list_parts("bkt", "big", &upload).await, Err(client::Error::NoSuchUpload { .. })));
+        assert!(client.list_multipart_uploads("bkt", "").await.unwrap().is_empty());
+    });
+    cluster.kill_node(0);
+    cluster.kill_node(4);
+    let degraded = cluster.client();
+    block_on(async { assert!(degraded.get("bkt", "big").await.unwrap() == whole, "multipart read with 2 nodes down") });
+    cluster.start_node(0);
+    cluster.start_node(4);
+    cluster.wait_ready();
+    let client = cluster.client();
+    block_on(async {
+        client.put_bytes("bkt", "big", b"small now", &Default::default()).await.unwrap();
+        assert_eq!(client.get("bkt", "big").await.unwrap(), b"small now");
+    });
+    let files: usize = (0..6).map(|i| cluster.data_files(i).len()).sum();
+    assert_eq!(files, 6, "overwriting a multipart object deletes its pieces: one file per drive is left");
+}
+
+#[test]
+fn multipart_complete_refuses_bad_part_lists() {
+    let cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        let upload = client.create_multipart("bkt", "k", &client::PutOptions::default()).await.unwrap();
+        let mut etags = Vec::new();
+        for number in 1..=2u32 {
+            let mut source = &b"tiny part"[..];
+            etags.push((number, client.put_part("bkt", "k", &upload, number, &mut source).await.unwrap().etag));
+        }
+        let reversed = vec![etags[1].clone(), etags[0].clone()];
+        assert!(matches!(
+            client.complete_multipart("bkt", "k", &upload, &reversed).await,
+            Err(client::Error::InvalidPartOrder)
+        ));
+        let wrong = vec![(1, "00".repeat(16)), etags[1].clone()];
+        assert!(matches!(
+            client.complete_multipart("bkt", "k", &upload, &wrong).await,
+            Err(client::Error::InvalidPart { number: 1, .. })
+        ));
+        let missing = vec![etags[0].clone(), (3, etags[1].1.clone())];
+        assert!(matches!(
+            client.complete_multipart("bkt", "k", &upload, &missing).await,
+            Err(client::Error::InvalidPart { number: 3, .. })
+        ));
+        assert!(matches!(
+            client.complete_multipart("bkt", "k", &upload, &etags).await,
+            Err(client::Error::EntityTooSmall { number: 1, .. })
+        ));
+        assert!(matches!(
+            client.put_part("bkt", "other-key", &upload, 1, &mut &b"x"[..]).await,
+            Err(client::Error::NoSuchUpload { .. })
+        ));
+        client.abort_multipart("bkt", "k", &upload).await.unwrap();
+        assert!(matches!(client.list_parts("bkt", "k", &upload).await, Err(client::Error::NoSuchUpload { .. })));
+        assert!(matches!(client.head("bkt", "k").await, Err(client::Error::NotFound { .. })));
+        assert!(client.list("bkt", "", "", 100).await.unwrap().entries.is_empty());
+        assert_eq!(client.list_buckets().await.unwrap(), ["bkt"], "the internal bucket stays hidden");
     });
 }
