@@ -172,14 +172,27 @@ struct Inner {
     options: ClientOptions,
     writer_id: u64,
     last_version_ns: AtomicU64,
+    /// Idle stripe buffers (n x chunk_bytes each) kept for the next PUT.
+    stripe_buffers: std::sync::Mutex<Vec<Vec<u8>>>,
 }
+
+/// Stripe buffers a client keeps between PUTs (each n x chunk_bytes: 6 MiB at 4+2, 1 MiB).
+const STRIPE_BUFFERS_POOLED_MAX: usize = 8;
 
 impl Client {
     /// A client of the cluster described by `map`.
     pub fn new(map: ClusterMap, options: ClientOptions) -> Result<Self, Error> {
         let codec = ec::Codec::new(map.erasure.k, map.erasure.m)?;
         let pools = map.nodes.iter().map(|node| Pool::new(node.id.clone(), node.addr)).collect();
-        let inner = Inner { map, codec, pools, options, writer_id: rand::random(), last_version_ns: AtomicU64::new(0) };
+        let inner = Inner {
+            map,
+            codec,
+            pools,
+            options,
+            writer_id: rand::random(),
+            last_version_ns: AtomicU64::new(0),
+            stripe_buffers: std::sync::Mutex::new(Vec::new()),
+        };
         Ok(Self { inner: Arc::new(inner) })
     }
 

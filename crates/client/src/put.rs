@@ -55,31 +55,41 @@ pub(crate) async fn put(
     let mut md5 = Md5::new();
     let mut crcs = Vec::new();
     let mut size = 0u64;
-    let mut current = StripeBuffer::new(n, chunk_bytes);
-    let mut next = StripeBuffer::new(n, chunk_bytes);
+    let mut current = StripeBuffer::take(client, n * chunk_bytes);
+    // Taken only once a full stripe shows the object may go on: small objects use one buffer.
+    let mut next: Option<StripeBuffer> = None;
     let result: Result<(), Error> = async {
         fill_stripe(client, source, &mut current, &mut md5).await?;
         let mut stripe_idx = 0u64;
         while current.data_len > 0 {
             let offset = stripe_idx * chunk_bytes as u64;
+            if current.data_len < k * chunk_bytes {
+                // A short stripe: the source has ended (fill_stripe reads until full or EOF).
+                fanout.send_stripe(&current, stripe_idx, offset, &placement).await?;
+                crcs.extend_from_slice(&current.crcs);
+                size += current.data_len as u64;
+                break;
+            }
+            let following = next.get_or_insert_with(|| StripeBuffer::take(client, n * chunk_bytes));
             // Send this stripe while the next one is read and encoded: two stripes in flight.
             let (sent, filled) = tokio::join!(
                 fanout.send_stripe(&current, stripe_idx, offset, &placement),
-                fill_stripe(client, source, &mut next, &mut md5)
+                fill_stripe(client, source, following, &mut md5)
             );
             sent?;
             filled?;
             crcs.extend_from_slice(&current.crcs);
             size += current.data_len as u64;
-            if current.data_len < k * chunk_bytes && next.data_len > 0 {
-                return Err(Error::Source(std::io::Error::other("source yielded data after a short stripe")));
-            }
-            std::mem::swap(&mut current, &mut next);
+            std::mem::swap(&mut current, following);
             stripe_idx += 1;
         }
         Ok(())
     }
     .await;
+    current.give_back(client);
+    if let Some(buffer) = next {
+        buffer.give_back(client);
+    }
     if let Err(e) = result {
         fanout.abort_all().await;
         return Err(e);
@@ -163,8 +173,19 @@ pub(crate) async fn commit_without_data(
 }
 
 impl StripeBuffer {
-    fn new(n: usize, chunk_bytes: usize) -> Self {
-        Self { bytes: vec![0u8; n * chunk_bytes], data_len: 0, chunk_len: 0, crcs: Vec::with_capacity(n) }
+    /// A stripe buffer from the client's pool (or a new one): reusing them spares each PUT the
+    /// page faults of fresh multi-MiB allocations.
+    fn take(client: &Client, bytes: usize) -> Self {
+        let pooled = client.inner.stripe_buffers.lock().expect("stripe pool lock poisoned").pop();
+        let bytes = pooled.filter(|b| b.len() == bytes).unwrap_or_else(|| vec![0u8; bytes]);
+        Self { bytes, data_len: 0, chunk_len: 0, crcs: Vec::new() }
+    }
+
+    fn give_back(self, client: &Client) {
+        let mut pool = client.inner.stripe_buffers.lock().expect("stripe pool lock poisoned");
+        if pool.len() < crate::STRIPE_BUFFERS_POOLED_MAX {
+            pool.push(self.bytes);
+        }
     }
 
     fn chunk(&self, chunk_idx: usize) -> &[u8] {
@@ -199,8 +220,9 @@ async fn fill_stripe(
     md5.update(&stripe.bytes[..filled]);
     let chunk_len = filled.div_ceil(k);
     stripe.chunk_len = chunk_len;
-    // Chunks of a short stripe are packed at chunk_len spacing; zero the padding.
-    stripe.bytes[filled..n * chunk_len].fill(0);
+    // Chunks of a short stripe are packed at chunk_len spacing; zero the data padding (parity
+    // is overwritten by the encoder).
+    stripe.bytes[filled..k * chunk_len].fill(0);
     let (data, parity) = stripe.bytes[..n * chunk_len].split_at_mut(k * chunk_len);
     let data: Vec<&[u8]> = data.chunks(chunk_len).collect();
     let mut parity: Vec<&mut [u8]> = parity.chunks_mut(chunk_len).collect();

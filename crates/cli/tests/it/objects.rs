@@ -235,3 +235,19 @@ fn multipart_complete_refuses_bad_part_lists() {
         assert_eq!(client.list_buckets().await.unwrap(), ["bkt"], "the internal bucket stays hidden");
     });
 }
+
+#[test]
+fn client_bootstraps_from_any_node_address_with_the_secret() {
+    let cluster = Cluster::start(Shape::default());
+    let text = std::fs::read_to_string(&cluster.config).unwrap();
+    let secret = cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap().secret;
+    block_on(async {
+        let client = client::Client::bootstrap(cluster.addrs[3], &secret, client::ClientOptions::default()).await.unwrap();
+        assert_eq!(client.map().nodes.len(), 6);
+        client.make_bucket("bkt").await.unwrap();
+        client.put_bytes("bkt", "k", b"via bootstrap", &Default::default()).await.unwrap();
+        assert_eq!(client.get("bkt", "k").await.unwrap(), b"via bootstrap");
+        let refused = client::Client::bootstrap(cluster.addrs[0], "wrong", client::ClientOptions::default()).await;
+        assert!(refused.is_err(), "a wrong secret gets no map");
+    });
+}
