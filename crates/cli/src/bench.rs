@@ -1,14 +1,16 @@
 //! `tessera bench get|put`: throughput, objects/s, latency percentiles and client CPU use of
-//! the smart client against a running cluster.
+//! the smart client against a running cluster, or of any S3 endpoint (`--s3`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bytes::Bytes;
 use client::{Client, PutOptions};
 
 use crate::ConfigArg;
+use crate::s3_load::S3Target;
 use crate::size::{format_bytes, parse_bytes};
 
 /// Latency samples kept per run; later operations still count toward throughput.
@@ -48,6 +50,15 @@ pub(crate) struct BenchArgs {
     /// with nodes down reuse objects written while all were up).
     #[arg(long)]
     no_prefill: bool,
+    /// Measure an S3 endpoint (Tessera's gateway, MinIO, ...) instead of the smart client.
+    #[arg(long, value_name = "URL")]
+    s3: Option<String>,
+    /// S3 access key (with --s3).
+    #[arg(long, env = "TESSERA_ACCESS_KEY", hide_env_values = true)]
+    access_key: Option<String>,
+    /// S3 secret key (with --s3).
+    #[arg(long, env = "TESSERA_SECRET_KEY", hide_env_values = true)]
+    secret_key: Option<String>,
     #[command(flatten)]
     config: ConfigArg,
 }
@@ -67,15 +78,59 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let outcome = runtime.block_on(async {
-        let client = crate::object_cmd::connect(&args.config)?;
-        client.make_bucket(&args.bucket).await.context("create the bench bucket")?;
+        let target = Target::open(args)?;
+        target.make_bucket(&args.bucket).await.context("create the bench bucket")?;
         if matches!(args.op, BenchOp::Get) && !args.no_prefill {
-            prefill(&client, args).await?;
+            prefill(&target, args).await?;
         }
-        measure(&client, args).await
+        measure(&target, args).await
     })?;
     report(args, &outcome);
     Ok(())
+}
+
+/// What a benchmark talks to: the cluster through the smart client, or an S3 endpoint.
+#[derive(Clone)]
+enum Target {
+    Smart(Client),
+    S3(Arc<S3Target>),
+}
+
+impl Target {
+    fn open(args: &BenchArgs) -> anyhow::Result<Self> {
+        let Some(endpoint) = &args.s3 else {
+            return Ok(Target::Smart(crate::object_cmd::connect(&args.config)?));
+        };
+        let (Some(access), Some(secret)) = (&args.access_key, &args.secret_key) else {
+            bail!("--s3 needs --access-key and --secret-key (or TESSERA_ACCESS_KEY and TESSERA_SECRET_KEY)");
+        };
+        Ok(Target::S3(Arc::new(S3Target::new(endpoint, &args.bucket, access, secret)?)))
+    }
+
+    async fn make_bucket(&self, bucket: &str) -> anyhow::Result<()> {
+        match self {
+            Target::Smart(client) => Ok(client.make_bucket(bucket).await?),
+            Target::S3(s3) => s3.make_bucket().await,
+        }
+    }
+
+    async fn put(&self, bucket: &str, key: &str, data: &Bytes) -> anyhow::Result<()> {
+        match self {
+            Target::Smart(client) => Ok(client.put_bytes(bucket, key, data, &PutOptions::default()).await.map(|_| ())?),
+            Target::S3(s3) => s3.put(key, data.clone()).await,
+        }
+    }
+
+    /// Reads the whole object into `buf`; returns its size.
+    async fn get(&self, bucket: &str, key: &str, buf: &mut [u8]) -> anyhow::Result<usize> {
+        match self {
+            Target::Smart(client) => {
+                let info = client.head(bucket, key).await?;
+                Ok(client.read_at(&info, 0, buf).await?)
+            }
+            Target::S3(s3) => s3.get(key, buf).await,
+        }
+    }
 }
 
 fn key(idx: u64) -> String {
@@ -94,20 +149,20 @@ fn payload(size: u64, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-async fn prefill(client: &Client, args: &BenchArgs) -> anyhow::Result<()> {
+async fn prefill(target: &Target, args: &BenchArgs) -> anyhow::Result<()> {
     let next = Arc::new(AtomicU64::new(0));
-    let data = Arc::new(payload(args.size, 1));
+    let data = Bytes::from(payload(args.size, 1));
     let mut workers = Vec::new();
     for _ in 0..args.concurrency {
-        let (client, next, data, bucket, objects) =
-            (client.clone(), next.clone(), data.clone(), args.bucket.clone(), args.objects);
+        let (target, next, data, bucket, objects) =
+            (target.clone(), next.clone(), data.clone(), args.bucket.clone(), args.objects);
         workers.push(tokio::spawn(async move {
             loop {
                 let idx = next.fetch_add(1, Ordering::Relaxed);
                 if idx >= objects {
-                    return Ok::<_, client::Error>(());
+                    return Ok::<_, anyhow::Error>(());
                 }
-                client.put_bytes(&bucket, &key(idx), &data, &PutOptions::default()).await?;
+                target.put(&bucket, &key(idx), &data).await?;
             }
         }));
     }
@@ -117,15 +172,15 @@ async fn prefill(client: &Client, args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn measure(client: &Client, args: &BenchArgs) -> anyhow::Result<Outcome> {
+async fn measure(target: &Target, args: &BenchArgs) -> anyhow::Result<Outcome> {
     let next = Arc::new(AtomicU64::new(0));
-    let data = Arc::new(payload(args.size, 2));
+    let data = Bytes::from(payload(args.size, 2));
     let cpu_start = process_cpu();
     let start = Instant::now();
     let deadline = start + args.duration;
     let mut workers = Vec::new();
     for _ in 0..args.concurrency {
-        let (client, next, data, bucket) = (client.clone(), next.clone(), data.clone(), args.bucket.clone());
+        let (target, next, data, bucket) = (target.clone(), next.clone(), data.clone(), args.bucket.clone());
         let (op, objects, size) = (args.op, args.objects, args.size as usize);
         workers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -136,15 +191,12 @@ async fn measure(client: &Client, args: &BenchArgs) -> anyhow::Result<Outcome> {
                 let began = Instant::now();
                 match op {
                     BenchOp::Get => {
-                        let info = client.head(&bucket, &key).await?;
-                        let read = client.read_at(&info, 0, &mut buf).await?;
+                        let read = target.get(&bucket, &key, &mut buf).await?;
                         if read != size {
-                            return Err(anyhow::anyhow!("{key}: read {read} bytes, expected {size}"));
+                            bail!("{key}: read {read} bytes, expected {size}");
                         }
                     }
-                    BenchOp::Put => {
-                        client.put_bytes(&bucket, &key, &data, &PutOptions::default()).await?;
-                    }
+                    BenchOp::Put => target.put(&bucket, &key, &data).await?,
                 }
                 if latencies.len() < LATENCY_SAMPLES_MAX / 64 {
                     latencies.push(began.elapsed());
@@ -200,9 +252,10 @@ fn report(args: &BenchArgs, outcome: &Outcome) {
         BenchOp::Get => "get",
         BenchOp::Put => "put",
     };
+    let target = if args.s3.is_some() { "s3" } else { "smart-client" };
     if args.json {
         println!(
-            "{{\"op\":\"{op}\",\"object_bytes\":{},\"objects\":{},\"concurrency\":{},\"duration_s\":{secs:.3},\"ops\":{},\"bytes\":{},\"throughput_bytes_per_s\":{throughput:.0},\"objects_per_s\":{objects_per_s:.1},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"client_cpu_s\":{:.3},\"client_cpu_s_per_gb\":{cpu_per_gb:.3}}}",
+            "{{\"target\":\"{target}\",\"op\":\"{op}\",\"object_bytes\":{},\"objects\":{},\"concurrency\":{},\"duration_s\":{secs:.3},\"ops\":{},\"bytes\":{},\"throughput_bytes_per_s\":{throughput:.0},\"objects_per_s\":{objects_per_s:.1},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"client_cpu_s\":{:.3},\"client_cpu_s_per_gb\":{cpu_per_gb:.3}}}",
             args.size,
             args.objects,
             args.concurrency,

@@ -1,4 +1,4 @@
-//! The one `tessera` binary: cluster tooling (`init`, `up`, `node`), object commands through the
+//! The one `tessera` binary: cluster tooling (`init`, `up`, `node`, `gateway`), object commands through the
 //! smart client (`mb`, `rb`, `put`, `get`, `ls`, `rm`, `stat`) and `bench`.
 //!
 //! Only this crate prints to the terminal, reads environment variables or exits the process.
@@ -6,6 +6,7 @@
 mod bench;
 mod cluster_cmd;
 mod object_cmd;
+mod s3_load;
 mod size;
 
 use std::path::PathBuf;
@@ -33,10 +34,12 @@ pub(crate) struct ConfigArg {
 enum Command {
     /// Write DIR/cluster.toml and prepare the drives of a new local cluster.
     Init(cluster_cmd::InitArgs),
-    /// Run a local cluster (init if needed, then every node) until Ctrl-C.
+    /// Run a local cluster (init if needed, then every node and the S3 gateway) until Ctrl-C.
     Up(cluster_cmd::UpArgs),
     /// Run one storage node in the foreground.
     Node(cluster_cmd::NodeArgs),
+    /// Run the S3 gateway in the foreground (credentials from TESSERA_ACCESS_KEY/TESSERA_SECRET_KEY).
+    Gateway(cluster_cmd::GatewayArgs),
     /// Create a bucket.
     Mb(object_cmd::BucketArgs),
     /// Remove an empty bucket.
@@ -70,11 +73,8 @@ fn main() -> ExitCode {
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    err.chain()
+        .any(|cause| cause.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -82,6 +82,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Init(args) => cluster_cmd::init(&args),
         Command::Up(args) => cluster_cmd::up(&args),
         Command::Node(args) => cluster_cmd::node(&args),
+        Command::Gateway(args) => cluster_cmd::gateway(&args),
         Command::Mb(args) => object_cmd::run(object_cmd::Op::MakeBucket(args)),
         Command::Rb(args) => object_cmd::run(object_cmd::Op::RemoveBucket(args)),
         Command::Put(args) => object_cmd::run(object_cmd::Op::Put(args)),
@@ -97,10 +98,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 pub(crate) fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .finish();
+    let subscriber = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).finish();
     // A second call (never made) would fail harmlessly; logging is set up once per process.
     let _ = tracing::subscriber::set_global_default(subscriber);
 }

@@ -38,6 +38,8 @@ enum Dest<'b> {
 }
 
 struct Job<'b> {
+    /// Which object window (`Plan`) of the round the chunk belongs to.
+    plan_idx: usize,
     window_idx: usize,
     chunk_idx: usize,
     item: ReadItem,
@@ -110,17 +112,63 @@ async fn read_window(
     offset: u64,
     buf: &mut [u8],
 ) -> Result<(), Error> {
-    let mut reads = plan_window(client, info, stripes, offset, buf.len())?;
-    for round in 0..ROUNDS_MAX {
-        if round > 0 && !plan_replacements(client, info, &mut reads)? {
-            break;
+    let mut plans = vec![Plan::new(client, info, stripes, offset, buf.len())];
+    read_plans(client, &mut plans, &mut [buf]).await;
+    match plans.pop().and_then(|plan| plan.error) {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+/// One window of one object within a fetch round: the stripes it reads and where its bytes go.
+/// Many plans (of many objects) share each round, so each node gets one request per round.
+struct Plan<'a> {
+    info: &'a ObjectInfo,
+    /// Object offset of the first byte of this plan's buffer.
+    offset: u64,
+    reads: Vec<StripeRead>,
+    error: Option<Error>,
+}
+
+impl<'a> Plan<'a> {
+    fn new(client: &Client, info: &'a ObjectInfo, stripes: std::ops::Range<u64>, offset: u64, len: usize) -> Self {
+        match plan_window(client, info, stripes, offset, len) {
+            Ok(reads) => Self { info, offset, reads, error: None },
+            Err(error) => Self { info, offset, reads: Vec::new(), error: Some(error) },
         }
-        fetch_round(client, info, &mut reads, buf).await;
     }
-    for read in &mut reads {
-        finish_stripe(client, info, read, offset, buf)?;
+}
+
+/// Runs fetch rounds for every plan together, then decodes and copies each plan's stripes;
+/// failures land in the plan's `error` (one object's trouble never fails the others).
+async fn read_plans(client: &Client, plans: &mut [Plan<'_>], bufs: &mut [&mut [u8]]) {
+    assert_eq!(plans.len(), bufs.len());
+    for round in 0..ROUNDS_MAX {
+        if round > 0 {
+            let mut planned = false;
+            for plan in plans.iter_mut().filter(|p| p.error.is_none()) {
+                match plan_replacements(client, plan.info, &mut plan.reads) {
+                    Ok(more) => planned |= more,
+                    Err(error) => plan.error = Some(error),
+                }
+            }
+            if !planned {
+                break;
+            }
+        }
+        fetch_round(client, plans, bufs).await;
     }
-    Ok(())
+    for (plan, buf) in plans.iter_mut().zip(bufs.iter_mut()) {
+        if plan.error.is_some() {
+            continue;
+        }
+        for read in &mut plan.reads {
+            if let Err(error) = finish_stripe(client, plan.info, read, plan.offset, buf) {
+                plan.error = Some(error);
+                break;
+            }
+        }
+    }
 }
 
 /// Marks the data chunks the range needs, and where each lands; for stripes with a needed chunk
@@ -226,40 +274,49 @@ fn unavailable(client: &Client, info: &ObjectInfo, read: &StripeRead) -> Error {
 
 /// Fetches every requested, not yet fetched chunk: one batched request per node, all nodes at
 /// once, each chunk read straight into its destination and checked against its CRC32C.
-async fn fetch_round(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead], buf: &mut [u8]) {
-    let drives = client.set_drives(&info.placement);
-    let geometry = info.meta.geometry();
-    let mut direct: Vec<(usize, usize, usize, usize)> = Vec::new(); // (buf_start, len, window_idx, chunk_idx)
+async fn fetch_round(client: &Client, plans: &mut [Plan<'_>], bufs: &mut [&mut [u8]]) {
     let mut jobs_by_node: Vec<Vec<Job<'_>>> = (0..client.inner.pools.len()).map(|_| Vec::new()).collect();
-    for (window_idx, read) in reads.iter_mut().enumerate() {
-        for (chunk_idx, slot) in read.slots.iter_mut().enumerate() {
-            if !slot.requested || slot.good || slot.failed {
-                continue;
-            }
-            if let Some(start) = slot.direct {
-                direct.push((start, read.chunk_len, window_idx, chunk_idx));
-                continue;
-            }
-            let dest = Dest::Scratch(std::mem::take(&mut slot.scratch));
-            let job = make_job(info, drives, &geometry, (read.stripe_idx, read.chunk_len), window_idx, chunk_idx, dest);
-            jobs_by_node[job.1].push(job.0);
+    for (plan_idx, (plan, buf)) in plans.iter_mut().zip(bufs.iter_mut()).enumerate() {
+        if plan.error.is_some() {
+            continue;
         }
-    }
-    direct.sort_unstable();
-    let mut rest: &mut [u8] = buf;
-    let mut consumed = 0;
-    for (start, len, window_idx, chunk_idx) in direct {
-        let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - consumed);
-        let (piece, tail) = tail.split_at_mut(len);
-        rest = tail;
-        consumed = start + len;
-        let stripe = (reads[window_idx].stripe_idx, reads[window_idx].chunk_len);
-        let job = make_job(info, drives, &geometry, stripe, window_idx, chunk_idx, Dest::Direct(piece));
-        jobs_by_node[job.1].push(job.0);
+        let info = plan.info;
+        let drives = client.set_drives(&info.placement);
+        let geometry = info.meta.geometry();
+        let mut direct: Vec<(usize, usize, usize, usize)> = Vec::new(); // (buf_start, len, window_idx, chunk_idx)
+        for (window_idx, read) in plan.reads.iter_mut().enumerate() {
+            for (chunk_idx, slot) in read.slots.iter_mut().enumerate() {
+                if !slot.requested || slot.good || slot.failed {
+                    continue;
+                }
+                if let Some(start) = slot.direct {
+                    direct.push((start, read.chunk_len, window_idx, chunk_idx));
+                    continue;
+                }
+                let dest = Dest::Scratch(std::mem::take(&mut slot.scratch));
+                let at = JobAt { plan_idx, window_idx, chunk_idx, stripe_idx: read.stripe_idx, chunk_len: read.chunk_len };
+                let (job, node_idx) = make_job(info, drives, &geometry, at, dest);
+                jobs_by_node[node_idx].push(job);
+            }
+        }
+        // Direct destinations are disjoint ranges of this plan's buffer: carve them in order.
+        direct.sort_unstable();
+        let mut rest: &mut [u8] = buf;
+        let mut consumed = 0;
+        for (start, len, window_idx, chunk_idx) in direct {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - consumed);
+            let (piece, tail) = tail.split_at_mut(len);
+            rest = tail;
+            consumed = start + len;
+            let stripe_idx = plan.reads[window_idx].stripe_idx;
+            let at = JobAt { plan_idx, window_idx, chunk_idx, stripe_idx, chunk_len: len };
+            let (job, node_idx) = make_job(info, drives, &geometry, at, Dest::Direct(piece));
+            jobs_by_node[node_idx].push(job);
+        }
     }
     let fetches = jobs_by_node.into_iter().enumerate().map(|(node_idx, jobs)| fetch_node(client, node_idx, jobs));
     for (job, good) in futures_util::future::join_all(fetches).await.into_iter().flatten() {
-        let slot = &mut reads[job.window_idx].slots[job.chunk_idx];
+        let slot = &mut plans[job.plan_idx].reads[job.window_idx].slots[job.chunk_idx];
         slot.good = good;
         slot.failed = !good;
         if let Dest::Scratch(vec) = job.dest {
@@ -268,24 +325,33 @@ async fn fetch_round(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead
     }
 }
 
+/// Where a job's chunk sits in the round's plans.
+#[derive(Clone, Copy)]
+struct JobAt {
+    plan_idx: usize,
+    window_idx: usize,
+    chunk_idx: usize,
+    stripe_idx: u64,
+    chunk_len: usize,
+}
+
 fn make_job<'b>(
     info: &ObjectInfo,
     drives: &[cluster::DriveRef],
     geometry: &proto::StripeGeometry,
-    (stripe_idx, chunk_len): (u64, usize),
-    window_idx: usize,
-    chunk_idx: usize,
+    at: JobAt,
     dest: Dest<'b>,
 ) -> (Job<'b>, usize) {
-    let drive = drives[info.placement.position(stripe_idx, chunk_idx)];
+    let drive = drives[info.placement.position(at.stripe_idx, at.chunk_idx)];
     let item = ReadItem {
         drive: drive.drive_idx as u32,
         version: info.meta.version,
-        offset: geometry.file_offset(stripe_idx),
-        len: chunk_len as u32,
+        offset: geometry.file_offset(at.stripe_idx),
+        len: at.chunk_len as u32,
     };
-    let crc = info.meta.crc(stripe_idx, chunk_idx);
-    (Job { window_idx, chunk_idx, item, crc, dest }, drive.node_idx)
+    let crc = info.meta.crc(at.stripe_idx, at.chunk_idx);
+    let job = Job { plan_idx: at.plan_idx, window_idx: at.window_idx, chunk_idx: at.chunk_idx, item, crc, dest };
+    (job, drive.node_idx)
 }
 
 /// One batched read from one node. Items the node cannot serve, that fail their checksum, or
@@ -427,4 +493,68 @@ fn decode_via_scratch(client: &Client, read: &mut StripeRead, buf: &[u8]) -> Res
         }
     }
     Ok(())
+}
+
+/// Most stripes one multi-object round plans: a node gets at most one item per stripe, so this
+/// keeps every request within `proto::BATCH_ITEMS_MAX`.
+const ROUND_STRIPES_MAX: u64 = 1024;
+/// Most chunk bytes (n per stripe) one multi-object round plans: bounds degraded scratch.
+const ROUND_BYTES_MAX: u64 = 256 << 20;
+const _: () = assert!(ROUND_STRIPES_MAX as usize <= proto::BATCH_ITEMS_MAX);
+
+pub(crate) async fn read_many(client: &Client, mut reads: Vec<(&ObjectInfo, u64, &mut [u8])>) -> Vec<Result<usize, Error>> {
+    let mut results: Vec<Option<Result<usize, Error>>> = (0..reads.len()).map(|_| None).collect();
+    let mut lens = vec![0usize; reads.len()];
+    // Per object: next stripe to read and one past its last.
+    let mut cursors = vec![(0u64, 0u64); reads.len()];
+    for (idx, (info, offset, buf)) in reads.iter_mut().enumerate() {
+        let size = info.meta.size;
+        if !info.meta.parts.is_empty() {
+            // Multipart objects read their pieces one by one.
+            results[idx] = Some(read_at(client, info, *offset, buf).await);
+        } else if *offset > size || (*offset == size && size > 0 && !buf.is_empty()) {
+            results[idx] = Some(Err(Error::RangeNotSatisfiable { offset: *offset, size }));
+        } else {
+            lens[idx] = (buf.len() as u64).min(size - *offset) as usize;
+            if lens[idx] == 0 {
+                results[idx] = Some(Ok(0));
+            } else {
+                let stripe_bytes = info.meta.geometry().stripe_bytes();
+                cursors[idx] = (*offset / stripe_bytes, (*offset + lens[idx] as u64 - 1) / stripe_bytes + 1);
+            }
+        }
+    }
+    loop {
+        let mut plans = Vec::new();
+        let mut bufs: Vec<&mut [u8]> = Vec::new();
+        let mut owners = Vec::new();
+        let (mut stripes, mut bytes) = (0u64, 0u64);
+        for (idx, (info, offset, buf)) in reads.iter_mut().enumerate() {
+            let (next, end) = cursors[idx];
+            if results[idx].is_some() || next >= end {
+                continue;
+            }
+            if stripes >= ROUND_STRIPES_MAX || bytes >= ROUND_BYTES_MAX {
+                break;
+            }
+            let window_end = (next + WINDOW_STRIPES).min(end).min(next + ROUND_STRIPES_MAX - stripes);
+            let n = info.meta.n() as u64;
+            stripes += window_end - next;
+            bytes += (window_end - next) * n * u64::from(info.meta.chunk_bytes);
+            plans.push(Plan::new(client, info, next..window_end, *offset, lens[idx]));
+            bufs.push(&mut buf[..lens[idx]]);
+            owners.push(idx);
+            cursors[idx].0 = window_end;
+        }
+        if plans.is_empty() {
+            break;
+        }
+        read_plans(client, &mut plans, &mut bufs).await;
+        for (plan, idx) in plans.into_iter().zip(owners) {
+            if let Some(error) = plan.error {
+                results[idx] = Some(Err(error));
+            }
+        }
+    }
+    results.into_iter().zip(lens).map(|(result, len)| result.unwrap_or(Ok(len))).collect()
 }

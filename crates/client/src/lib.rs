@@ -25,6 +25,7 @@
 
 mod conn;
 mod get;
+mod head;
 mod list;
 mod multipart;
 mod put;
@@ -227,6 +228,31 @@ impl Client {
         get::read_at(self, info, offset, buf).await
     }
 
+    /// Metadata of many objects: one metadata request per node covers all of them.
+    pub async fn head_many(&self, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
+        let mut results: Vec<Option<Result<ObjectInfo, Error>>> = keys
+            .iter()
+            .map(|(bucket, key)| match proto::validate_bucket(bucket).and_then(|()| proto::validate_key(key)) {
+                Ok(()) => None,
+                Err(e) => Some(Err(e.into())),
+            })
+            .collect();
+        let valid: Vec<(String, String)> =
+            keys.iter().zip(&results).filter(|(_, r)| r.is_none()).map(|(k, _)| k.clone()).collect();
+        let mut heads = head::head_many(self, &valid).await.into_iter();
+        for slot in results.iter_mut().filter(|r| r.is_none()) {
+            *slot = heads.next();
+        }
+        results.into_iter().map(|r| r.expect("every key has a result")).collect()
+    }
+
+    /// Reads many objects at once, each `(info, offset, buffer)` like [`Client::read_at`]; every
+    /// fetch round sends one batched request per node for all of them. One object's failure
+    /// does not fail the others.
+    pub async fn read_many(&self, reads: Vec<(&ObjectInfo, u64, &mut [u8])>) -> Vec<Result<usize, Error>> {
+        get::read_many(self, reads).await
+    }
+
     /// The whole object in a new buffer.
     pub async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, Error> {
         let info = self.head(bucket, key).await?;
@@ -324,54 +350,8 @@ impl Client {
     }
 
     async fn head_inner(&self, bucket: &str, key: &str) -> Result<ObjectInfo, Error> {
-        let placement = self.inner.map.placement(bucket, key);
-        let drives = self.set_drives(&placement).to_vec();
-        let calls = drives.iter().map(|drive| {
-            let request = Request::MetaGet {
-                items: vec![proto::MetaKey { drive: drive.drive_idx as u32, bucket: bucket.into(), key: key.into() }],
-            };
-            async move { self.call(drive.node_idx, &request).await }
-        });
-        let responses = futures_util::future::join_all(calls).await;
-        let mut replies: Vec<Option<Option<ObjectMeta>>> = Vec::with_capacity(drives.len());
-        let mut unreachable = Vec::new();
-        for (drive, response) in drives.iter().zip(responses) {
-            match response {
-                Ok(Response::Metas { mut metas }) if metas.len() == 1 => replies.push(Some(metas.pop().flatten())),
-                Ok(_) | Err(_) => {
-                    unreachable.push(self.node_id(drive.node_idx).to_owned());
-                    replies.push(None);
-                }
-            }
-        }
-        let k = self.inner.map.erasure.k;
-        let chosen = choose_version(&replies, k);
-        let reachable = replies.iter().filter(|r| r.is_some()).count();
-        let Some(meta) = chosen else {
-            if reachable < k {
-                return Err(Error::Unavailable {
-                    action: "read",
-                    bucket: bucket.into(),
-                    key: key.into(),
-                    available: reachable,
-                    total: drives.len(),
-                    needed: k,
-                    unreachable,
-                });
-            }
-            return Err(Error::NotFound { bucket: bucket.into(), key: key.into() });
-        };
-        if meta.deleted {
-            return Err(Error::NotFound { bucket: bucket.into(), key: key.into() });
-        }
-        let meta_positions = replies
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| matches!(r, Some(Some(m)) if m.version == meta.version))
-            .map(|(p, _)| p)
-            .collect();
-        let names = drives.iter().map(|d| (self.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
-        Ok(ObjectInfo { meta, placement, drives: names, meta_positions })
+        let keys = [(bucket.to_owned(), key.to_owned())];
+        head::head_many(self, &keys).await.pop().expect("one result per key")
     }
 }
 

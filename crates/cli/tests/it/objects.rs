@@ -251,3 +251,42 @@ fn client_bootstraps_from_any_node_address_with_the_secret() {
         assert!(refused.is_err(), "a wrong secret gets no map");
     });
 }
+
+#[test]
+fn batched_head_and_read_of_many_objects_are_byte_exact_with_two_nodes_down() {
+    let mut cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let sizes: Vec<usize> = (0..40).map(|i| [1, 1000, 65_536, 300_001, 1_100_000][i % 5] + i).collect();
+    let objects: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &size)| payload(size, i as u64)).collect();
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        for (i, data) in objects.iter().enumerate() {
+            client.put_bytes("bkt", &format!("o/{i:02}"), data, &Default::default()).await.unwrap();
+        }
+    });
+    cluster.kill_node(1);
+    cluster.kill_node(3);
+    let client = cluster.client();
+    block_on(async {
+        let mut keys: Vec<(String, String)> = (0..40).map(|i| ("bkt".to_owned(), format!("o/{i:02}"))).collect();
+        keys.push(("bkt".to_owned(), "missing".to_owned()));
+        let heads = client.head_many(&keys).await;
+        assert!(matches!(heads[40], Err(client::Error::NotFound { .. })));
+        let infos: Vec<client::ObjectInfo> = heads.into_iter().take(40).map(Result::unwrap).collect();
+        let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&size| vec![0u8; size]).collect();
+        // Whole objects, plus a ranged read into the middle of the largest one.
+        let mut middle = vec![0u8; 10_000];
+        let mut reads: Vec<(&client::ObjectInfo, u64, &mut [u8])> =
+            infos.iter().zip(bufs.iter_mut()).map(|(info, buf)| (info, 0, buf.as_mut_slice())).collect();
+        reads.push((&infos[4], 500_000, middle.as_mut_slice()));
+        let results = client.read_many(reads).await;
+        for (i, result) in results.iter().take(40).enumerate() {
+            assert_eq!(*result.as_ref().unwrap(), sizes[i], "o/{i:02}");
+        }
+        assert_eq!(*results[40].as_ref().unwrap(), 10_000);
+        for (i, buf) in bufs.iter().enumerate() {
+            assert!(*buf == objects[i], "o/{i:02} differs");
+        }
+        assert_eq!(middle, objects[4][500_000..510_000]);
+    });
+}
