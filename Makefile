@@ -1,29 +1,40 @@
 # One cargo profile (release) for the binary, unit and integration tests: compiled once.
+# Cargo commands act on default-members (crates/*); the Python extension builds through maturin.
 CARGO ?= cargo
 DATA ?= tessera-data
 
-.PHONY: up test build deps lint bench bench-ec
+.PHONY: up test e2e build deps lint bench bench-cluster bench-ec
 
 deps:
 	@scripts/install-deps.sh
 
 build: deps
-	$(CARGO) build --release --workspace
+	$(CARGO) build --release
 
 ## Build, then run the embedded default cluster (6 nodes, 4+2) under ./tessera-data until Ctrl-C.
 up: build
 	./target/release/tessera up --data $(DATA)
 
-## Install what the build needs, then run every test (unit, property, multi-process integration).
+## Install what the build needs, then run every test (unit, property, multi-process integration,
+## then end to end: aws-cli, boto3, s3fs, pyarrow and DuckDB against a local cluster and gateway).
 test: build lint
-	$(CARGO) test --release --workspace
+	$(CARGO) test --release
+	e2e/run.sh
+
+## End-to-end suite only (installs e2e/requirements.txt into .venv); ARGS go to pytest.
+e2e: build
+	e2e/run.sh $(ARGS)
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --release --all-targets -- -D warnings
+
+## Tessera vs MinIO, quick mode (~3 minutes after a one-time MinIO build): bench/compare-minio.sh.
+bench: build
+	bench/compare-minio.sh --quick
 
 ## Smart-client GET/PUT on a fresh local cluster: healthy, 1 and 2 nodes down.
-bench: build
+bench-cluster: build
 	bench/cluster-bench.sh
 
 ## Erasure coding against ISA-L direct and klauspost/reedsolomon (Go).

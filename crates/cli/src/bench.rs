@@ -116,7 +116,9 @@ impl Target {
 
     async fn put(&self, bucket: &str, key: &str, data: &Bytes) -> anyhow::Result<()> {
         match self {
-            Target::Smart(client) => Ok(client.put_bytes(bucket, key, data, &PutOptions::default()).await.map(|_| ())?),
+            Target::Smart(client) => {
+                Ok(client.put_bytes(bucket, key, data, &PutOptions::default()).await.map(|_| ())?)
+            }
             Target::S3(s3) => s3.put(key, data.clone()).await,
         }
     }

@@ -1,8 +1,8 @@
-//! `tessera init`, `tessera node` and the `tessera up` supervisor.
+//! `tessera init`, `tessera node`, `tessera gateway` and the `tessera up` supervisor.
 
 use std::fs;
 use std::io::Write as _;
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -13,8 +13,16 @@ use cluster::{CHUNK_BYTES_DEFAULT, ClusterMap, ErasureConfig, InitSpec};
 
 use crate::size::parse_bytes;
 
-/// How long `up` waits for every node to accept connections.
+/// How long `up` waits for every node and the gateway to accept connections.
 const NODE_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Environment variables of the S3 root credentials.
+const ACCESS_KEY_ENV: &str = "TESSERA_ACCESS_KEY";
+const SECRET_KEY_ENV: &str = "TESSERA_SECRET_KEY";
+/// Lengths and alphabets of the credentials `up` generates (AWS's shapes).
+const ACCESS_KEY_CHARS: usize = 20;
+const SECRET_KEY_CHARS: usize = 40;
+const ACCESS_KEY_ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+const SECRET_KEY_ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 /// How long `up` waits for children to exit after SIGTERM before it kills them.
 const CHILD_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -54,6 +62,19 @@ pub(crate) struct UpArgs {
     /// Base port, when the cluster is created.
     #[arg(long, default_value_t = 7001)]
     base_port: u16,
+    /// Address of the S3 gateway.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    s3: SocketAddr,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct GatewayArgs {
+    /// Path of cluster.toml [env: TESSERA_CONFIG]
+    #[arg(long, env = "TESSERA_CONFIG", hide_env = true)]
+    config: PathBuf,
+    /// Address to serve S3 on.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    listen: SocketAddr,
 }
 
 #[derive(Debug, clap::Args)]
@@ -107,38 +128,25 @@ fn init_cluster(spec: &InitSpec, data: &Path) -> anyhow::Result<PathBuf> {
         .mode(0o600)
         .open(&tmp)
         .with_context(|| format!("create {}", tmp.display()))?;
-    file.write_all(map.to_toml().as_bytes())
-        .and_then(|()| file.sync_all())
-        .context("write cluster.toml")?;
-    fs::rename(&tmp, &path)
-        .with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
+    file.write_all(map.to_toml().as_bytes()).and_then(|()| file.sync_all()).context("write cluster.toml")?;
+    fs::rename(&tmp, &path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
     Ok(path)
 }
 
 /// Reads and validates a cluster map; relative drive paths resolve against its directory.
 pub(crate) fn load_map(path: &Path) -> anyhow::Result<(ClusterMap, String)> {
-    let text =
-        fs::read_to_string(path).with_context(|| format!("read cluster map {}", path.display()))?;
+    let text = fs::read_to_string(path).with_context(|| format!("read cluster map {}", path.display()))?;
     let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let base_dir = if base_dir.as_os_str().is_empty() {
-        PathBuf::from(".")
-    } else {
-        base_dir
-    };
-    let map = ClusterMap::from_toml(&text, &base_dir)
-        .with_context(|| format!("load {}", path.display()))?;
+    let base_dir = if base_dir.as_os_str().is_empty() { PathBuf::from(".") } else { base_dir };
+    let map = ClusterMap::from_toml(&text, &base_dir).with_context(|| format!("load {}", path.display()))?;
     Ok((map, text))
 }
 
 pub(crate) fn node(args: &NodeArgs) -> anyhow::Result<()> {
     crate::init_logging("info");
     let (map, map_text) = load_map(&args.config)?;
-    let server = node::Server::bind(node::NodeConfig {
-        map,
-        map_text,
-        node_id: args.id.clone(),
-    })
-    .with_context(|| format!("start node {}", args.id))?;
+    let server = node::Server::bind(node::NodeConfig { map, map_text, node_id: args.id.clone() })
+        .with_context(|| format!("start node {}", args.id))?;
     server.serve().context("serve")?;
     Ok(())
 }
@@ -155,53 +163,112 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
             chunk_bytes: CHUNK_BYTES_DEFAULT,
         };
         init_cluster(&spec, &args.data)?;
-        eprintln!(
-            "initialised a new {}-node {} cluster in {}",
-            args.nodes,
-            args.ec,
-            args.data.display()
-        );
+        eprintln!("initialised a new {}-node {} cluster in {}", args.nodes, args.ec, args.data.display());
     }
     let (map, _) = load_map(&config)?;
+    let credentials = up_credentials()?;
     let exe = std::env::current_exe().context("find the tessera binary")?;
     let mut children = Vec::new();
+    let result = spawn_all(&exe, &map, &config, args.s3, &credentials, &mut children)
+        .and_then(|()| supervise(&map, &config, args.s3, &credentials, &mut children));
+    stop_children(&mut children);
+    result
+}
+
+/// A child process of `up`.
+struct Proc {
+    /// "node n1", "gateway".
+    name: String,
+    /// The command that restarts it by hand.
+    restart: String,
+    child: Child,
+}
+
+/// S3 root credentials.
+struct Credentials {
+    access_key: String,
+    secret_key: String,
+}
+
+/// The S3 credentials from the environment (both or neither), or fresh random ones.
+fn up_credentials() -> anyhow::Result<Credentials> {
+    let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+    match (var(ACCESS_KEY_ENV), var(SECRET_KEY_ENV)) {
+        (Some(access_key), Some(secret_key)) => Ok(Credentials { access_key, secret_key }),
+        (None, None) => Ok(Credentials {
+            access_key: random_string(ACCESS_KEY_ALPHABET, ACCESS_KEY_CHARS),
+            secret_key: random_string(SECRET_KEY_ALPHABET, SECRET_KEY_CHARS),
+        }),
+        _ => bail!("set both {ACCESS_KEY_ENV} and {SECRET_KEY_ENV}, or neither (then `tessera up` generates them)"),
+    }
+}
+
+fn random_string(alphabet: &[u8], len: usize) -> String {
+    use rand::Rng as _;
+    let mut rng = rand::thread_rng();
+    (0..len).map(|_| char::from(alphabet[rng.gen_range(0..alphabet.len())])).collect()
+}
+
+fn spawn_all(
+    exe: &Path,
+    map: &ClusterMap,
+    config: &Path,
+    s3: SocketAddr,
+    credentials: &Credentials,
+    children: &mut Vec<Proc>,
+) -> anyhow::Result<()> {
     for node in &map.nodes {
-        let child = Command::new(&exe)
+        let child = Command::new(exe)
             .args(["node", "--config"])
-            .arg(&config)
+            .arg(config)
             .args(["--id", &node.id])
             .spawn()
             .with_context(|| format!("start node {}", node.id))?;
-        children.push((node.id.clone(), child));
+        let restart = format!("tessera node --config {} --id {}", config.display(), node.id);
+        children.push(Proc { name: format!("node {}", node.id), restart, child });
     }
-    let result = supervise(&map, &config, &mut children);
-    stop_children(&mut children);
-    result
+    let child = Command::new(exe)
+        .args(["gateway", "--config"])
+        .arg(config)
+        .args(["--listen", &s3.to_string()])
+        .env(ACCESS_KEY_ENV, &credentials.access_key)
+        .env(SECRET_KEY_ENV, &credentials.secret_key)
+        .spawn()
+        .context("start the S3 gateway")?;
+    let restart = format!(
+        "{ACCESS_KEY_ENV}=... {SECRET_KEY_ENV}=... tessera gateway --config {} --listen {s3}",
+        config.display()
+    );
+    children.push(Proc { name: "gateway".into(), restart, child });
+    Ok(())
 }
 
 fn supervise(
     map: &ClusterMap,
     config: &Path,
-    children: &mut [(String, Child)],
+    s3: SocketAddr,
+    credentials: &Credentials,
+    children: &mut [Proc],
 ) -> anyhow::Result<()> {
-    wait_ready(map, children)?;
+    let mut endpoints: Vec<(String, SocketAddr)> =
+        map.nodes.iter().map(|node| (format!("node {}", node.id), node.addr)).collect();
+    endpoints.push(("the S3 gateway".into(), s3));
+    wait_ready(&endpoints, children)?;
     let config = fs::canonicalize(config).unwrap_or_else(|_| config.to_owned());
-    println!(
-        "Tessera is up: {} nodes, erasure {}, {} set(s)",
-        map.nodes.len(),
-        map.erasure,
-        map.sets.len()
-    );
+    println!("Tessera is up: {} nodes, erasure {}, {} set(s)", map.nodes.len(), map.erasure, map.sets.len());
     for node in &map.nodes {
         println!("  node {} on {}", node.id, node.addr);
     }
+    println!("S3 endpoint: http://{s3}");
+    println!("  access key: {}", credentials.access_key);
+    println!("  secret key: {}", credentials.secret_key);
     println!("Use it from another shell:");
     println!("  export TESSERA_CONFIG={}", config.display());
     println!("  tessera mb demo && tessera put FILE demo/KEY && tessera ls demo");
+    println!("  export AWS_ACCESS_KEY_ID={} AWS_SECRET_ACCESS_KEY={}", credentials.access_key, credentials.secret_key);
+    println!("  aws --endpoint-url http://{s3} s3 cp FILE s3://demo/KEY");
     println!("Press Ctrl-C to stop.");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut poll = tokio::time::interval(Duration::from_millis(500));
@@ -212,9 +279,9 @@ fn supervise(
                 _ = term.recv() => return Ok(()),
                 _ = poll.tick() => {
                     // A dead node is what erasure coding is for: report it and keep serving.
-                    for ((id, child), reported) in children.iter_mut().zip(reported.iter_mut()) {
-                        if !*reported && let Some(status) = child.try_wait()? {
-                            eprintln!("warning: node {id} exited ({status}); the others keep serving (restart it with `tessera node --config {} --id {id}`)", config.display());
+                    for (proc, reported) in children.iter_mut().zip(reported.iter_mut()) {
+                        if !*reported && let Some(status) = proc.child.try_wait()? {
+                            eprintln!("warning: {} exited ({status}); the others keep serving (restart it with `{}`)", proc.name, proc.restart);
                             *reported = true;
                         }
                     }
@@ -224,24 +291,20 @@ fn supervise(
     })
 }
 
-fn wait_ready(map: &ClusterMap, children: &mut [(String, Child)]) -> anyhow::Result<()> {
+fn wait_ready(endpoints: &[(String, SocketAddr)], children: &mut [Proc]) -> anyhow::Result<()> {
     let deadline = Instant::now() + NODE_READY_TIMEOUT;
-    for node in &map.nodes {
+    for (name, addr) in endpoints {
         loop {
-            if TcpStream::connect_timeout(&node.addr, Duration::from_millis(200)).is_ok() {
+            if TcpStream::connect_timeout(addr, Duration::from_millis(200)).is_ok() {
                 break;
             }
-            for (id, child) in children.iter_mut() {
-                if let Some(status) = child.try_wait()? {
-                    bail!("node {id} exited during startup ({status}); see its error above");
+            for proc in children.iter_mut() {
+                if let Some(status) = proc.child.try_wait()? {
+                    bail!("{} exited during startup ({status}); see its error above", proc.name);
                 }
             }
             if Instant::now() > deadline {
-                bail!(
-                    "node {} did not start listening on {} within {NODE_READY_TIMEOUT:?}",
-                    node.id,
-                    node.addr
-                );
+                bail!("{name} did not start listening on {addr} within {NODE_READY_TIMEOUT:?}");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -250,27 +313,63 @@ fn wait_ready(map: &ClusterMap, children: &mut [(String, Child)]) -> anyhow::Res
 }
 
 /// SIGTERM to every child, then SIGKILL to any still running after the timeout.
-fn stop_children(children: &mut [(String, Child)]) {
-    for (_, child) in children.iter_mut() {
+fn stop_children(children: &mut [Proc]) {
+    for Proc { child, .. } in children.iter_mut() {
         // SAFETY: kill(2) with a pid we spawned and have not reaped; no memory is involved.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     }
     let deadline = Instant::now() + CHILD_STOP_TIMEOUT;
-    for (id, child) in children.iter_mut() {
+    for Proc { name, child, .. } in children.iter_mut() {
         loop {
             match child.try_wait() {
                 Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50))
-                }
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
                 _ => {
-                    eprintln!("node {id} did not stop in time; killing it");
+                    eprintln!("{name} did not stop in time; killing it");
                     // The child may have exited meanwhile; then there is nothing to kill.
                     let _ = child.kill();
                     let _ = child.wait();
                     break;
                 }
             }
+        }
+    }
+}
+
+/// `tessera gateway`: the S3 gateway in the foreground until SIGINT/SIGTERM.
+pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
+    // s3s logs every S3 error answer (NoSuchKey included) at ERROR; the gateway logs the
+    // failures that need a look itself (node trouble at WARN).
+    crate::init_logging("info,s3s=off");
+    let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+    let (Some(access_key), Some(secret_key)) = (var(ACCESS_KEY_ENV), var(SECRET_KEY_ENV)) else {
+        bail!("set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV} (tessera up generates them)");
+    };
+    let (map, _) = load_map(&args.config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the runtime")?;
+    runtime.block_on(async {
+        let client = client::Client::new(map, client::ClientOptions::default()).context("create the cluster client")?;
+        let config = s3::GatewayConfig { listen: args.listen, access_key, secret_key };
+        let gateway = s3::Gateway::bind(client, config).await.context("start the S3 gateway")?;
+        tracing::info!("S3 gateway listening on http://{}", gateway.local_addr()?);
+        gateway.serve(shutdown_signal()).await;
+        Ok(())
+    })
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        // Without a SIGTERM handler Ctrl-C still stops the gateway (SIGTERM then kills it).
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
 }

@@ -1,0 +1,347 @@
+//! Bodies: the verifying reader a PUT streams into the client, and the windowed stream a GET
+//! sends from the client. Both keep memory per request bounded whatever the object size.
+
+use std::future::Future as _;
+use std::io;
+use std::ops::Range;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::{Stream, TryStreamExt};
+use s3s::checksum::ChecksumHasher;
+use s3s::crypto::{self, Checksum as _};
+use s3s::dto::{Checksum, StreamingBlob};
+use s3s::{S3Error, S3ErrorCode, TrailingHeaders};
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::sync::mpsc;
+use tokio_util::io::StreamReader;
+
+/// Bytes a GET reads from the cluster per step (rounded to whole stripes when a stripe is
+/// smaller). One window is in the channel and one being read: ≤ 2 windows per GET, plus the
+/// one hyper is writing.
+pub(crate) const GET_WINDOW_BYTES: u64 = 8 << 20;
+/// Windows queued ahead of the socket per GET.
+const WINDOWS_QUEUED_MAX: usize = 1;
+/// A PUT body that sends nothing for this long is abandoned (the write aborts).
+pub const BODY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Why a request body was refused; travels inside the `io::Error` the client sees, so that the
+/// aborted write maps to the right S3 error.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    #[error("Content-MD5 mismatch")]
+    ContentMd5Mismatch,
+    #[error("{algorithm} checksum mismatch")]
+    ChecksumMismatch { algorithm: &'static str },
+    #[error("x-amz-content-sha256 mismatch")]
+    Sha256Mismatch,
+    #[error("aws-chunked signature mismatch")]
+    SignatureMismatch,
+    #[error("body larger than {max} bytes")]
+    TooLarge { max: u64 },
+    #[error("no body bytes for {0:?}")]
+    Idle(std::time::Duration),
+    #[error("{0}")]
+    Incomplete(String),
+}
+
+/// The checksum algorithms of S3's flexible checksums, in one place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Algorithm {
+    Crc32,
+    Crc32c,
+    Crc64Nvme,
+    Sha1,
+    Sha256,
+}
+
+impl Algorithm {
+    const ALL: [Algorithm; 5] =
+        [Algorithm::Crc32, Algorithm::Crc32c, Algorithm::Crc64Nvme, Algorithm::Sha1, Algorithm::Sha256];
+
+    fn name(self) -> &'static str {
+        match self {
+            Algorithm::Crc32 => "CRC32",
+            Algorithm::Crc32c => "CRC32C",
+            Algorithm::Crc64Nvme => "CRC64NVME",
+            Algorithm::Sha1 => "SHA1",
+            Algorithm::Sha256 => "SHA256",
+        }
+    }
+
+    /// The header (or trailer) carrying this checksum, lowercase.
+    pub(crate) fn header(self) -> &'static str {
+        match self {
+            Algorithm::Crc32 => "x-amz-checksum-crc32",
+            Algorithm::Crc32c => "x-amz-checksum-crc32c",
+            Algorithm::Crc64Nvme => "x-amz-checksum-crc64nvme",
+            Algorithm::Sha1 => "x-amz-checksum-sha1",
+            Algorithm::Sha256 => "x-amz-checksum-sha256",
+        }
+    }
+
+    fn from_header(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.header().eq_ignore_ascii_case(name.trim()))
+    }
+
+    fn field(self, checksum: &Checksum) -> Option<&String> {
+        match self {
+            Algorithm::Crc32 => checksum.checksum_crc32.as_ref(),
+            Algorithm::Crc32c => checksum.checksum_crc32c.as_ref(),
+            Algorithm::Crc64Nvme => checksum.checksum_crc64nvme.as_ref(),
+            Algorithm::Sha1 => checksum.checksum_sha1.as_ref(),
+            Algorithm::Sha256 => checksum.checksum_sha256.as_ref(),
+        }
+    }
+
+    fn enable(self, hasher: &mut ChecksumHasher) {
+        match self {
+            Algorithm::Crc32 => hasher.crc32 = Some(crypto::Crc32::new()),
+            Algorithm::Crc32c => hasher.crc32c = Some(crypto::Crc32c::new()),
+            Algorithm::Crc64Nvme => hasher.crc64nvme = Some(crypto::Crc64Nvme::new()),
+            Algorithm::Sha1 => hasher.sha1 = Some(crypto::Sha1::new()),
+            Algorithm::Sha256 => hasher.sha256 = Some(crypto::Sha256::new()),
+        }
+    }
+}
+
+/// What a request body must match, from its headers.
+#[derive(Default)]
+pub(crate) struct Expected {
+    /// Decoded Content-MD5.
+    pub(crate) content_md5: Option<[u8; 16]>,
+    /// `x-amz-checksum-*` headers (base64).
+    pub(crate) checksums: Checksum,
+    /// The checksum announced in `x-amz-trailer`, and where it will arrive.
+    pub(crate) trailer: Option<(Algorithm, TrailingHeaders)>,
+    /// Largest body accepted.
+    pub(crate) bytes_max: u64,
+}
+
+impl Expected {
+    /// Reads Content-MD5 and `x-amz-trailer`; `checksums` are the typed header values.
+    pub(crate) fn from_request(
+        headers: &hyper::HeaderMap,
+        trailing: Option<&TrailingHeaders>,
+        checksums: Checksum,
+        bytes_max: u64,
+    ) -> Result<Self, S3Error> {
+        let content_md5 = match headers.get("content-md5") {
+            None => None,
+            Some(value) => Some(decode_content_md5(value.as_bytes()).ok_or_else(|| {
+                S3Error::with_message(S3ErrorCode::InvalidDigest, "the Content-MD5 you specified is not valid")
+            })?),
+        };
+        let trailer = match (headers.get("x-amz-trailer"), trailing) {
+            (Some(name), Some(handle)) => {
+                let name = name.to_str().unwrap_or_default();
+                Algorithm::from_header(name).map(|algorithm| (algorithm, handle.clone()))
+            }
+            _ => None,
+        };
+        Ok(Self { content_md5, checksums, trailer, bytes_max })
+    }
+}
+
+/// Content-MD5 is the base64 of the 16-byte digest.
+pub(crate) fn decode_content_md5(value: &[u8]) -> Option<[u8; 16]> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(value.trim_ascii()).ok()?;
+    bytes.try_into().ok()
+}
+
+type BodyStream = futures_util::stream::MapErr<StreamingBlob, fn(s3s::StdError) -> io::Error>;
+
+/// A PUT body as an `AsyncRead` that checks, at its end, every digest the request announced.
+/// A mismatch (or a body that ends early) is a read error, so the client aborts the write and
+/// nothing becomes visible.
+pub(crate) struct UploadBody {
+    inner: Option<StreamReader<BodyStream, Bytes>>,
+    md5: Option<crypto::Md5>,
+    hasher: Option<ChecksumHasher>,
+    expected: Expected,
+    received: u64,
+    /// The checksums computed over a body that ended cleanly and matched.
+    verified: Option<Checksum>,
+    /// Fires when the sender stalls; reset by every read that makes progress.
+    idle: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl UploadBody {
+    /// `body` is `None` for an empty body.
+    pub(crate) fn new(body: Option<StreamingBlob>, expected: Expected) -> Self {
+        let inner = body.map(|blob| StreamReader::new(blob.map_err(stream_error as fn(_) -> _)));
+        let mut hasher = ChecksumHasher::default();
+        for algorithm in Algorithm::ALL {
+            let announced = expected.trailer.as_ref().is_some_and(|(a, _)| *a == algorithm);
+            if announced || algorithm.field(&expected.checksums).is_some() {
+                algorithm.enable(&mut hasher);
+            }
+        }
+        let md5 = expected.content_md5.map(|_| crypto::Md5::new());
+        let idle = Box::pin(tokio::time::sleep(BODY_IDLE_TIMEOUT));
+        Self { inner, md5, hasher: Some(hasher), expected, received: 0, verified: None, idle }
+    }
+
+    /// The flexible checksums of the body, once it was read to its end and matched.
+    pub(crate) fn verified_checksums(&self) -> Option<&Checksum> {
+        self.verified.as_ref()
+    }
+
+    fn update(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.received += bytes.len() as u64;
+        if self.received > self.expected.bytes_max {
+            return Err(io::Error::other(BodyError::TooLarge { max: self.expected.bytes_max }));
+        }
+        if let Some(md5) = &mut self.md5 {
+            md5.update(bytes);
+        }
+        if let Some(hasher) = &mut self.hasher {
+            hasher.update(bytes);
+        }
+        Ok(())
+    }
+
+    /// Compares every announced digest with the computed one.
+    fn finish(&mut self) -> Result<(), BodyError> {
+        if let (Some(md5), Some(expected)) = (self.md5.take(), self.expected.content_md5)
+            && md5.finalize().as_ref() != expected
+        {
+            return Err(BodyError::ContentMd5Mismatch);
+        }
+        let Some(hasher) = self.hasher.take() else { return Ok(()) };
+        let computed = hasher.finalize();
+        for algorithm in Algorithm::ALL {
+            if let Some(expected) = algorithm.field(&self.expected.checksums)
+                && algorithm.field(&computed) != Some(expected)
+            {
+                return Err(BodyError::ChecksumMismatch { algorithm: algorithm.name() });
+            }
+        }
+        if let Some((algorithm, trailers)) = &self.expected.trailer {
+            let sent =
+                trailers.read(|map| map.get(algorithm.header()).and_then(|v| v.to_str().ok()).map(str::to_owned));
+            if let Some(Some(sent)) = sent
+                && algorithm.field(&computed).map(String::as_str) != Some(sent.trim())
+            {
+                return Err(BodyError::ChecksumMismatch { algorithm: algorithm.name() });
+            }
+        }
+        self.verified = Some(computed);
+        Ok(())
+    }
+}
+
+impl AsyncRead for UploadBody {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        if let Some(inner) = &mut this.inner {
+            if Pin::new(inner).poll_read(cx, buf)?.is_pending() {
+                if this.idle.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(io::Error::other(BodyError::Idle(BODY_IDLE_TIMEOUT))));
+                }
+                return Poll::Pending;
+            }
+            let deadline = tokio::time::Instant::now() + BODY_IDLE_TIMEOUT;
+            this.idle.as_mut().reset(deadline);
+        }
+        let filled = buf.filled().len() - before;
+        if filled == 0 {
+            // End of the body: everything was hashed, and s3s has checked the SHA-256 and
+            // chunk signatures by now.
+            if this.verified.is_none() {
+                this.finish().map_err(io::Error::other)?;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        this.update(&buf.filled()[before..])?;
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// s3s's body errors are private types; their messages name the failure.
+fn stream_error(error: s3s::StdError) -> io::Error {
+    let text = error.to_string();
+    let body = if text.contains("Sha256Mismatch") {
+        BodyError::Sha256Mismatch
+    } else if text.contains("SignatureMismatch") {
+        BodyError::SignatureMismatch
+    } else {
+        BodyError::Incomplete(text)
+    };
+    io::Error::other(body)
+}
+
+/// The bytes `range` of the object in `info`, read from the cluster one window at a time by a
+/// task that stays at most [`WINDOWS_QUEUED_MAX`] windows ahead of the consumer and stops
+/// when the consumer is dropped.
+pub(crate) fn object_stream(client: client::Client, info: client::ObjectInfo, range: Range<u64>) -> WindowStream {
+    let (tx, rx) = mpsc::channel(WINDOWS_QUEUED_MAX);
+    let stripe_bytes = u64::from(info.meta.k) * u64::from(info.meta.chunk_bytes);
+    tokio::spawn(async move {
+        let mut offset = range.start;
+        while offset < range.end {
+            let end = window_end(offset, range.end, stripe_bytes, GET_WINDOW_BYTES);
+            let item = read_window(&client, &info, offset, end).await;
+            let failed = item.is_err();
+            if tx.send(item).await.is_err() || failed {
+                return; // the consumer went away, or was told why the body stops here
+            }
+            offset = end;
+        }
+    });
+    WindowStream { rx }
+}
+
+async fn read_window(client: &client::Client, info: &client::ObjectInfo, offset: u64, end: u64) -> io::Result<Bytes> {
+    let len = usize::try_from(end - offset).expect("a window is at most GET_WINDOW_BYTES");
+    let mut buf = vec![0u8; len];
+    match client.read_at(info, offset, &mut buf).await {
+        Ok(read) if read == len => Ok(Bytes::from(buf)),
+        Ok(read) => {
+            let meta = &info.meta;
+            tracing::warn!("{}/{}: read {read} of {len} bytes at {offset}; response cut short", meta.bucket, meta.key);
+            Err(io::Error::new(io::ErrorKind::UnexpectedEof, "object shorter than its metadata says"))
+        }
+        Err(e) => {
+            // After the first window the status line is out: the body is cut short, which the
+            // HTTP client sees as a short read against Content-Length.
+            tracing::warn!("{}/{}: read at {offset} failed: {e}", info.meta.bucket, info.meta.key);
+            Err(io::Error::other(e))
+        }
+    }
+}
+
+/// End of the window that starts at `offset`: the next multiple of the largest whole number of
+/// stripes that fits in `window_bytes` (or of `window_bytes` when a stripe is larger), at most
+/// `end`. Windows after the first are then stripe-aligned, so no stripe is read twice.
+pub(crate) fn window_end(offset: u64, end: u64, stripe_bytes: u64, window_bytes: u64) -> u64 {
+    assert!(window_bytes > 0 && offset < end, "a window of a non-empty range");
+    let step = if stripe_bytes == 0 || stripe_bytes > window_bytes {
+        window_bytes
+    } else {
+        window_bytes / stripe_bytes * stripe_bytes
+    };
+    let next = (offset / step + 1).saturating_mul(step);
+    let window = next.min(end);
+    assert!(window > offset && window - offset <= window_bytes);
+    window
+}
+
+/// The receiving end of [`object_stream`].
+pub(crate) struct WindowStream {
+    rx: mpsc::Receiver<io::Result<Bytes>>,
+}
+
+impl Stream for WindowStream {
+    type Item = io::Result<Bytes>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().rx.poll_recv(cx)
+    }
+}

@@ -1,0 +1,137 @@
+//! The S3 gateway: the S3 REST API over the Tessera smart client.
+//!
+//! The gateway is a smart client inside: every request becomes calls on a [`client::Client`],
+//! which talks to the storage nodes directly. [`s3s`] does the HTTP side (routing, SigV4 and
+//! aws-chunked bodies, XML); this crate implements its `S3` trait, one module per operation
+//! family (`bucket`, `object`, `list`, `multipart`), and maps every `client::Error` to an S3
+//! error in one `match` (`error`). Operations not implemented answer 501 NotImplemented.
+//!
+//! Bodies stream both ways with bounded memory: a PUT body goes through a verifying reader
+//! (Content-MD5, `x-amz-checksum-*`, the signed SHA-256, all checked at the end of the stream
+//! so that a mismatch aborts the PUT before anything is committed) into `Client::put`; a GET
+//! body is read in windows of whole stripes with one window in flight ahead of the socket.
+//!
+//! Main types: [`Gateway`], [`GatewayConfig`], [`Error`].
+//!
+//! ```ignore
+//! let gateway = s3::Gateway::bind(client, s3::GatewayConfig {
+//!     listen: "127.0.0.1:9000".parse()?,
+//!     access_key: "AKIA...".into(),
+//!     secret_key: "...".into(),
+//! }).await?;
+//! gateway.serve(std::future::pending()).await?;
+//! ```
+
+mod body;
+mod bucket;
+mod conditional;
+mod error;
+mod host;
+mod list;
+mod multipart;
+mod object;
+mod server;
+
+use std::net::SocketAddr;
+
+pub use body::BODY_IDLE_TIMEOUT;
+pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT, SHUTDOWN_TIMEOUT};
+
+/// What a gateway serves and whom it lets in.
+#[derive(Clone)]
+pub struct GatewayConfig {
+    /// Address to listen on (HTTP).
+    pub listen: SocketAddr,
+    /// Root access key (SigV4 and SigV2); required.
+    pub access_key: String,
+    /// Root secret key; required.
+    pub secret_key: String,
+}
+
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayConfig")
+            .field("listen", &self.listen)
+            .field("access_key", &self.access_key)
+            .field("secret_key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Why a gateway could not start or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the gateway needs both an access key and a secret key")]
+    MissingCredentials,
+    #[error("access key must be 3 to {max} printable ASCII characters without spaces", max = ACCESS_KEY_BYTES_MAX)]
+    InvalidAccessKey,
+    #[error("secret key must be 8 to {max} printable ASCII characters without spaces", max = SECRET_KEY_BYTES_MAX)]
+    InvalidSecretKey,
+    #[error("listen on {addr}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("read the listening address: {0}")]
+    LocalAddr(std::io::Error),
+}
+
+/// Longest access key accepted.
+pub const ACCESS_KEY_BYTES_MAX: usize = 128;
+/// Longest secret key accepted.
+pub const SECRET_KEY_BYTES_MAX: usize = 128;
+
+/// A bound S3 gateway, ready to serve.
+pub struct Gateway {
+    listener: tokio::net::TcpListener,
+    service: s3s::service::S3Service,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").field("listener", &self.listener).finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// Checks the credentials and binds the listening socket.
+    pub async fn bind(client: client::Client, config: GatewayConfig) -> Result<Self, Error> {
+        validate_credentials(&config.access_key, &config.secret_key)?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| Error::Bind { addr: config.listen, source })?;
+        let service = server::build_service(client, &config);
+        Ok(Self { listener, service })
+    }
+
+    /// The address the gateway listens on (useful with port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, Error> {
+        self.listener.local_addr().map_err(Error::LocalAddr)
+    }
+
+    /// Serves HTTP until `shutdown` completes, then lets requests in progress finish for up to
+    /// [`SHUTDOWN_TIMEOUT`].
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
+        server::serve(self.listener, self.service, shutdown).await;
+    }
+}
+
+fn validate_credentials(access_key: &str, secret_key: &str) -> Result<(), Error> {
+    if access_key.is_empty() || secret_key.is_empty() {
+        return Err(Error::MissingCredentials);
+    }
+    let printable = |s: &str| s.bytes().all(|b| b.is_ascii_graphic());
+    if access_key.len() < 3 || access_key.len() > ACCESS_KEY_BYTES_MAX || !printable(access_key) {
+        return Err(Error::InvalidAccessKey);
+    }
+    if secret_key.len() < 8 || secret_key.len() > SECRET_KEY_BYTES_MAX || !printable(secret_key) {
+        return Err(Error::InvalidSecretKey);
+    }
+    Ok(())
+}
+
+/// The `S3` implementation: a smart client and nothing else.
+#[derive(Clone, Debug)]
+struct Tessera {
+    client: client::Client,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,307 @@
+//! Multipart uploads: Create, UploadPart, UploadPartCopy, Complete, Abort, ListParts,
+//! ListMultipartUploads.
+
+use s3s::dto::*;
+use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+
+use crate::body::{Expected, UploadBody, object_stream};
+use crate::bucket::owner;
+use crate::conditional::{Conditions, copy_source_range, timestamp};
+use crate::error::{invalid_argument, s3_error};
+use crate::list::common_prefix;
+use crate::object::{ObjectHeaders, copy_source, entity_too_large, etag};
+
+/// Largest part, as S3.
+pub(crate) const PART_BYTES_MAX: u64 = 5 << 30;
+/// Part numbers are 1 to this, as S3.
+pub(crate) const PART_NUMBER_MAX: i32 = 10_000;
+/// Parts or uploads per listing page at most, and the default, as S3.
+pub(crate) const LIST_PAGE_MAX: usize = 1000;
+
+fn part_number(number: i32) -> S3Result<u32> {
+    if (1..=PART_NUMBER_MAX).contains(&number) {
+        Ok(u32::try_from(number).expect("checked positive"))
+    } else {
+        Err(invalid_argument(format!("part number must be an integer between 1 and {PART_NUMBER_MAX}, not {number}")))
+    }
+}
+
+fn page_size(requested: Option<i32>, what: &str) -> S3Result<usize> {
+    match requested {
+        None => Ok(LIST_PAGE_MAX),
+        Some(n) if n < 0 => Err(invalid_argument(format!("{what} must not be negative"))),
+        Some(n) => Ok(usize::try_from(n).unwrap_or(LIST_PAGE_MAX).min(LIST_PAGE_MAX)),
+    }
+}
+
+pub(crate) async fn create_multipart_upload(
+    client: &client::Client,
+    req: S3Request<CreateMultipartUploadInput>,
+) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+    let input = req.input;
+    let options = ObjectHeaders {
+        content_type: input.content_type,
+        cache_control: input.cache_control,
+        content_disposition: input.content_disposition,
+        content_encoding: input.content_encoding,
+        content_language: input.content_language,
+        expires: input.expires,
+        metadata: input.metadata,
+    }
+    .into_put_options()?;
+    let upload_id = client.create_multipart(&input.bucket, &input.key, &options).await.map_err(s3_error)?;
+    let output = CreateMultipartUploadOutput {
+        bucket: Some(input.bucket),
+        key: Some(input.key),
+        upload_id: Some(upload_id),
+        ..Default::default()
+    };
+    Ok(S3Response::new(output))
+}
+
+pub(crate) async fn upload_part(
+    client: &client::Client,
+    req: S3Request<UploadPartInput>,
+) -> S3Result<S3Response<UploadPartOutput>> {
+    let S3Request { input, headers, trailing_headers, .. } = req;
+    let number = part_number(input.part_number)?;
+    if input.content_length.is_some_and(|len| len as u64 > PART_BYTES_MAX) {
+        return Err(entity_too_large(PART_BYTES_MAX));
+    }
+    let checksums = Checksum {
+        checksum_crc32: input.checksum_crc32,
+        checksum_crc32c: input.checksum_crc32c,
+        checksum_crc64nvme: input.checksum_crc64nvme,
+        checksum_sha1: input.checksum_sha1,
+        checksum_sha256: input.checksum_sha256,
+        checksum_type: None,
+    };
+    let expected = Expected::from_request(&headers, trailing_headers.as_ref(), checksums, PART_BYTES_MAX)?;
+    let mut body = UploadBody::new(input.body, expected);
+    let part =
+        client.put_part(&input.bucket, &input.key, &input.upload_id, number, &mut body).await.map_err(s3_error)?;
+    let checksum = body.verified_checksums().cloned().unwrap_or_default();
+    let output = UploadPartOutput {
+        e_tag: Some(etag(&part.etag)),
+        checksum_crc32: checksum.checksum_crc32,
+        checksum_crc32c: checksum.checksum_crc32c,
+        checksum_crc64nvme: checksum.checksum_crc64nvme,
+        checksum_sha1: checksum.checksum_sha1,
+        checksum_sha256: checksum.checksum_sha256,
+        ..Default::default()
+    };
+    Ok(S3Response::new(output))
+}
+
+pub(crate) async fn upload_part_copy(
+    client: &client::Client,
+    req: S3Request<UploadPartCopyInput>,
+) -> S3Result<S3Response<UploadPartCopyOutput>> {
+    let input = req.input;
+    let number = part_number(input.part_number)?;
+    let conditions = Conditions {
+        if_match: input.copy_source_if_match.as_ref(),
+        if_none_match: input.copy_source_if_none_match.as_ref(),
+        if_modified_since: input.copy_source_if_modified_since.as_ref(),
+        if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
+    };
+    let source = copy_source(client, &input.copy_source, &conditions).await?;
+    let size = source.meta.size;
+    let range = match &input.copy_source_range {
+        Some(header) => copy_source_range(header, size)?,
+        None => 0..size,
+    };
+    if range.end - range.start > PART_BYTES_MAX {
+        return Err(entity_too_large(PART_BYTES_MAX));
+    }
+    let mut reader = tokio_util::io::StreamReader::new(object_stream(client.clone(), source, range));
+    let part =
+        client.put_part(&input.bucket, &input.key, &input.upload_id, number, &mut reader).await.map_err(s3_error)?;
+    let result = CopyPartResult {
+        e_tag: Some(etag(&part.etag)),
+        last_modified: Some(timestamp(part.modified_ms)),
+        ..Default::default()
+    };
+    Ok(S3Response::new(UploadPartCopyOutput { copy_part_result: Some(result), ..Default::default() }))
+}
+
+pub(crate) async fn complete_multipart_upload(
+    client: &client::Client,
+    req: S3Request<CompleteMultipartUploadInput>,
+) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+    let input = req.input;
+    let listed = input.multipart_upload.and_then(|upload| upload.parts).unwrap_or_default();
+    if listed.is_empty() {
+        return Err(S3Error::with_message(S3ErrorCode::MalformedXML, "the request lists no parts"));
+    }
+    let mut parts = Vec::with_capacity(listed.len());
+    for part in listed {
+        let (Some(number), Some(tag)) = (part.part_number, part.e_tag) else {
+            return Err(S3Error::with_message(S3ErrorCode::MalformedXML, "every part needs a PartNumber and an ETag"));
+        };
+        parts.push((part_number(number)?, tag.value().to_owned()));
+    }
+    let info =
+        client.complete_multipart(&input.bucket, &input.key, &input.upload_id, &parts).await.map_err(s3_error)?;
+    let output = CompleteMultipartUploadOutput {
+        location: Some(format!("/{}/{}", input.bucket, input.key)),
+        bucket: Some(input.bucket),
+        key: Some(input.key),
+        e_tag: Some(etag(&info.meta.etag)),
+        ..Default::default()
+    };
+    Ok(S3Response::new(output))
+}
+
+pub(crate) async fn abort_multipart_upload(
+    client: &client::Client,
+    req: S3Request<AbortMultipartUploadInput>,
+) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+    let input = req.input;
+    client.abort_multipart(&input.bucket, &input.key, &input.upload_id).await.map_err(s3_error)?;
+    Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+}
+
+pub(crate) async fn list_parts(
+    client: &client::Client,
+    req: S3Request<ListPartsInput>,
+) -> S3Result<S3Response<ListPartsOutput>> {
+    let input = req.input;
+    let max_parts = page_size(input.max_parts, "max-parts")?;
+    let marker = input.part_number_marker.unwrap_or(0).max(0);
+    let all = client.list_parts(&input.bucket, &input.key, &input.upload_id).await.map_err(s3_error)?;
+    let mut after: Vec<client::PartInfo> =
+        all.into_iter().filter(|p| i64::from(p.number) > i64::from(marker)).collect();
+    after.sort_by_key(|p| p.number);
+    let truncated = after.len() > max_parts;
+    after.truncate(max_parts);
+    let next_marker = after.last().filter(|_| truncated).and_then(|p| i32::try_from(p.number).ok());
+    let parts = after
+        .into_iter()
+        .map(|p| Part {
+            part_number: i32::try_from(p.number).ok(),
+            e_tag: Some(etag(&p.etag)),
+            size: i64::try_from(p.size).ok(),
+            last_modified: Some(timestamp(p.modified_ms)),
+            ..Default::default()
+        })
+        .collect();
+    let owner = owner();
+    let output = ListPartsOutput {
+        bucket: Some(input.bucket),
+        key: Some(input.key),
+        upload_id: Some(input.upload_id),
+        part_number_marker: Some(marker),
+        next_part_number_marker: next_marker,
+        max_parts: i32::try_from(max_parts).ok(),
+        is_truncated: Some(truncated),
+        parts: Some(parts),
+        initiator: Some(Initiator { display_name: owner.display_name.clone(), id: owner.id.clone() }),
+        owner: Some(owner),
+        storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+        ..Default::default()
+    };
+    Ok(S3Response::new(output))
+}
+
+pub(crate) async fn list_multipart_uploads(
+    client: &client::Client,
+    req: S3Request<ListMultipartUploadsInput>,
+) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+    let input = req.input;
+    let max_uploads = page_size(input.max_uploads, "max-uploads")?;
+    let prefix = input.prefix.unwrap_or_default();
+    let delimiter = input.delimiter.filter(|d| !d.is_empty());
+    let key_marker = input.key_marker.unwrap_or_default();
+    let upload_id_marker = input.upload_id_marker.filter(|_| !key_marker.is_empty());
+    crate::bucket::require_bucket(client, &input.bucket).await?;
+    let all = client.list_multipart_uploads(&input.bucket, &prefix).await.map_err(s3_error)?;
+    let page = page_uploads(all, &prefix, delimiter.as_deref(), &key_marker, upload_id_marker.as_deref(), max_uploads);
+    let owner = owner();
+    let uploads = page
+        .uploads
+        .into_iter()
+        .map(|u| MultipartUpload {
+            key: Some(u.key),
+            upload_id: Some(u.upload_id),
+            initiated: Some(timestamp(u.initiated_ms)),
+            initiator: Some(Initiator { display_name: owner.display_name.clone(), id: owner.id.clone() }),
+            owner: Some(owner.clone()),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            ..Default::default()
+        })
+        .collect();
+    let output = ListMultipartUploadsOutput {
+        bucket: Some(input.bucket),
+        prefix: Some(prefix),
+        delimiter,
+        key_marker: Some(key_marker),
+        upload_id_marker,
+        max_uploads: i32::try_from(max_uploads).ok(),
+        is_truncated: Some(page.truncated),
+        next_key_marker: page.next.as_ref().map(|(key, _)| key.clone()),
+        next_upload_id_marker: page.next.map(|(_, id)| id),
+        common_prefixes: Some(page.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
+        uploads: Some(uploads),
+        encoding_type: input.encoding_type,
+        request_charged: None,
+    };
+    Ok(S3Response::new(output))
+}
+
+/// One page of uploads.
+#[derive(Debug, Default)]
+pub(crate) struct UploadPage {
+    pub(crate) uploads: Vec<client::UploadInfo>,
+    pub(crate) prefixes: Vec<String>,
+    pub(crate) truncated: bool,
+    /// Key and upload id markers of the next page.
+    pub(crate) next: Option<(String, String)>,
+}
+
+/// Uploads (sorted by key, then initiation) after the markers, grouped by delimiter.
+pub(crate) fn page_uploads(
+    all: Vec<client::UploadInfo>,
+    prefix: &str,
+    delimiter: Option<&str>,
+    key_marker: &str,
+    upload_id_marker: Option<&str>,
+    max_uploads: usize,
+) -> UploadPage {
+    // A key marker that is a common prefix (our own NextKeyMarker) skips the whole prefix.
+    let skipped = common_prefix(key_marker, prefix, delimiter).filter(|common| *common == key_marker);
+    let after_key =
+        |u: &client::UploadInfo| u.key.as_str() > key_marker && !skipped.is_some_and(|c| u.key.starts_with(c));
+    let start = match upload_id_marker {
+        Some(id) => all
+            .iter()
+            .position(|u| u.key == key_marker && u.upload_id == id)
+            .map_or_else(|| all.iter().position(after_key).unwrap_or(all.len()), |at| at + 1),
+        None => all.iter().position(after_key).unwrap_or(all.len()),
+    };
+    let mut page = UploadPage::default();
+    for upload in all.into_iter().skip(start) {
+        let common = common_prefix(&upload.key, prefix, delimiter).map(str::to_owned);
+        if common.is_some() && page.prefixes.last() == common.as_ref() {
+            continue;
+        }
+        if page.uploads.len() + page.prefixes.len() >= max_uploads {
+            page.truncated = true;
+            break;
+        }
+        match common {
+            Some(common) => {
+                page.next = Some((common.clone(), String::new()));
+                page.prefixes.push(common);
+            }
+            None => {
+                page.next = Some((upload.key.clone(), upload.upload_id.clone()));
+                page.uploads.push(upload);
+            }
+        }
+    }
+    if !page.truncated {
+        page.next = None;
+    }
+    page
+}

@@ -1,0 +1,197 @@
+//! The HTTP side: the s3s service (auth, host parsing) and the hyper accept loop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use s3s::auth::SimpleAuth;
+use s3s::dto::*;
+use s3s::service::{S3Service, S3ServiceBuilder};
+use s3s::{S3, S3Request, S3Response, S3Result};
+
+use crate::{GatewayConfig, Tessera};
+
+/// Connections served at once; further ones wait in the listen backlog.
+pub const CONNECTIONS_MAX: usize = 1024;
+/// Time a client has to send a request's headers (slowloris bound).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time requests in progress get to finish after shutdown is asked.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause after a failed accept.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+/// Largest XML request body (CompleteMultipartUpload of 10 000 parts fits).
+const XML_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+pub(crate) fn build_service(client: client::Client, config: &GatewayConfig) -> S3Service {
+    let mut builder = S3ServiceBuilder::new(Tessera { client });
+    builder.set_auth(SimpleAuth::from_single(config.access_key.as_str(), config.secret_key.as_str()));
+    builder.set_host(crate::host::LocalHost::new(config.listen.port()));
+    let mut s3_config = s3s::config::S3Config::default();
+    s3_config.xml_max_body_size = XML_BODY_BYTES_MAX;
+    builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(s3_config))));
+    builder.build()
+}
+
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    service: S3Service,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut http = ConnBuilder::new(TokioExecutor::new());
+    http.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let permits = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => permit.expect("the semaphore is never closed"),
+            () = shutdown.as_mut() => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // One failed accept (the peer left, descriptors ran out for a moment) does
+                    // not stop the gateway; the pause keeps a persistent failure from spinning.
+                    tracing::warn!("accept a connection: {e}");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
+            },
+            () = shutdown.as_mut() => break,
+        };
+        // Small responses (errors, XML) go out at once rather than after Nagle's delay.
+        let _ = stream.set_nodelay(true); // best effort: the connection works either way
+        let connection = http.serve_connection(TokioIo::new(stream), service.clone()).into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("connection from {peer}: {e}");
+            }
+            drop(permit);
+        });
+    }
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(SHUTDOWN_TIMEOUT) => {
+            tracing::warn!("requests still running {SHUTDOWN_TIMEOUT:?} after shutdown; closing them");
+        }
+    }
+}
+
+/// Every operation the gateway implements; the trait's defaults answer 501 for the rest.
+#[async_trait::async_trait]
+impl S3 for Tessera {
+    async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+        crate::bucket::list_buckets(&self.client, req).await
+    }
+
+    async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+        crate::bucket::create_bucket(&self.client, req).await
+    }
+
+    async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
+        crate::bucket::delete_bucket(&self.client, req).await
+    }
+
+    async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+        crate::bucket::head_bucket(&self.client, req).await
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        crate::bucket::get_bucket_location(&self.client, req).await
+    }
+
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        crate::bucket::get_bucket_versioning(&self.client, req).await
+    }
+
+    async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        crate::object::put_object(&self.client, req).await
+    }
+
+    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        crate::object::get_object(&self.client, req).await
+    }
+
+    async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        crate::object::head_object(&self.client, req).await
+    }
+
+    async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
+        crate::object::delete_object(&self.client, req).await
+    }
+
+    async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        crate::object::delete_objects(&self.client, req).await
+    }
+
+    async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
+        crate::object::copy_object(&self.client, req).await
+    }
+
+    async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
+        crate::list::list_objects(&self.client, req).await
+    }
+
+    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+        crate::list::list_objects_v2(&self.client, req).await
+    }
+
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        crate::list::list_object_versions(&self.client, req).await
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        crate::multipart::create_multipart_upload(&self.client, req).await
+    }
+
+    async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        crate::multipart::upload_part(&self.client, req).await
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        crate::multipart::upload_part_copy(&self.client, req).await
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        crate::multipart::complete_multipart_upload(&self.client, req).await
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        crate::multipart::abort_multipart_upload(&self.client, req).await
+    }
+
+    async fn list_parts(&self, req: S3Request<ListPartsInput>) -> S3Result<S3Response<ListPartsOutput>> {
+        crate::multipart::list_parts(&self.client, req).await
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        crate::multipart::list_multipart_uploads(&self.client, req).await
+    }
+}

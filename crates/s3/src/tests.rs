@@ -1,0 +1,345 @@
+//! Behaviour of the gateway's pure parts: ranges, windows, preconditions, listing pages and
+//! tokens, encodings, host parsing, and the verifying upload body.
+
+use bytes::Bytes;
+use s3s::dto::{ETag, ETagCondition, StreamingBlob, Timestamp};
+use tokio::io::AsyncReadExt;
+
+use crate::body::{BodyError, Expected, UploadBody, decode_content_md5, window_end};
+use crate::conditional::{Conditions, Precondition, content_range, copy_source_range, evaluate, resolve_range};
+use crate::host::bucket_of_host;
+use crate::list::{
+    Grouper, Keyed, Listing, Pushed, common_prefix, decode_token, encode_token, start_after, url_encode,
+};
+use crate::multipart::page_uploads;
+
+const MIB: u64 = 1 << 20;
+
+// ---- GET windows ----
+
+fn check_windows(range: std::ops::Range<u64>, stripe_bytes: u64, window_bytes: u64, expected: &[u64]) {
+    let mut ends = Vec::new();
+    let mut offset = range.start;
+    while offset < range.end {
+        offset = window_end(offset, range.end, stripe_bytes, window_bytes);
+        ends.push(offset);
+    }
+    assert_eq!(ends, expected, "windows of {range:?}, stripe {stripe_bytes}, window {window_bytes}");
+}
+
+#[test]
+fn get_windows_are_whole_stripes_and_cover_the_range_once() {
+    // 4 MiB stripes, 8 MiB windows: two stripes per window.
+    check_windows(0..20 * MIB, 4 * MIB, 8 * MIB, &[8 * MIB, 16 * MIB, 20 * MIB]);
+    // A ranged read starts mid-stripe; the first window ends on a window boundary.
+    check_windows(MIB..10 * MIB, 4 * MIB, 8 * MIB, &[8 * MIB, 10 * MIB]);
+    // 3 MiB stripes: windows of two stripes (6 MiB), never more than the window size.
+    check_windows(0..13 * MIB, 3 * MIB, 8 * MIB, &[6 * MIB, 12 * MIB, 13 * MIB]);
+    // A stripe larger than a window: plain windows.
+    check_windows(0..20 * MIB, 16 * MIB, 8 * MIB, &[8 * MIB, 16 * MIB, 20 * MIB]);
+    // One byte.
+    check_windows(5..6, 4 * MIB, 8 * MIB, &[6]);
+}
+
+// ---- ranges ----
+
+#[test]
+fn range_header_resolves_against_object_size() {
+    let parse = |text: &str| s3s::dto::Range::parse(text).expect("valid range header");
+    assert_eq!(resolve_range(None, 10).ok(), Some(None));
+    assert_eq!(resolve_range(Some(&parse("bytes=0-4")), 10).ok(), Some(Some(0..5)));
+    assert_eq!(resolve_range(Some(&parse("bytes=5-")), 10).ok(), Some(Some(5..10)));
+    assert_eq!(resolve_range(Some(&parse("bytes=-3")), 10).ok(), Some(Some(7..10)));
+    assert_eq!(resolve_range(Some(&parse("bytes=8-100")), 10).ok(), Some(Some(8..10)));
+    let past_end = resolve_range(Some(&parse("bytes=10-")), 10).expect_err("starts past the end");
+    assert_eq!(past_end.code(), &s3s::S3ErrorCode::InvalidRange);
+    assert!(resolve_range(Some(&parse("bytes=0-0")), 0).is_err(), "no range of an empty object is satisfiable");
+}
+
+#[test]
+fn content_range_names_inclusive_last_byte() {
+    assert_eq!(content_range(&(0..5), 10), "bytes 0-4/10");
+    assert_eq!(content_range(&(9..10), 10), "bytes 9-9/10");
+}
+
+#[test]
+fn copy_source_range_needs_both_ends_inside_the_source() {
+    assert_eq!(copy_source_range("bytes=0-9", 10).ok(), Some(0..10));
+    assert_eq!(copy_source_range("bytes=5-5", 10).ok(), Some(5..6));
+    assert!(copy_source_range("bytes=0-10", 10).is_err());
+    assert!(copy_source_range("bytes=5-", 10).is_err());
+    assert!(copy_source_range("bytes=-5", 10).is_err());
+    assert!(copy_source_range("5-6", 10).is_err());
+}
+
+// ---- preconditions ----
+
+fn at(secs: u64) -> Timestamp {
+    Timestamp::from(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+}
+
+fn tag(value: &str) -> ETagCondition {
+    ETagCondition::ETag(ETag::Strong(value.to_owned()))
+}
+
+fn check_precondition(conditions: Conditions<'_>, expected: Precondition) {
+    // Object: etag "abc", modified at 1000.5 s.
+    assert_eq!(evaluate(&conditions, "abc", 1_000_500), expected, "{conditions:?}");
+}
+
+#[test]
+fn preconditions_follow_rfc_9110_order() {
+    let (same, other, any) = (tag("abc"), tag("xyz"), ETagCondition::Any);
+    let (before, at_modification, after) = (at(999), at(1000), at(1001));
+    check_precondition(Conditions::default(), Precondition::Proceed);
+    check_precondition(Conditions { if_match: Some(&same), ..Default::default() }, Precondition::Proceed);
+    check_precondition(Conditions { if_match: Some(&any), ..Default::default() }, Precondition::Proceed);
+    check_precondition(Conditions { if_match: Some(&other), ..Default::default() }, Precondition::Failed);
+    check_precondition(Conditions { if_none_match: Some(&same), ..Default::default() }, Precondition::NotModified);
+    check_precondition(Conditions { if_none_match: Some(&other), ..Default::default() }, Precondition::Proceed);
+    // Dates compare at whole seconds: modified at 1000.5 s is not modified since 1000 s.
+    check_precondition(
+        Conditions { if_modified_since: Some(&at_modification), ..Default::default() },
+        Precondition::NotModified,
+    );
+    check_precondition(Conditions { if_modified_since: Some(&before), ..Default::default() }, Precondition::Proceed);
+    check_precondition(Conditions { if_unmodified_since: Some(&before), ..Default::default() }, Precondition::Failed);
+    check_precondition(Conditions { if_unmodified_since: Some(&after), ..Default::default() }, Precondition::Proceed);
+    // If-Match beats If-Unmodified-Since; If-None-Match beats If-Modified-Since.
+    check_precondition(
+        Conditions { if_match: Some(&same), if_unmodified_since: Some(&before), ..Default::default() },
+        Precondition::Proceed,
+    );
+    check_precondition(
+        Conditions { if_none_match: Some(&other), if_modified_since: Some(&after), ..Default::default() },
+        Precondition::Proceed,
+    );
+    // A failed If-Match wins over a matching If-None-Match.
+    check_precondition(
+        Conditions { if_match: Some(&other), if_none_match: Some(&same), ..Default::default() },
+        Precondition::Failed,
+    );
+}
+
+// ---- listing ----
+
+#[derive(Debug)]
+struct Key(&'static str);
+
+impl Keyed for Key {
+    fn key(&self) -> &str {
+        self.0
+    }
+}
+
+/// Pushes `keys` (sorted) into a page; returns its keys, prefixes, truncation and marker.
+fn group(
+    keys: &[&'static str],
+    prefix: &str,
+    delimiter: Option<&str>,
+    max_keys: usize,
+) -> (Vec<&'static str>, Vec<String>, bool, Option<String>) {
+    let mut grouper = Grouper::new(prefix, delimiter, max_keys);
+    for key in keys {
+        if grouper.push(Key(key)) == Pushed::Full {
+            break;
+        }
+    }
+    let Listing { objects, prefixes, truncated, next_marker } = grouper.finish();
+    (objects.iter().map(|k| k.0).collect(), prefixes, truncated, next_marker)
+}
+
+#[test]
+fn delimiter_groups_keys_into_common_prefixes_counted_once() {
+    let keys = ["a/1", "a/2", "b", "c/x/1", "c/y", "d"];
+    let (objects, prefixes, truncated, _) = group(&keys, "", Some("/"), 1000);
+    assert_eq!(objects, ["b", "d"]);
+    assert_eq!(prefixes, ["a/", "c/"]);
+    assert!(!truncated);
+    // Under a prefix the next delimiter counts.
+    let (objects, prefixes, _, _) = group(&keys[3..5], "c/", Some("/"), 1000);
+    assert_eq!(objects, ["c/y"]);
+    assert_eq!(prefixes, ["c/x/"]);
+    // No delimiter: flat.
+    let (objects, prefixes, _, _) = group(&keys, "", None, 1000);
+    assert_eq!(objects.len(), 6);
+    assert!(prefixes.is_empty());
+}
+
+#[test]
+fn page_is_truncated_only_when_another_item_exists() {
+    let keys = ["a/1", "a/2", "b", "c/1"];
+    // Three items exist (a/, b, c/): max 2 truncates after b.
+    let (objects, prefixes, truncated, marker) = group(&keys, "", Some("/"), 2);
+    assert_eq!((objects, prefixes, truncated), (vec!["b"], vec!["a/".to_owned()], true));
+    assert_eq!(marker.as_deref(), Some("b"));
+    // Exactly max items: not truncated, even with more keys in the last prefix.
+    let (_, prefixes, truncated, _) = group(&["a/1", "b/1", "b/2"], "", Some("/"), 2);
+    assert_eq!(prefixes, ["a/", "b/"]);
+    assert!(!truncated);
+    // A common prefix as the last item is the marker.
+    let (_, _, truncated, marker) = group(&keys, "", Some("/"), 1);
+    assert!(truncated);
+    assert_eq!(marker.as_deref(), Some("a/"));
+}
+
+#[test]
+fn marker_that_is_a_common_prefix_skips_the_whole_prefix() {
+    let skip = start_after("a/", "", Some("/"));
+    assert!(skip.as_str() > "a/zzzz" && skip.starts_with("a/"));
+    assert!(skip.as_str() < "b");
+    // A plain key, or a marker inside a prefix, resumes right after it.
+    assert_eq!(start_after("a/1", "", Some("/")), "a/1");
+    assert_eq!(start_after("a/", "", None), "a/");
+    assert_eq!(common_prefix("photos/2024/x.jpg", "photos/", Some("/")), Some("photos/2024/"));
+    assert_eq!(common_prefix("photos/x.jpg", "photos/", Some("/")), None);
+    assert_eq!(common_prefix("x--y--z", "", Some("--")), Some("x--"));
+}
+
+#[test]
+fn continuation_token_round_trips_and_garbage_is_refused() {
+    for key in ["", "a/", "ключ with spaces+plus/and\u{10FFFF}"] {
+        assert_eq!(decode_token(&encode_token(key)).ok().as_deref(), Some(key));
+    }
+    assert!(decode_token("not base64!").is_err());
+    assert!(decode_token(&"A".repeat(10_000)).is_err());
+    assert!(decode_token(&encode_token_bytes(&[0xff, 0xfe])).is_err(), "not UTF-8");
+}
+
+fn encode_token_bytes(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+#[test]
+fn url_encoding_keeps_slashes_and_unreserved_characters_only() {
+    assert_eq!(url_encode("a/b-c_d.e~f"), "a/b-c_d.e~f");
+    assert_eq!(url_encode("a b+c&d"), "a%20b%2Bc%26d");
+    assert_eq!(url_encode("é"), "%C3%A9");
+    assert_eq!(url_encode("\u{1}"), "%01");
+}
+
+#[test]
+fn multipart_upload_pages_follow_key_and_upload_id_markers() {
+    let upload = |key: &str, id: &str| client::UploadInfo { key: key.into(), upload_id: id.into(), initiated_ms: 0 };
+    let all = || vec![upload("a", "1"), upload("a", "2"), upload("b", "3"), upload("d/1", "4"), upload("d/2", "5")];
+    let ids =
+        |page: &crate::multipart::UploadPage| page.uploads.iter().map(|u| u.upload_id.clone()).collect::<Vec<_>>();
+    let page = page_uploads(all(), "", None, "", None, 2);
+    assert_eq!(ids(&page), ["1", "2"]);
+    assert_eq!(page.next, Some(("a".into(), "2".into())));
+    let page = page_uploads(all(), "", None, "a", Some("1"), 2);
+    assert_eq!(ids(&page), ["2", "3"]);
+    let page = page_uploads(all(), "", None, "a", None, 10);
+    assert_eq!(ids(&page), ["3", "4", "5"]);
+    assert!(!page.truncated && page.next.is_none());
+    let page = page_uploads(all(), "", Some("/"), "", None, 10);
+    assert_eq!(page.prefixes, ["d/"]);
+    let page = page_uploads(all(), "", Some("/"), "d/", None, 10);
+    assert!(page.uploads.is_empty() && page.prefixes.is_empty());
+}
+
+// ---- hosts, credentials, digests ----
+
+#[test]
+fn only_subdomains_of_localhost_are_virtual_hosted_buckets() {
+    let base = "localhost:9000";
+    assert_eq!(bucket_of_host("photos.localhost:9000", base), Some("photos"));
+    assert_eq!(bucket_of_host("photos.localhost", base), Some("photos"));
+    assert_eq!(bucket_of_host("localhost:9000", base), None);
+    assert_eq!(bucket_of_host("127.0.0.1:9000", base), None);
+    assert_eq!(bucket_of_host("storage.example.com:9000", base), None);
+    assert_eq!(bucket_of_host(".localhost:9000", base), None);
+}
+
+#[test]
+fn gateway_refuses_missing_or_malformed_credentials() {
+    use crate::{Error, validate_credentials};
+    assert!(matches!(validate_credentials("", "secret-key"), Err(Error::MissingCredentials)));
+    assert!(matches!(validate_credentials("AKIA", ""), Err(Error::MissingCredentials)));
+    assert!(matches!(validate_credentials("a b", "secretkey"), Err(Error::InvalidAccessKey)));
+    assert!(matches!(validate_credentials("AKIA", "short"), Err(Error::InvalidSecretKey)));
+    assert!(validate_credentials("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY").is_ok());
+}
+
+#[test]
+fn content_md5_header_must_be_base64_of_16_bytes() {
+    assert_eq!(decode_content_md5(b"XrY7u+Ae7tCTyyK7j1rNww=="), Some(md5_of(b"hello world")));
+    assert_eq!(decode_content_md5(b" XrY7u+Ae7tCTyyK7j1rNww== "), Some(md5_of(b"hello world")));
+    assert_eq!(decode_content_md5(b"aGVsbG8="), None, "5 bytes");
+    assert_eq!(decode_content_md5(b"%%%"), None);
+}
+
+fn md5_of(data: &[u8]) -> [u8; 16] {
+    use s3s::crypto::Checksum as _;
+    s3s::crypto::Md5::checksum(data).as_ref().try_into().expect("16 bytes")
+}
+
+fn blob(chunks: &[&'static [u8]]) -> StreamingBlob {
+    let items: Vec<Result<Bytes, std::io::Error>> = chunks.iter().map(|c| Ok(Bytes::from_static(c))).collect();
+    StreamingBlob::wrap(futures_util::stream::iter(items))
+}
+
+/// Reads a whole upload body; returns the bytes or the body error that aborted it.
+async fn read_upload(chunks: &[&'static [u8]], expected: Expected) -> Result<Vec<u8>, String> {
+    let mut body = UploadBody::new(Some(blob(chunks)), expected);
+    let mut out = Vec::new();
+    match body.read_to_end(&mut out).await {
+        Ok(_) => Ok(out),
+        Err(e) => {
+            let inner = e.get_ref().and_then(|inner| inner.downcast_ref::<BodyError>());
+            Err(inner.map_or_else(|| e.to_string(), ToString::to_string))
+        }
+    }
+}
+
+fn expect_bytes_max(bytes_max: u64) -> Expected {
+    Expected { bytes_max, ..Default::default() }
+}
+
+#[tokio::test]
+async fn upload_body_passes_bytes_through_and_checks_content_md5_at_the_end() {
+    let chunks: &[&'static [u8]] = &[b"hello ", b"world"];
+    let good = Expected { content_md5: Some(md5_of(b"hello world")), ..expect_bytes_max(1 << 20) };
+    assert_eq!(read_upload(chunks, good).await.as_deref(), Ok(&b"hello world"[..]));
+    let bad = Expected { content_md5: Some(md5_of(b"hello there")), ..expect_bytes_max(1 << 20) };
+    assert_eq!(read_upload(chunks, bad).await, Err(BodyError::ContentMd5Mismatch.to_string()));
+}
+
+#[tokio::test]
+async fn upload_body_checks_flexible_checksum_headers() {
+    use s3s::crypto::Checksum as _;
+    let crc = |data: &[u8]| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(s3s::crypto::Crc32::checksum(data))
+    };
+    let expect = |value: String| Expected {
+        checksums: s3s::dto::Checksum { checksum_crc32: Some(value), ..Default::default() },
+        ..expect_bytes_max(1 << 20)
+    };
+    let mut body = UploadBody::new(Some(blob(&[b"abc"])), expect(crc(b"abc")));
+    let mut out = Vec::new();
+    body.read_to_end(&mut out).await.expect("matching CRC32");
+    assert_eq!(body.verified_checksums().and_then(|c| c.checksum_crc32.clone()), Some(crc(b"abc")));
+    assert_eq!(
+        read_upload(&[b"abc"], expect(crc(b"abd"))).await,
+        Err(BodyError::ChecksumMismatch { algorithm: "CRC32" }.to_string())
+    );
+}
+
+#[tokio::test]
+async fn upload_body_longer_than_its_limit_fails() {
+    assert_eq!(
+        read_upload(&[b"0123", b"4567"], expect_bytes_max(6)).await,
+        Err(BodyError::TooLarge { max: 6 }.to_string())
+    );
+    assert_eq!(read_upload(&[b"0123", b"45"], expect_bytes_max(6)).await.map(|b| b.len()), Ok(6));
+}
+
+#[tokio::test]
+async fn empty_upload_body_reads_as_zero_bytes() {
+    let mut body = UploadBody::new(None, Expected { content_md5: Some(md5_of(b"")), ..expect_bytes_max(0) });
+    let mut out = Vec::new();
+    body.read_to_end(&mut out).await.expect("an empty body with the MD5 of nothing");
+    assert!(out.is_empty());
+}
