@@ -61,9 +61,14 @@ def on_signal(signum, _frame):
     sys.exit(128 + signum)
 
 
+claimed = []  # port ranges handed out in this run, free or not yet bound
+
+
 def free_port_block(count):
-    """`count` consecutive free ports on 127.0.0.1."""
+    """`count` consecutive free ports on 127.0.0.1, none handed out before in this run."""
     for base in range(30000, 60000, 97):
+        if any(base < end and start < base + count for start, end in claimed):
+            continue
         ok = True
         for port in range(base, base + count):
             with socket.socket() as s:
@@ -73,6 +78,7 @@ def free_port_block(count):
                     ok = False
                     break
         if ok:
+            claimed.append((base, base + count))
             return base
     raise SystemExit("error: no free port block on 127.0.0.1")
 
