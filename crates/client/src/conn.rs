@@ -173,6 +173,12 @@ impl Pool {
         if self.skip(backoff) {
             return Err(Error::NodeDown { node: self.node.clone(), backoff });
         }
+        self.get_now(secret, timeout).await
+    }
+
+    /// A pooled or new connection, trying the node even if it failed recently: for callers that
+    /// cannot do without it (a write quorum, a bucket operation).
+    pub(crate) async fn get_now(&self, secret: &str, timeout: Duration) -> Result<Conn, Error> {
         loop {
             let Some(conn) = self.idle.lock().expect("pool lock poisoned").pop() else {
                 break;

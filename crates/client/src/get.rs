@@ -294,7 +294,8 @@ async fn fetch_round(client: &Client, plans: &mut [Plan<'_>], bufs: &mut [&mut [
                     continue;
                 }
                 let dest = Dest::Scratch(std::mem::take(&mut slot.scratch));
-                let at = JobAt { plan_idx, window_idx, chunk_idx, stripe_idx: read.stripe_idx, chunk_len: read.chunk_len };
+                let at =
+                    JobAt { plan_idx, window_idx, chunk_idx, stripe_idx: read.stripe_idx, chunk_len: read.chunk_len };
                 let (job, node_idx) = make_job(info, drives, &geometry, at, dest);
                 jobs_by_node[node_idx].push(job);
             }
@@ -502,7 +503,10 @@ const ROUND_STRIPES_MAX: u64 = 1024;
 const ROUND_BYTES_MAX: u64 = 256 << 20;
 const _: () = assert!(ROUND_STRIPES_MAX as usize <= proto::BATCH_ITEMS_MAX);
 
-pub(crate) async fn read_many(client: &Client, mut reads: Vec<(&ObjectInfo, u64, &mut [u8])>) -> Vec<Result<usize, Error>> {
+pub(crate) async fn read_many(
+    client: &Client,
+    mut reads: Vec<(&ObjectInfo, u64, &mut [u8])>,
+) -> Vec<Result<usize, Error>> {
     let mut results: Vec<Option<Result<usize, Error>>> = (0..reads.len()).map(|_| None).collect();
     let mut lens = vec![0usize; reads.len()];
     // Per object: next stripe to read and one past its last.

@@ -1,9 +1,9 @@
 //! Metadata reads: ask every drive of each key's erasure set, one request per node for all the
 //! keys, and pick the version readers agree on.
 
-use proto::{MetaKey, ObjectMeta, Request, Response, BATCH_ITEMS_MAX};
+use proto::{BATCH_ITEMS_MAX, MetaKey, ObjectMeta, Request, Response};
 
-use crate::{choose_version, Client, Error, ObjectInfo};
+use crate::{Client, Error, ObjectInfo, choose_version};
 
 /// Metadata of `keys` (names already validated), in order.
 pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
@@ -15,7 +15,11 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
     for (key_idx, ((bucket, key), placement)) in keys.iter().zip(&placements).enumerate() {
         for (position, drive) in client.set_drives(placement).iter().enumerate() {
             asked[drive.node_idx].push((key_idx, position));
-            items[drive.node_idx].push(MetaKey { drive: drive.drive_idx as u32, bucket: bucket.clone(), key: key.clone() });
+            items[drive.node_idx].push(MetaKey {
+                drive: drive.drive_idx as u32,
+                bucket: bucket.clone(),
+                key: key.clone(),
+            });
         }
     }
     let calls = items.into_iter().enumerate().map(|(node_idx, items)| async move {
@@ -23,7 +27,9 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
         for batch in items.chunks(BATCH_ITEMS_MAX) {
             let request = Request::MetaGet { items: batch.to_vec() };
             match client.call(node_idx, &request).await {
-                Ok(Response::Metas { metas: got }) if got.len() == batch.len() => metas.extend(got.into_iter().map(Some)),
+                Ok(Response::Metas { metas: got }) if got.len() == batch.len() => {
+                    metas.extend(got.into_iter().map(Some))
+                }
                 _ => metas.extend(batch.iter().map(|_| None)),
             }
         }

@@ -197,6 +197,12 @@ impl Client {
         Ok(Self { inner: Arc::new(inner) })
     }
 
+    /// A client of the cluster described by `text` (the contents of `cluster.toml`); relative
+    /// drive paths resolve against `base_dir`.
+    pub fn from_map_text(text: &str, base_dir: &std::path::Path, options: ClientOptions) -> Result<Self, Error> {
+        Self::new(ClusterMap::from_toml(text, base_dir)?, options)
+    }
+
     /// Fetches the cluster map from any node at `addr` (authenticated with `secret`).
     pub async fn bootstrap(addr: SocketAddr, secret: &str, options: ClientOptions) -> Result<Self, Error> {
         let mut conn = Conn::open(&addr.to_string(), addr, secret, options.connect_timeout).await?;
@@ -326,10 +332,23 @@ impl Client {
     /// One request to one node with the request timeout; the connection goes back to the pool
     /// only after a clean exchange.
     async fn call(&self, node_idx: usize, request: &Request) -> Result<Response, Error> {
+        self.exchange(node_idx, request, Backoff::Respect).await
+    }
+
+    /// [`Client::call`] that tries the node even if it failed recently.
+    async fn call_now(&self, node_idx: usize, request: &Request) -> Result<Response, Error> {
+        self.exchange(node_idx, request, Backoff::Ignore).await
+    }
+
+    async fn exchange(&self, node_idx: usize, request: &Request, backoff: Backoff) -> Result<Response, Error> {
         let pool = &self.inner.pools[node_idx];
         let options = &self.inner.options;
         let exchange = async {
-            let mut conn = pool.get(&self.inner.map.secret, options.connect_timeout, options.down_backoff).await?;
+            let secret = &self.inner.map.secret;
+            let mut conn = match backoff {
+                Backoff::Respect => pool.get(secret, options.connect_timeout, options.down_backoff).await?,
+                Backoff::Ignore => pool.get_now(secret, options.connect_timeout).await?,
+            };
             let response = conn.call(request).await?;
             pool.put_back(conn, options.idle_connections_per_node_max);
             Ok::<_, Error>(response)
@@ -353,6 +372,13 @@ impl Client {
         let keys = [(bucket.to_owned(), key.to_owned())];
         head::head_many(self, &keys).await.pop().expect("one result per key")
     }
+}
+
+/// Whether a request skips a node that failed within `ClientOptions::down_backoff`.
+#[derive(Clone, Copy, Debug)]
+enum Backoff {
+    Respect,
+    Ignore,
 }
 
 /// Picks the version readers agree on: the newest one held by at least `k` drives (a version

@@ -146,8 +146,10 @@ impl Client {
         self.require_majority(ok)
     }
 
+    /// Bucket operations are rare and need a majority of all nodes: they try every node, even
+    /// one that failed recently.
     async fn call_all_nodes(&self, request: &Request) -> Vec<Result<Response, Error>> {
-        let calls = (0..self.inner.map.nodes.len()).map(|node_idx| self.call(node_idx, request));
+        let calls = (0..self.inner.map.nodes.len()).map(|node_idx| self.call_now(node_idx, request));
         futures_util::future::join_all(calls).await
     }
 

@@ -11,6 +11,57 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use crate::conn::Conn;
 use crate::{Client, Error, ObjectInfo, PutOptions};
 
+/// Sends one chunk on `conn` and waits for the node's answer; a failed connection is dropped.
+async fn send_chunk(
+    conn: &mut Option<Conn>,
+    drive: &DriveRef,
+    bucket: &str,
+    version: VersionId,
+    offset: u64,
+    chunk: &[u8],
+    timeout: std::time::Duration,
+) -> Result<(), Error> {
+    let Some(c) = conn.as_mut() else {
+        return Ok(());
+    };
+    let request = Request::ChunkWrite {
+        drive: drive.drive_idx as u32,
+        bucket: bucket.to_owned(),
+        version,
+        offset,
+        len: chunk.len() as u32,
+    };
+    let node = c.node.clone();
+    let exchange = async {
+        c.send_request_with_data(&request, chunk).await?;
+        match c.read_response().await? {
+            Response::Ok => Ok(()),
+            other => Err(c.unexpected(&other)),
+        }
+    };
+    let result = tokio::time::timeout(timeout, exchange).await.unwrap_or(Err(Error::Timeout { node, timeout }));
+    if result.is_err() {
+        *conn = None;
+    }
+    result
+}
+
+/// Sends one commit on `conn`; `None` if the drive already dropped out of the PUT.
+async fn send_commit(
+    conn: &mut Option<Conn>,
+    request: &Request,
+    timeout: std::time::Duration,
+) -> Option<Result<CommitOutcome, Error>> {
+    let c = conn.as_mut()?;
+    let node = c.node.clone();
+    let result = tokio::time::timeout(timeout, c.call(request)).await.unwrap_or(Err(Error::Timeout { node, timeout }));
+    Some(match result {
+        Ok(Response::Committed { outcome }) => Ok(outcome),
+        Ok(other) => Err(c.unexpected(&other)),
+        Err(e) => Err(e),
+    })
+}
+
 /// A commit that reached the write quorum.
 pub(crate) struct Committed {
     /// Set positions whose drive holds the version.
@@ -249,17 +300,71 @@ impl<'a> Fanout<'a> {
             .map(|d| client.inner.pools[d.node_idx].get(secret, options.connect_timeout, options.down_backoff));
         let results = futures_util::future::join_all(opens).await;
         let mut fanout = Self { client, bucket, key, version, drives, conns: Vec::new(), failures: Vec::new() };
-        for result in results {
+        let mut skipped = Vec::new();
+        for (position, result) in results.into_iter().enumerate() {
             match result {
                 Ok(conn) => fanout.conns.push(Some(conn)),
                 Err(e) => {
+                    if matches!(e, Error::NodeDown { .. }) {
+                        skipped.push(position);
+                    }
                     fanout.failures.push(e);
                     fanout.conns.push(None);
                 }
             }
         }
+        if fanout.alive() < client.inner.map.erasure.write_quorum() {
+            // Skipping recently failed nodes would cost the quorum: try them now (they may be
+            // back) rather than fail the PUT.
+            for position in skipped {
+                let pool = &client.inner.pools[fanout.drives[position].node_idx];
+                if let Ok(conn) = pool.get_now(secret, options.connect_timeout).await {
+                    fanout.conns[position] = Some(conn);
+                }
+            }
+        }
         fanout.check_quorum()?;
         Ok(fanout)
+    }
+
+    /// Creates the bucket on the nodes of `positions`, whose drives said it does not exist, if a
+    /// majority of nodes has it (they were down when it was created), and reconnects them.
+    /// Returns the positions healed; the caller retries its request there.
+    async fn heal_bucket(&mut self, positions: &[usize]) -> Vec<usize> {
+        if positions.is_empty() || !self.client.bucket_exists(self.bucket).await.unwrap_or(false) {
+            return Vec::new();
+        }
+        let options = &self.client.inner.options;
+        let mut healed = Vec::new();
+        for &position in positions {
+            let node_idx = self.drives[position].node_idx;
+            let request = Request::BucketCreate { bucket: self.bucket.to_owned() };
+            if !matches!(self.client.call_now(node_idx, &request).await, Ok(Response::Ok)) {
+                continue;
+            }
+            tracing::info!(node = %self.client.node_id(node_idx), bucket = self.bucket, "created a bucket the node missed");
+            if let Ok(conn) =
+                self.client.inner.pools[node_idx].get_now(&self.client.inner.map.secret, options.connect_timeout).await
+            {
+                self.conns[position] = Some(conn);
+                healed.push(position);
+            }
+        }
+        healed
+    }
+
+    /// Splits results into the positions whose drive lacks the bucket and everything else;
+    /// other failures are recorded.
+    fn missing_bucket_positions<T>(&mut self, results: Vec<Result<T, Error>>) -> Vec<usize> {
+        let mut missing = Vec::new();
+        for (position, result) in results.into_iter().enumerate() {
+            match result {
+                Err(Error::Node { kind: proto::ErrorKind::NoSuchBucket, .. }) => missing.push(position),
+                Err(e) => self.failures.push(e),
+                Ok(_) => {}
+            }
+        }
+        missing
     }
 
     fn alive(&self) -> usize {
@@ -307,37 +412,30 @@ impl<'a> Fanout<'a> {
         placement: &cluster::Placement,
     ) -> Result<(), Error> {
         let timeout = self.client.inner.options.request_timeout;
+        let (bucket, version) = (self.bucket, self.version);
         let sends = self.conns.iter_mut().zip(&self.drives).enumerate().map(|(position, (conn, drive))| {
             let chunk = stripe.chunk(placement.chunk_at(stripe_idx, position));
-            let request = Request::ChunkWrite {
-                drive: drive.drive_idx as u32,
-                bucket: self.bucket.to_owned(),
-                version: self.version,
-                offset,
-                len: chunk.len() as u32,
-            };
-            async move {
-                let Some(c) = conn.as_mut() else {
-                    return Ok(());
-                };
-                let node = c.node.clone();
-                let exchange = async {
-                    c.send_request_with_data(&request, chunk).await?;
-                    match c.read_response().await? {
-                        Response::Ok => Ok(()),
-                        other => Err(c.unexpected(&other)),
-                    }
-                };
-                let result =
-                    tokio::time::timeout(timeout, exchange).await.unwrap_or(Err(Error::Timeout { node, timeout }));
-                if result.is_err() {
-                    *conn = None;
-                }
-                result
-            }
+            send_chunk(conn, drive, bucket, version, offset, chunk, timeout)
         });
         let results = futures_util::future::join_all(sends).await;
-        self.failures.extend(results.into_iter().filter_map(Result::err));
+        let missing = self.missing_bucket_positions(results);
+        let healed = self.heal_bucket(&missing).await;
+        for &position in &missing {
+            let chunk = stripe.chunk(placement.chunk_at(stripe_idx, position));
+            let drive = self.drives[position];
+            let result = if healed.contains(&position) {
+                send_chunk(&mut self.conns[position], &drive, bucket, version, offset, chunk, timeout).await
+            } else {
+                Err(Error::Node {
+                    node: self.client.node_id(drive.node_idx).to_owned(),
+                    kind: proto::ErrorKind::NoSuchBucket,
+                    message: format!("no such bucket {bucket:?}"),
+                })
+            };
+            if let Err(e) = result {
+                self.failures.push(e);
+            }
+        }
         self.check_quorum()
     }
 
@@ -353,20 +451,21 @@ impl<'a> Fanout<'a> {
                 meta: meta.clone(),
                 missing_positions: missing.clone(),
             };
-            async move {
-                let c = conn.as_mut()?;
-                let node = c.node.clone();
-                let result = tokio::time::timeout(timeout, c.call(&request))
-                    .await
-                    .unwrap_or(Err(Error::Timeout { node, timeout }));
-                Some(match result {
-                    Ok(Response::Committed { outcome }) => Ok(outcome),
-                    Ok(other) => Err(c.unexpected(&other)),
-                    Err(e) => Err(e),
-                })
-            }
+            async move { send_commit(conn, &request, timeout).await }
         });
-        let results = futures_util::future::join_all(commits).await;
+        let mut results: Vec<Option<Result<CommitOutcome, Error>>> = futures_util::future::join_all(commits).await;
+        // A data-less version (empty object, marker) meets a drive that missed the bucket here.
+        let no_bucket: Vec<usize> = (0..results.len())
+            .filter(|&p| matches!(results[p], Some(Err(Error::Node { kind: proto::ErrorKind::NoSuchBucket, .. }))))
+            .collect();
+        for position in self.heal_bucket(&no_bucket).await {
+            let request = Request::Commit {
+                drive: self.drives[position].drive_idx as u32,
+                meta: meta.clone(),
+                missing_positions: missing.clone(),
+            };
+            results[position] = send_commit(&mut self.conns[position], &request, timeout).await;
+        }
         let mut applied = Vec::new();
         let mut replaced = std::collections::BTreeSet::new();
         for (position, result) in results.into_iter().enumerate() {

@@ -250,3 +250,27 @@ fn full_disks_fail_the_put_cleanly_and_the_node_keeps_serving() {
         assert_eq!(std::fs::read_dir(tmp).unwrap().count(), 0, "no partial staging file is left");
     }
 }
+
+#[test]
+fn bucket_created_while_nodes_were_down_heals_on_first_write_after_they_return() {
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.kill_node(1);
+    cluster.kill_node(4);
+    let client = cluster.client();
+    block_on(async { client.make_bucket("late").await.unwrap() });
+    cluster.start_node(1);
+    cluster.start_node(4);
+    cluster.wait_ready();
+    // The same client: it saw n2 and n5 fail moments ago, and must still reach the write quorum.
+    let data = payload(300_000, 9);
+    block_on(async {
+        client.put_bytes("late", "obj", &data, &Default::default()).await.unwrap();
+        client.put_bytes("late", "empty", b"", &Default::default()).await.unwrap();
+        let info = client.head("late", "obj").await.unwrap();
+        assert_eq!(info.meta_positions.len(), 6, "every drive holds the object once the bucket healed");
+    });
+    cluster.kill_node(0);
+    cluster.kill_node(2);
+    let after = cluster.client();
+    block_on(async { assert!(after.get("late", "obj").await.unwrap() == data) });
+}

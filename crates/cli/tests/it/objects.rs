@@ -242,7 +242,8 @@ fn client_bootstraps_from_any_node_address_with_the_secret() {
     let text = std::fs::read_to_string(&cluster.config).unwrap();
     let secret = cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap().secret;
     block_on(async {
-        let client = client::Client::bootstrap(cluster.addrs[3], &secret, client::ClientOptions::default()).await.unwrap();
+        let client =
+            client::Client::bootstrap(cluster.addrs[3], &secret, client::ClientOptions::default()).await.unwrap();
         assert_eq!(client.map().nodes.len(), 6);
         client.make_bucket("bkt").await.unwrap();
         client.put_bytes("bkt", "k", b"via bootstrap", &Default::default()).await.unwrap();
