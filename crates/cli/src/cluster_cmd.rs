@@ -340,7 +340,7 @@ fn stop_children(children: &mut [Proc]) {
 pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
     // s3s logs every S3 error answer (NoSuchKey included) at ERROR; the gateway logs the
     // failures that need a look itself (node trouble at WARN).
-    crate::init_logging("info,s3s=off");
+    crate::init_logging_quieting("info", &["s3s"]);
     let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
     let (Some(access_key), Some(secret_key)) = (var(ACCESS_KEY_ENV), var(SECRET_KEY_ENV)) else {
         bail!("set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV} (tessera up generates them)");

@@ -113,7 +113,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 /// Logs go to stderr; `TESSERA_LOG` (e.g. `debug`, `client=debug`) overrides `default`.
 pub(crate) fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+    init_logging_quieting(default, &[]);
+}
+
+/// Like [`init_logging`], and turns off the log targets in `quiet` unless `TESSERA_LOG` names
+/// them (s3s logs every S3 error response, a 404 included, at ERROR).
+pub(crate) fn init_logging_quieting(default: &str, quiet: &[&str]) {
+    let mut directives = std::env::var("TESSERA_LOG").unwrap_or_else(|_| default.to_owned());
+    for target in quiet {
+        if !directives.contains(target) {
+            directives.push_str(&format!(",{target}=off"));
+        }
+    }
+    let filter = tracing_subscriber::EnvFilter::try_new(&directives)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let subscriber = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).finish();
     // A second call (never made) would fail harmlessly; logging is set up once per process.

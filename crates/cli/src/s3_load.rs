@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::{Context, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
 
 /// How long a signed URL is valid; each request signs its own.
@@ -38,7 +38,8 @@ impl S3Target {
         let response = self.send(hyper::Method::PUT, url, Bytes::new()).await?;
         let status = response.status();
         let body = response.into_body().collect().await.context("read CreateBucket response")?.to_bytes();
-        if status.is_success() || (status == 409 && String::from_utf8_lossy(&body).contains("BucketAlreadyOwnedByYou")) {
+        if status.is_success() || (status == 409 && String::from_utf8_lossy(&body).contains("BucketAlreadyOwnedByYou"))
+        {
             return Ok(());
         }
         bail!("CreateBucket answered {status}: {}", String::from_utf8_lossy(&body));

@@ -26,6 +26,17 @@ const DELETE_OBJECTS_CONCURRENCY: usize = 16;
 /// Content type of objects stored without one, as S3.
 const DEFAULT_CONTENT_TYPE: &str = "binary/octet-stream";
 
+/// `aws-chunked` describes how this request's body was framed, not the object: S3 drops it
+/// from the stored Content-Encoding (`gzip,aws-chunked` is stored as `gzip`).
+fn without_aws_chunked(encoding: String) -> Option<String> {
+    let kept: Vec<&str> = encoding
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && !t.eq_ignore_ascii_case("aws-chunked"))
+        .collect();
+    if kept.is_empty() { None } else { Some(kept.join(",")) }
+}
+
 /// The metadata a write stores and a read replays.
 #[derive(Debug, Default)]
 pub(crate) struct ObjectHeaders {
@@ -54,7 +65,7 @@ impl ObjectHeaders {
         let headers = [
             ("cache-control", self.cache_control),
             ("content-disposition", self.content_disposition),
-            ("content-encoding", self.content_encoding),
+            ("content-encoding", self.content_encoding.and_then(without_aws_chunked)),
             ("content-language", self.content_language),
             ("expires", expires),
         ]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
-use s3s::auth::SimpleAuth;
+use s3s::auth::{S3Auth, SecretKey};
 use s3s::dto::*;
 use s3s::service::{S3Service, S3ServiceBuilder};
 use s3s::{S3, S3Request, S3Response, S3Result};
@@ -25,12 +25,47 @@ const XML_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 pub(crate) fn build_service(client: client::Client, config: &GatewayConfig) -> S3Service {
     let mut builder = S3ServiceBuilder::new(Tessera { client });
-    builder.set_auth(SimpleAuth::from_single(config.access_key.as_str(), config.secret_key.as_str()));
+    builder.set_auth(RootAuth { access_key: config.access_key.clone(), secret_key: config.secret_key.clone() });
     builder.set_host(crate::host::LocalHost::new(config.listen.port()));
     let mut s3_config = s3s::config::S3Config::default();
     s3_config.xml_max_body_size = XML_BODY_BYTES_MAX;
     builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(s3_config))));
     builder.build()
+}
+
+/// The root credentials. Unlike s3s's `SimpleAuth` (which answers `NotSignedUp`), an unknown
+/// access key gets S3's `InvalidAccessKeyId`.
+struct RootAuth {
+    access_key: String,
+    secret_key: String,
+}
+
+#[async_trait::async_trait]
+impl S3Auth for RootAuth {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
+        if access_key == self.access_key {
+            return Ok(SecretKey::from(self.secret_key.as_str()));
+        }
+        Err(s3s::s3_error!(InvalidAccessKeyId, "The AWS access key Id you provided does not exist in our records."))
+    }
+}
+
+/// An error answered before the request body was read leaves that body on the wire, so the
+/// connection cannot carry another request: say so with `Connection: close`, or clients that
+/// pool connections (botocore with `Expect: 100-continue`) read a stale answer on reuse.
+async fn call_closing_on_early_error(
+    service: S3Service,
+    request: hyper::Request<hyper::body::Incoming>,
+) -> Result<s3s::HttpResponse, s3s::HttpError> {
+    use hyper::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+    let headers = request.headers();
+    let has_body = headers.contains_key(TRANSFER_ENCODING)
+        || headers.get(CONTENT_LENGTH).is_some_and(|len| len.as_bytes() != b"0");
+    let mut response = hyper::service::Service::call(&service, request).await?;
+    if has_body && (response.status().is_client_error() || response.status().is_server_error()) {
+        response.headers_mut().insert(CONNECTION, hyper::header::HeaderValue::from_static("close"));
+    }
+    Ok(response)
 }
 
 pub(crate) async fn serve(
@@ -63,7 +98,9 @@ pub(crate) async fn serve(
         };
         // Small responses (errors, XML) go out at once rather than after Nagle's delay.
         let _ = stream.set_nodelay(true); // best effort: the connection works either way
-        let connection = http.serve_connection(TokioIo::new(stream), service.clone()).into_owned();
+        let service = service.clone();
+        let handler = hyper::service::service_fn(move |request| call_closing_on_early_error(service.clone(), request));
+        let connection = http.serve_connection(TokioIo::new(stream), handler).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {

@@ -343,3 +343,16 @@ async fn empty_upload_body_reads_as_zero_bytes() {
     body.read_to_end(&mut out).await.expect("an empty body with the MD5 of nothing");
     assert!(out.is_empty());
 }
+
+#[test]
+fn aws_chunked_framing_is_not_stored_as_content_encoding() {
+    let stored = |encoding: &str| {
+        let headers =
+            crate::object::ObjectHeaders { content_encoding: Some(encoding.to_owned()), ..Default::default() };
+        let options = headers.into_put_options().unwrap();
+        options.headers.into_iter().find(|(name, _)| name == "content-encoding").map(|(_, value)| value)
+    };
+    assert_eq!(stored("aws-chunked"), None);
+    assert_eq!(stored("gzip,aws-chunked"), Some("gzip".to_owned()));
+    assert_eq!(stored("gzip, br"), Some("gzip,br".to_owned()));
+}
