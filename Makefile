@@ -16,10 +16,12 @@ up: build
 	./target/release/tessera up --data $(DATA)
 
 ## Install what the build needs, then run every test (unit, property, multi-process integration,
-## then end to end: aws-cli, boto3, s3fs, pyarrow and DuckDB against a local cluster and gateway).
+## then end to end: aws-cli, boto3, s3fs, pyarrow and DuckDB against a local cluster and gateway,
+## then the Python package: numpy/torch zero-copy reads, DataLoader, DDP, checkpoints, fsspec).
 test: build lint
 	$(CARGO) test --release
 	e2e/run.sh
+	python/run-tests.sh
 
 ## End-to-end suite only (installs e2e/requirements.txt into .venv); ARGS go to pytest.
 e2e: build
