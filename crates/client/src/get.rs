@@ -20,14 +20,19 @@ struct Slot {
     requested: bool,
     good: bool,
     failed: bool,
-    /// Where in the caller's buffer the chunk lands whole, if it does.
+    /// Where in the caller's buffer the chunk's fetched range lands whole, if it does.
     direct: Option<usize>,
     scratch: Vec<u8>,
 }
 
+/// One stripe of a read. Every chunk fetched for it covers the same block-aligned byte range
+/// `[range_start, range_start + range_len)` of the chunk: the union of what the caller needs
+/// from its data chunks. Reed-Solomon works byte by byte, so that range decodes on its own.
 struct StripeRead {
     stripe_idx: u64,
     chunk_len: usize,
+    range_start: usize,
+    range_len: usize,
     slots: Vec<Slot>,
 }
 
@@ -43,7 +48,9 @@ struct Job<'b> {
     window_idx: usize,
     chunk_idx: usize,
     item: ReadItem,
-    crc: u32,
+    /// CRC32C of each checksum block of the fetched range, in order.
+    crcs: Vec<u32>,
+    block_bytes: usize,
     dest: Dest<'b>,
 }
 
@@ -182,30 +189,47 @@ fn plan_window(
 ) -> Result<Vec<StripeRead>, Error> {
     let geometry = info.meta.geometry();
     let (k, n) = (usize::from(info.meta.k), info.meta.n());
+    let block = info.meta.block_bytes as usize;
     let range_end = offset + len as u64;
     let mut reads = Vec::new();
     for stripe_idx in stripes {
         let chunk_len = geometry.chunk_len(stripe_idx);
+        let stripe_start = geometry.stripe_offset(stripe_idx);
+        let chunk_start = |chunk_idx: usize| stripe_start + (chunk_idx * chunk_len) as u64;
+        // The bytes of each data chunk the caller wants, as offsets inside the chunk.
+        let wanted: Vec<Option<(usize, usize)>> = (0..k)
+            .map(|chunk_idx| {
+                let start = chunk_start(chunk_idx);
+                let data = geometry.data_bytes_in_chunk(stripe_idx, chunk_idx) as u64;
+                let (from, to) = (start.max(offset), (start + data).min(range_end));
+                (from < to).then(|| ((from - start) as usize, (to - start) as usize))
+            })
+            .collect();
+        let Some(low) = wanted.iter().flatten().map(|w| w.0).min() else { continue };
+        let high = wanted.iter().flatten().map(|w| w.1).max().expect("some chunk is wanted");
+        let range_start = low / block * block;
+        let range_len = (high.div_ceil(block) * block).min(chunk_len) - range_start;
         let mut slots: Vec<Slot> = (0..n).map(|_| Slot::default()).collect();
         for (chunk_idx, slot) in slots.iter_mut().enumerate().take(k) {
-            let start = geometry.stripe_offset(stripe_idx) + (chunk_idx * chunk_len) as u64;
-            let data = geometry.data_bytes_in_chunk(stripe_idx, chunk_idx) as u64;
-            if data == 0 || start >= range_end || start + data <= offset {
+            if wanted[chunk_idx].is_none() {
                 continue;
             }
             slot.needed = true;
             slot.requested = true;
-            if start >= offset && start + data <= range_end && data == chunk_len as u64 {
-                slot.direct = Some((start - offset) as usize);
+            let fetched = chunk_start(chunk_idx) + range_start as u64;
+            let data = geometry.data_bytes_in_chunk(stripe_idx, chunk_idx);
+            let unpadded = range_start + range_len <= data;
+            if fetched >= offset && fetched + range_len as u64 <= range_end && unpadded {
+                slot.direct = Some((fetched - offset) as usize);
             } else {
                 // Partly wanted or padded: lands in scratch, the wanted part is copied out.
-                slot.scratch = vec![0u8; chunk_len];
+                slot.scratch = vec![0u8; range_len];
             }
             if is_down(client, info, stripe_idx, chunk_idx) {
                 slot.failed = true;
             }
         }
-        reads.push(StripeRead { stripe_idx, chunk_len, slots });
+        reads.push(StripeRead { stripe_idx, chunk_len, range_start, range_len, slots });
     }
     plan_replacements(client, info, &mut reads)?;
     Ok(reads)
@@ -238,7 +262,7 @@ fn plan_replacements(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead
             }
             let slot = &mut read.slots[chunk_idx];
             slot.requested = true;
-            slot.scratch = vec![0u8; read.chunk_len];
+            slot.scratch = vec![0u8; read.range_len];
             short -= 1;
             planned = true;
         }
@@ -290,12 +314,18 @@ async fn fetch_round(client: &Client, plans: &mut [Plan<'_>], bufs: &mut [&mut [
                     continue;
                 }
                 if let Some(start) = slot.direct {
-                    direct.push((start, read.chunk_len, window_idx, chunk_idx));
+                    direct.push((start, read.range_len, window_idx, chunk_idx));
                     continue;
                 }
                 let dest = Dest::Scratch(std::mem::take(&mut slot.scratch));
-                let at =
-                    JobAt { plan_idx, window_idx, chunk_idx, stripe_idx: read.stripe_idx, chunk_len: read.chunk_len };
+                let at = JobAt {
+                    plan_idx,
+                    window_idx,
+                    chunk_idx,
+                    stripe_idx: read.stripe_idx,
+                    range_start: read.range_start,
+                    range_len: read.range_len,
+                };
                 let (job, node_idx) = make_job(info, drives, &geometry, at, dest);
                 jobs_by_node[node_idx].push(job);
             }
@@ -309,8 +339,8 @@ async fn fetch_round(client: &Client, plans: &mut [Plan<'_>], bufs: &mut [&mut [
             let (piece, tail) = tail.split_at_mut(len);
             rest = tail;
             consumed = start + len;
-            let stripe_idx = plan.reads[window_idx].stripe_idx;
-            let at = JobAt { plan_idx, window_idx, chunk_idx, stripe_idx, chunk_len: len };
+            debug_assert_eq!(len, plan.reads[window_idx].range_len);
+            let at = JobAt::new(plan_idx, window_idx, chunk_idx, &plan.reads[window_idx]);
             let (job, node_idx) = make_job(info, drives, &geometry, at, Dest::Direct(piece));
             jobs_by_node[node_idx].push(job);
         }
@@ -333,7 +363,15 @@ struct JobAt {
     window_idx: usize,
     chunk_idx: usize,
     stripe_idx: u64,
-    chunk_len: usize,
+    range_start: usize,
+    range_len: usize,
+}
+
+impl JobAt {
+    fn new(plan_idx: usize, window_idx: usize, chunk_idx: usize, read: &StripeRead) -> Self {
+        let (stripe_idx, range_start, range_len) = (read.stripe_idx, read.range_start, read.range_len);
+        Self { plan_idx, window_idx, chunk_idx, stripe_idx, range_start, range_len }
+    }
 }
 
 fn make_job<'b>(
@@ -347,11 +385,23 @@ fn make_job<'b>(
     let item = ReadItem {
         drive: drive.drive_idx as u32,
         version: info.meta.version,
-        offset: geometry.file_offset(at.stripe_idx),
-        len: at.chunk_len as u32,
+        offset: geometry.file_offset(at.stripe_idx) + at.range_start as u64,
+        len: at.range_len as u32,
     };
-    let crc = info.meta.crc(at.stripe_idx, at.chunk_idx);
-    let job = Job { plan_idx: at.plan_idx, window_idx: at.window_idx, chunk_idx: at.chunk_idx, item, crc, dest };
+    let block_bytes = info.meta.block_bytes as usize;
+    assert_eq!(at.range_start % block_bytes, 0, "fetched ranges start on a checksum block");
+    let blocks = at.range_len.div_ceil(block_bytes);
+    let first = at.range_start / block_bytes;
+    let crcs = info.meta.block_crcs(at.stripe_idx, at.chunk_idx)[first..first + blocks].to_vec();
+    let job = Job {
+        plan_idx: at.plan_idx,
+        window_idx: at.window_idx,
+        chunk_idx: at.chunk_idx,
+        item,
+        crcs,
+        block_bytes,
+        dest,
+    };
     (job, drive.node_idx)
 }
 
@@ -380,7 +430,8 @@ async fn fetch_node<'b>(client: &Client, node_idx: usize, mut jobs: Vec<Job<'b>>
             let dest = job.dest.bytes_mut();
             assert_eq!(dest.len(), job.item.len as usize, "every destination holds exactly its chunk");
             conn.read_exact(dest).await?;
-            *good = crc32c::crc32c(dest) == job.crc;
+            *good = dest.len().div_ceil(job.block_bytes) == job.crcs.len()
+                && dest.chunks(job.block_bytes).zip(&job.crcs).all(|(block, crc)| crc32c::crc32c(block) == *crc);
             if !*good {
                 tracing::warn!(node = %pool.node, version = %job.item.version.to_hex(), offset = job.item.offset, chunk = job.chunk_idx, "chunk failed its checksum; reading around it");
             }
@@ -421,7 +472,8 @@ fn finish_stripe(
         if read.slots.iter().filter(|s| s.good).count() < k {
             return Err(unavailable(client, info, read));
         }
-        if read.slots[..k].iter().all(|s| s.direct.is_some()) {
+        let contiguous = k == 1 || read.range_len == read.chunk_len;
+        if contiguous && read.slots[..k].iter().all(|s| s.direct.is_some()) {
             decode_in_place(client, read, buf)?;
         } else {
             decode_via_scratch(client, read, buf)?;
@@ -431,22 +483,27 @@ fn finish_stripe(
         if !slot.needed || slot.direct.is_some() {
             continue;
         }
-        assert!(slot.good && slot.scratch.len() == chunk_len);
+        assert!(slot.good && slot.scratch.len() == read.range_len);
         let chunk_start = stripe_start + (chunk_idx * chunk_len) as u64;
-        let data = geometry.data_bytes_in_chunk(read.stripe_idx, chunk_idx) as u64;
-        let from = chunk_start.max(offset);
-        let to = (chunk_start + data).min(offset + buf.len() as u64);
-        let source = &slot.scratch[(from - chunk_start) as usize..(to - chunk_start) as usize];
-        buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(source);
+        let fetched_start = chunk_start + read.range_start as u64;
+        let data_end = chunk_start + geometry.data_bytes_in_chunk(read.stripe_idx, chunk_idx) as u64;
+        let from = fetched_start.max(offset);
+        let to = (fetched_start + read.range_len as u64).min(data_end).min(offset + buf.len() as u64);
+        if from < to {
+            let source = &slot.scratch[(from - fetched_start) as usize..(to - fetched_start) as usize];
+            buf[(from - offset) as usize..(to - offset) as usize].copy_from_slice(source);
+        }
     }
     Ok(())
 }
 
 /// Decodes a stripe whose k data chunks all belong whole in the caller's buffer (so they are
-/// contiguous there): missing data chunks are rebuilt straight into place, no copies.
+/// contiguous there): missing data chunks are rebuilt straight into place, no copies. Works on
+/// the fetched range of each chunk (Reed-Solomon is byte-wise).
 fn decode_in_place(client: &Client, read: &mut StripeRead, buf: &mut [u8]) -> Result<(), Error> {
     let k = client.inner.codec.k();
-    let chunk_len = read.chunk_len;
+    // Whole chunks (or the single data chunk of k = 1): the fetched ranges are contiguous.
+    let chunk_len = read.range_len;
     let base = read.slots[0].direct.expect("every data chunk is direct");
     let present: Vec<bool> = read.slots.iter().map(|s| s.good).collect();
     for slot in &mut read.slots[k..] {
@@ -470,7 +527,8 @@ fn decode_in_place(client: &Client, read: &mut StripeRead, buf: &mut [u8]) -> Re
 /// rebuilt chunks land in their slots' scratch and are copied out by `finish_stripe`.
 fn decode_via_scratch(client: &Client, read: &mut StripeRead, buf: &[u8]) -> Result<(), Error> {
     let (k, n) = (client.inner.codec.k(), client.inner.codec.n());
-    let chunk_len = read.chunk_len;
+    // Only the fetched range of each chunk takes part (Reed-Solomon is byte-wise).
+    let chunk_len = read.range_len;
     let mut stripe = vec![0u8; n * chunk_len];
     let mut present = vec![false; n];
     for (chunk_idx, slot) in read.slots.iter().enumerate() {

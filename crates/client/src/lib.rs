@@ -138,6 +138,8 @@ pub enum Error {
     InvalidPartOrder,
     #[error("part {number} has {size} bytes; every part but the last needs at least 5 MiB")]
     EntityTooSmall { number: u32, size: u64 },
+    #[error("object too large for one piece (about {max_bytes} bytes); upload it in parts (multipart)")]
+    ObjectTooLarge { max_bytes: u64 },
     #[error("range starts at {offset}, past the end of the {size}-byte object")]
     RangeNotSatisfiable { offset: u64, size: u64 },
     #[error("invalid cluster map: {0}")]

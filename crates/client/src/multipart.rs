@@ -303,6 +303,7 @@ pub(crate) fn piece_info(client: &Client, object: &ObjectMeta, piece: &PartPiece
         k: object.k,
         m: object.m,
         chunk_bytes: object.chunk_bytes,
+        block_bytes: object.block_bytes,
         set_idx: piece.set_idx,
         rotation: piece.rotation,
         crcs: piece.crcs.clone(),

@@ -16,6 +16,7 @@ fn meta(version: u64) -> ObjectMeta {
         k: 2,
         m: 1,
         chunk_bytes: 4096,
+        block_bytes: 4096,
         set_idx: 0,
         rotation: 0,
         crcs: Vec::new(),

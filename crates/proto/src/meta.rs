@@ -32,8 +32,11 @@ pub struct ObjectMeta {
     pub chunk_bytes: u32,
     pub set_idx: u32,
     pub rotation: u8,
-    /// CRC32C of every chunk, stripe-major: `crcs[stripe * n + chunk_idx]`. Empty for a
-    /// multipart object, whose bytes live in `parts`.
+    /// Bytes per checksum block: every chunk has a CRC32C per block, so a ranged read fetches
+    /// and verifies only the blocks it needs. At most `chunk_bytes`.
+    pub block_bytes: u32,
+    /// CRC32C of every block of every chunk, stripe-major, then chunk, then block: see
+    /// [`ObjectMeta::block_crcs`]. Empty for a multipart object, whose bytes live in `parts`.
     pub crcs: Vec<u32>,
     /// A multipart object: its parts in order, each an erasure-coded piece of its own (written
     /// by UploadPart, never copied). Empty for a single-piece object.
@@ -62,6 +65,18 @@ impl ObjectMeta {
         usize::from(self.k) + usize::from(self.m)
     }
 
+    /// Block checksums a piece of `size` bytes has with this record's layout.
+    fn checksums_for(&self, size: u64) -> u128 {
+        let geometry = StripeGeometry::new(size, usize::from(self.k), self.chunk_bytes);
+        if geometry.stripes == 0 {
+            return 0;
+        }
+        let blocks = |len: usize| len.div_ceil(self.block_bytes as usize) as u128;
+        let last = geometry.stripes - 1;
+        let n = self.n() as u128;
+        u128::from(last) * n * blocks(self.chunk_bytes as usize) + n * blocks(geometry.chunk_len(last))
+    }
+
     /// Whether this version owns a data file of its own on each drive of its set.
     pub fn has_data_file(&self) -> bool {
         !self.deleted && self.size > 0 && self.parts.is_empty()
@@ -72,9 +87,18 @@ impl ObjectMeta {
         StripeGeometry::new(self.size, usize::from(self.k), self.chunk_bytes)
     }
 
-    /// CRC32C of chunk `chunk_idx` of stripe `stripe_idx`.
-    pub fn crc(&self, stripe_idx: u64, chunk_idx: usize) -> u32 {
-        self.crcs[stripe_idx as usize * self.n() + chunk_idx]
+    /// Checksum blocks in each chunk of stripe `stripe_idx` (the last block may be short).
+    pub fn blocks_per_chunk(&self, stripe_idx: u64) -> usize {
+        self.geometry().chunk_len(stripe_idx).div_ceil(self.block_bytes as usize)
+    }
+
+    /// CRC32Cs of the blocks of chunk `chunk_idx` of stripe `stripe_idx`, in order. Every
+    /// stripe before it is full, so its blocks start at `stripe * n * blocks of a full chunk`.
+    pub fn block_crcs(&self, stripe_idx: u64, chunk_idx: usize) -> &[u32] {
+        let full = (self.chunk_bytes as usize).div_ceil(self.block_bytes as usize);
+        let blocks = self.blocks_per_chunk(stripe_idx);
+        let start = stripe_idx as usize * self.n() * full + chunk_idx * blocks;
+        &self.crcs[start..start + blocks]
     }
 
     /// Checks internal consistency of a record received from a peer or read from disk.
@@ -96,15 +120,17 @@ impl ObjectMeta {
         if usize::from(self.rotation) >= self.n() {
             return invalid(format!("rotation {} >= n", self.rotation));
         }
+        if self.block_bytes == 0 || self.block_bytes > self.chunk_bytes {
+            return invalid(format!("block_bytes {} not in 1..=chunk_bytes", self.block_bytes));
+        }
         let single_piece = !self.deleted && self.parts.is_empty();
-        let expected = if single_piece { self.geometry().stripes as u128 * self.n() as u128 } else { 0 };
+        let expected = if single_piece { self.checksums_for(self.size) } else { 0 };
         if self.crcs.len() as u128 != expected {
             return invalid(format!("{} checksums, the layout needs {expected}", self.crcs.len()));
         }
         let mut total = 0u64;
         for part in &self.parts {
-            let stripes = StripeGeometry::new(part.size, usize::from(self.k), self.chunk_bytes).stripes;
-            if part.crcs.len() as u128 != stripes as u128 * self.n() as u128 || usize::from(part.rotation) >= self.n() {
+            if part.crcs.len() as u128 != self.checksums_for(part.size) || usize::from(part.rotation) >= self.n() {
                 return invalid(format!("part {} does not match its layout", part.number));
             }
             total = total.saturating_add(part.size);

@@ -18,6 +18,7 @@ fn meta(size: u64, k: u8, m: u8, chunk_bytes: u32) -> ObjectMeta {
         k,
         m,
         chunk_bytes,
+        block_bytes: chunk_bytes,
         set_idx: 0,
         rotation: 1,
         crcs: vec![0; geometry.stripes as usize * usize::from(k + m)],
@@ -153,5 +154,29 @@ proptest! {
             covered += in_stripe as u64;
         }
         prop_assert_eq!(covered, size);
+    }
+}
+
+proptest! {
+    #[test]
+    fn block_checksums_are_indexed_once_each_in_order(size in 0u64..300_000, k in 1u8..6, block_pow in 10u32..13) {
+        let (chunk_bytes, block_bytes) = (1u32 << 13, 1u32 << block_pow);
+        let mut record = meta(size, k, 2, chunk_bytes);
+        record.block_bytes = block_bytes;
+        let geometry = record.geometry();
+        let blocks: usize = (0..geometry.stripes)
+            .map(|s| geometry.chunk_len(s).div_ceil(block_bytes as usize) * record.n())
+            .sum();
+        record.crcs = (0..blocks as u32).collect();
+        prop_assert!(record.validate().is_ok());
+        let mut walked = Vec::new();
+        for stripe in 0..geometry.stripes {
+            for chunk in 0..record.n() {
+                walked.extend_from_slice(record.block_crcs(stripe, chunk));
+            }
+        }
+        prop_assert_eq!(walked, record.crcs.clone());
+        record.crcs.push(0);
+        prop_assert!(record.validate().is_err());
     }
 }

@@ -23,6 +23,7 @@ pub(crate) fn s3_error(error: client::Error) -> S3Error {
         E::InvalidPartOrder => (S3ErrorCode::InvalidPartOrder, None),
         E::EntityTooSmall { .. } => (S3ErrorCode::EntityTooSmall, None),
         E::RangeNotSatisfiable { .. } => (S3ErrorCode::InvalidRange, None),
+        E::ObjectTooLarge { .. } => (S3ErrorCode::EntityTooLarge, None),
         E::Source(io) => return body_error(io),
         E::DiskFull { .. } => {
             tracing::warn!("{message}");
