@@ -241,7 +241,12 @@ def main():
     mode.add_argument("--quick", action="store_true", help="about 2 minutes (default)")
     mode.add_argument("--full", action="store_true", help="longer runs, more objects")
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"), help="results directory")
+    parser.add_argument("--python-loader", action="store_true",
+                        help="instead: DataLoader images/s over 100 KiB objects (bench/python_loader.py) with "
+                             "tessera.torch, boto3 via Tessera's gateway and boto3 via MinIO")
     args = parser.parse_args()
+    if args.python_loader:
+        return python_loader(args)
     duration, objects, small_objects = ("20s", 256, 2000) if args.full else ("5s", 64, 500)
 
     signal.signal(signal.SIGINT, on_signal)
@@ -285,6 +290,45 @@ def main():
         stop_all()
     report(rows, args.out, duration, objects)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def python_loader(args):
+    """Issue-5 benchmark: images/s of a DataLoader, tessera.torch vs boto3 (Tessera gateway, MinIO)."""
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    ensure_minio()
+    objects = "10000" if args.full else "2000"
+    work = tempfile.mkdtemp(prefix="tessera-loader-")
+    access = "".join(secrets.choice(string.ascii_uppercase + string.digits) for _ in range(20))
+    secret = secrets.token_hex(20)
+    minio, tessera = MinioCluster(work, access, secret), TesseraCluster(work, access, secret)
+    loader = os.path.join(ROOT, "bench", "python_loader.py")
+    python = os.path.join(ROOT, ".venv", "bin", "python")
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=access, AWS_SECRET_ACCESS_KEY=secret)
+    common = [python, loader, "--config", tessera.config, "--objects", objects, "--json"]
+    results = {}
+    try:
+        minio.start()
+        tessera.start()
+        runs = [
+            ("tessera.torch", ["--bucket", "loader", "--populate"]),
+            ("boto3 via Tessera gateway", ["--bucket", "loader", "--skip-tessera", "--s3-endpoint", tessera.url,
+                                           "--s3-bucket", "loader-s3", "--populate"]),
+            ("boto3 via MinIO", ["--bucket", "loader", "--skip-tessera", "--s3-endpoint", minio.url,
+                                 "--s3-bucket", "loader-s3", "--populate"]),
+        ]
+        for label, extra in runs:
+            log(f"== {label}")
+            run = subprocess.run(common + extra, env=env, capture_output=True, text=True)
+            if run.returncode != 0:
+                raise SystemExit(f"error: {label}: {run.stderr.strip()[-2000:]}")
+            results[label] = json.loads(run.stdout.strip().splitlines()[-1])
+    finally:
+        stop_all()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "python-loader.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(json.dumps(results, indent=1))
 
 
 def report(rows, out, duration, objects):
