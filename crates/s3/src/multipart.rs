@@ -9,7 +9,7 @@ use crate::bucket::owner;
 use crate::conditional::{Conditions, copy_source_range, timestamp};
 use crate::error::{invalid_argument, s3_error};
 use crate::list::common_prefix;
-use crate::object::{ObjectHeaders, copy_source, entity_too_large, etag};
+use crate::object::{copy_source, entity_too_large, etag};
 
 /// Largest part, as S3.
 pub(crate) const PART_BYTES_MAX: u64 = 5 << 30;
@@ -39,16 +39,7 @@ pub(crate) async fn create_multipart_upload(
     req: S3Request<CreateMultipartUploadInput>,
 ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
     let input = req.input;
-    let options = ObjectHeaders {
-        content_type: input.content_type,
-        cache_control: input.cache_control,
-        content_disposition: input.content_disposition,
-        content_encoding: input.content_encoding,
-        content_language: input.content_language,
-        expires: input.expires,
-        metadata: input.metadata,
-    }
-    .into_put_options()?;
+    let options = crate::object::object_headers!(input).into_put_options()?;
     let upload_id = client.create_multipart(&input.bucket, &input.key, &options).await.map_err(s3_error)?;
     let output = CreateMultipartUploadOutput {
         bucket: Some(input.bucket),

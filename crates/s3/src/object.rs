@@ -37,6 +37,23 @@ fn without_aws_chunked(encoding: String) -> Option<String> {
     if kept.is_empty() { None } else { Some(kept.join(",")) }
 }
 
+/// The [`ObjectHeaders`] of an s3s write input (PutObject, CreateMultipartUpload, CopyObject):
+/// distinct DTO types that name these fields alike.
+macro_rules! object_headers {
+    ($input:expr) => {
+        $crate::object::ObjectHeaders {
+            content_type: $input.content_type,
+            cache_control: $input.cache_control,
+            content_disposition: $input.content_disposition,
+            content_encoding: $input.content_encoding,
+            content_language: $input.content_language,
+            expires: $input.expires,
+            metadata: $input.metadata,
+        }
+    };
+}
+pub(crate) use object_headers;
+
 /// The metadata a write stores and a read replays.
 #[derive(Debug, Default)]
 pub(crate) struct ObjectHeaders {
@@ -138,16 +155,7 @@ pub(crate) async fn put_object(
     }
     check_write_conditions(client, &input.bucket, &input.key, input.if_match.as_ref(), input.if_none_match.as_ref())
         .await?;
-    let options = ObjectHeaders {
-        content_type: input.content_type,
-        cache_control: input.cache_control,
-        content_disposition: input.content_disposition,
-        content_encoding: input.content_encoding,
-        content_language: input.content_language,
-        expires: input.expires,
-        metadata: input.metadata,
-    }
-    .into_put_options()?;
+    let options = object_headers!(input).into_put_options()?;
     let checksums = Checksum {
         checksum_crc32: input.checksum_crc32,
         checksum_crc32c: input.checksum_crc32c,
@@ -521,15 +529,7 @@ pub(crate) async fn copy_object(
         ));
     }
     let headers = if replace {
-        ObjectHeaders {
-            content_type: input.content_type,
-            cache_control: input.cache_control,
-            content_disposition: input.content_disposition,
-            content_encoding: input.content_encoding,
-            content_language: input.content_language,
-            expires: input.expires,
-            metadata: input.metadata,
-        }
+        object_headers!(input)
     } else {
         let mut stored = ObjectHeaders::stored(&source);
         stored.content_type = (!source.meta.content_type.is_empty()).then(|| source.meta.content_type.clone());
