@@ -22,6 +22,7 @@ fn meta(key: &str, version: VersionId, size: u64) -> ObjectMeta {
         k: 2,
         m: 1,
         chunk_bytes: 4096,
+        block_bytes: 4096,
         set_idx: 0,
         rotation: 0,
         crcs: vec![0; stripes * 3],
