@@ -392,6 +392,9 @@ def test_buckets_create_head_list_delete(s3, bucket_name):
     s3.head_bucket(Bucket=bucket_name)
     listed = {b["Name"]: b for b in s3.list_buckets()["Buckets"]}
     assert bucket_name in listed and isinstance(listed[bucket_name]["CreationDate"], dt.datetime)
+    created = listed[bucket_name]["CreationDate"]
+    age = dt.datetime.now(dt.timezone.utc) - created
+    assert dt.timedelta(seconds=-5) <= age < dt.timedelta(minutes=10), f"creation date {created} is not the real one"
     s3.get_bucket_location(Bucket=bucket_name)
     s3.delete_bucket(Bucket=bucket_name)
     with s3_error("404"):

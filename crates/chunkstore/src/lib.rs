@@ -32,7 +32,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use proto::{CommitOutcome, ListEntry, ObjectMeta, VersionId};
+use proto::{BucketEntry, CommitOutcome, ListEntry, ObjectMeta, VersionId};
 use redb::{Database, ReadableTable, TableDefinition};
 
 const BUCKETS: TableDefinition<'_, &str, u64> = TableDefinition::new("buckets");
@@ -161,16 +161,16 @@ impl Drive {
         Ok(table.get(bucket).map_err(|e| self.db_err(e))?.is_some())
     }
 
-    /// Every bucket on this drive, sorted.
-    pub fn list_buckets(&self) -> Result<Vec<String>, Error> {
+    /// Every bucket on this drive with its creation time, sorted by name.
+    pub fn list_buckets(&self) -> Result<Vec<BucketEntry>, Error> {
         let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
-        let mut names = Vec::new();
+        let mut buckets = Vec::new();
         for entry in table.iter().map_err(|e| self.db_err(e))? {
-            let (name, _) = entry.map_err(|e| self.db_err(e))?;
-            names.push(name.value().to_owned());
+            let (name, created_ms) = entry.map_err(|e| self.db_err(e))?;
+            buckets.push(BucketEntry { name: name.value().to_owned(), created_ms: created_ms.value() });
         }
-        Ok(names)
+        Ok(buckets)
     }
 
     /// Writes `data` at `offset` of `version`'s staging file (created on first write).

@@ -43,7 +43,7 @@ use conn::{Conn, Pool};
 
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
-pub use proto::ListEntry;
+pub use proto::{BucketEntry, ListEntry};
 
 /// Timeouts and bounds of a client. Every node call has a deadline.
 #[derive(Clone, Debug)]

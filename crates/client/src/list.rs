@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use proto::{ErrorKind, LIST_LIMIT_MAX, ListEntry, Request, Response};
+use proto::{BucketEntry, ErrorKind, LIST_LIMIT_MAX, ListEntry, Request, Response};
 
 use crate::{Client, Error};
 
@@ -29,23 +29,31 @@ impl Client {
         self.bucket_call(&Request::BucketDelete { bucket: bucket.into() }, bucket).await
     }
 
-    /// Buckets known to a majority of reachable nodes, sorted.
+    /// Names of the buckets known to a majority of reachable nodes, sorted.
     pub async fn list_buckets(&self) -> Result<Vec<String>, Error> {
+        Ok(self.buckets().await?.into_iter().map(|b| b.name).collect())
+    }
+
+    /// Buckets known to a majority of reachable nodes, sorted by name, each with the earliest
+    /// creation time any node recorded.
+    pub async fn buckets(&self) -> Result<Vec<BucketEntry>, Error> {
         let responses = self.call_all_nodes(&Request::BucketList).await;
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        let mut seen: BTreeMap<String, (usize, u64)> = BTreeMap::new();
         let mut reachable = 0;
         for response in responses.into_iter().flatten() {
-            if let Response::Buckets { names } = response {
+            if let Response::Buckets { buckets } = response {
                 reachable += 1;
-                for name in names {
-                    *counts.entry(name).or_default() += 1;
+                for bucket in buckets {
+                    let entry = seen.entry(bucket.name).or_insert((0, bucket.created_ms));
+                    entry.0 += 1;
+                    entry.1 = entry.1.min(bucket.created_ms);
                 }
             }
         }
         self.require_majority(reachable)?;
         // Internal buckets (a leading dot: not a valid S3 name) stay hidden.
-        let visible = counts.into_iter().filter(|(name, c)| *c * 2 > reachable && !name.starts_with('.'));
-        Ok(visible.map(|(name, _)| name).collect())
+        let visible = seen.into_iter().filter(|(name, (count, _))| *count * 2 > reachable && !name.starts_with('.'));
+        Ok(visible.map(|(name, (_, created_ms))| BucketEntry { name, created_ms }).collect())
     }
 
     /// Whether `bucket` exists (on a majority of reachable nodes).

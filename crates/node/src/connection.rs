@@ -202,14 +202,20 @@ fn delete_bucket(state: &State, bucket: &str) -> Response {
 }
 
 fn list_buckets(state: &State) -> Response {
-    let mut names = std::collections::BTreeSet::new();
+    let mut created = std::collections::BTreeMap::new();
     for drive in &state.drives {
         match drive.list_buckets() {
-            Ok(list) => names.extend(list),
+            Ok(list) => {
+                for bucket in list {
+                    let at = created.entry(bucket.name).or_insert(bucket.created_ms);
+                    *at = (*at).min(bucket.created_ms);
+                }
+            }
             Err(e) => return error_response(&e),
         }
     }
-    Response::Buckets { names: names.into_iter().collect() }
+    let buckets = created.into_iter().map(|(name, created_ms)| proto::BucketEntry { name, created_ms }).collect();
+    Response::Buckets { buckets }
 }
 
 fn error_response(error: &chunkstore::Error) -> Response {

@@ -260,6 +260,14 @@ pub enum CommitOutcome {
     Superseded { current: VersionId },
 }
 
+/// One bucket in a bucket listing.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BucketEntry {
+    pub name: String,
+    /// When it was created (milliseconds since the epoch); the earliest any drive recorded.
+    pub created_ms: u64,
+}
+
 /// One key in a listing.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ListEntry {
@@ -319,7 +327,7 @@ pub enum Response {
         toml: String,
     },
     Buckets {
-        names: Vec<String>,
+        buckets: Vec<BucketEntry>,
     },
     Metas {
         metas: Vec<Option<ObjectMeta>>,

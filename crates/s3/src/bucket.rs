@@ -15,14 +15,13 @@ pub(crate) async fn list_buckets(
     req: S3Request<ListBucketsInput>,
 ) -> S3Result<S3Response<ListBucketsOutput>> {
     let prefix = req.input.prefix.unwrap_or_default();
-    let names = client.list_buckets().await.map_err(s3_error)?;
-    let buckets = names
+    let entries = client.buckets().await.map_err(s3_error)?;
+    let buckets = entries
         .into_iter()
-        .filter(|name| name.starts_with(&prefix) && !name.starts_with('.'))
-        .map(|name| Bucket {
-            // The cluster keeps no creation time; a fixed date is what clients can rely on.
-            creation_date: Some(Timestamp::default()),
-            name: Some(name),
+        .filter(|bucket| bucket.name.starts_with(&prefix) && !bucket.name.starts_with('.'))
+        .map(|bucket| Bucket {
+            creation_date: Some(crate::conditional::timestamp(bucket.created_ms)),
+            name: Some(bucket.name),
             bucket_region: None,
         })
         .collect();

@@ -233,6 +233,9 @@ fn multipart_complete_refuses_bad_part_lists() {
         assert!(matches!(client.head("bkt", "k").await, Err(client::Error::NotFound { .. })));
         assert!(client.list("bkt", "", "", 100).await.unwrap().entries.is_empty());
         assert_eq!(client.list_buckets().await.unwrap(), ["bkt"], "the internal bucket stays hidden");
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+        let created = client.buckets().await.unwrap()[0].created_ms;
+        assert!(created <= now_ms && now_ms - created < 600_000, "bucket creation time is recorded: {created}");
     });
 }
 
