@@ -59,14 +59,7 @@ pub(crate) async fn upload_part(
     if input.content_length.is_some_and(|len| len as u64 > PART_BYTES_MAX) {
         return Err(entity_too_large(PART_BYTES_MAX));
     }
-    let checksums = Checksum {
-        checksum_crc32: input.checksum_crc32,
-        checksum_crc32c: input.checksum_crc32c,
-        checksum_crc64nvme: input.checksum_crc64nvme,
-        checksum_sha1: input.checksum_sha1,
-        checksum_sha256: input.checksum_sha256,
-        checksum_type: None,
-    };
+    let checksums = crate::object::requested_checksums!(input);
     let expected = Expected::from_request(&headers, trailing_headers.as_ref(), checksums, PART_BYTES_MAX)?;
     let mut body = UploadBody::new(input.body, expected);
     let part =

@@ -54,6 +54,41 @@ macro_rules! object_headers {
 }
 pub(crate) use object_headers;
 
+/// The checksums an s3s upload input (PutObject, UploadPart) asks the gateway to verify.
+macro_rules! requested_checksums {
+    ($input:expr) => {
+        s3s::dto::Checksum {
+            checksum_crc32: $input.checksum_crc32,
+            checksum_crc32c: $input.checksum_crc32c,
+            checksum_crc64nvme: $input.checksum_crc64nvme,
+            checksum_sha1: $input.checksum_sha1,
+            checksum_sha256: $input.checksum_sha256,
+            checksum_type: None,
+        }
+    };
+}
+pub(crate) use requested_checksums;
+
+/// `plan_read` for a GetObject or HeadObject input (distinct DTO types, same fields).
+macro_rules! read_plan_of {
+    ($client:expr, $input:expr) => {
+        plan_read(
+            $client,
+            &$input.bucket,
+            &$input.key,
+            $input.version_id.as_deref(),
+            &Conditions {
+                if_match: $input.if_match.as_ref(),
+                if_none_match: $input.if_none_match.as_ref(),
+                if_modified_since: $input.if_modified_since.as_ref(),
+                if_unmodified_since: $input.if_unmodified_since.as_ref(),
+            },
+            $input.range.as_ref(),
+            $input.part_number,
+        )
+    };
+}
+
 /// The metadata a write stores and a read replays.
 #[derive(Debug, Default)]
 pub(crate) struct ObjectHeaders {
@@ -156,14 +191,7 @@ pub(crate) async fn put_object(
     check_write_conditions(client, &input.bucket, &input.key, input.if_match.as_ref(), input.if_none_match.as_ref())
         .await?;
     let options = object_headers!(input).into_put_options()?;
-    let checksums = Checksum {
-        checksum_crc32: input.checksum_crc32,
-        checksum_crc32c: input.checksum_crc32c,
-        checksum_crc64nvme: input.checksum_crc64nvme,
-        checksum_sha1: input.checksum_sha1,
-        checksum_sha256: input.checksum_sha256,
-        checksum_type: None,
-    };
+    let checksums = requested_checksums!(input);
     let expected = Expected::from_request(&headers, trailing_headers.as_ref(), checksums, PUT_OBJECT_BYTES_MAX)?;
     let mut body = UploadBody::new(input.body, expected);
     let info = client.put(&input.bucket, &input.key, &mut body, &options).await.map_err(s3_error)?;
@@ -288,22 +316,7 @@ pub(crate) async fn get_object(
     req: S3Request<GetObjectInput>,
 ) -> S3Result<S3Response<GetObjectOutput>> {
     let input = &req.input;
-    let conditions = Conditions {
-        if_match: input.if_match.as_ref(),
-        if_none_match: input.if_none_match.as_ref(),
-        if_modified_since: input.if_modified_since.as_ref(),
-        if_unmodified_since: input.if_unmodified_since.as_ref(),
-    };
-    let plan = plan_read(
-        client,
-        &input.bucket,
-        &input.key,
-        input.version_id.as_deref(),
-        &conditions,
-        input.range.as_ref(),
-        input.part_number,
-    )
-    .await?;
+    let plan = read_plan_of!(client, input).await?;
     let bytes = plan.bytes();
     let mut inner = object_stream(client.clone(), plan.info.clone(), bytes.clone());
     // The first window before the status line: a cluster that cannot serve the object answers
@@ -340,22 +353,7 @@ pub(crate) async fn head_object(
     req: S3Request<HeadObjectInput>,
 ) -> S3Result<S3Response<HeadObjectOutput>> {
     let input = req.input;
-    let conditions = Conditions {
-        if_match: input.if_match.as_ref(),
-        if_none_match: input.if_none_match.as_ref(),
-        if_modified_since: input.if_modified_since.as_ref(),
-        if_unmodified_since: input.if_unmodified_since.as_ref(),
-    };
-    let plan = plan_read(
-        client,
-        &input.bucket,
-        &input.key,
-        input.version_id.as_deref(),
-        &conditions,
-        input.range.as_ref(),
-        input.part_number,
-    )
-    .await?;
+    let plan = read_plan_of!(client, input).await?;
     let bytes = plan.bytes();
     let meta = &plan.info.meta;
     // s3s applies the response-* overrides to GET only; HEAD gets them here.
