@@ -32,7 +32,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use proto::{BucketEntry, CommitOutcome, ListEntry, ObjectMeta, VersionId};
+use proto::{BucketEntry, CommitCondition, CommitOutcome, ListEntry, ObjectMeta, VersionId};
 use redb::{Database, ReadableTable, TableDefinition};
 
 const BUCKETS: TableDefinition<'_, &str, u64> = TableDefinition::new("buckets");
@@ -70,6 +70,8 @@ pub enum Error {
     Db { path: PathBuf, source: Box<redb::Error> },
     #[error("stored metadata on drive {path} is corrupt: {source}")]
     CorruptMeta { path: PathBuf, source: proto::Error },
+    #[error("{bucket}/{key} already exists (the commit asked for an absent key)")]
+    PreconditionFailed { bucket: String, key: String },
 }
 
 /// One drive directory.
@@ -194,27 +196,41 @@ impl Drive {
     }
 
     /// Makes `meta` durable and current unless the drive already has this version or a newer
-    /// one. The staging file must hold exactly this drive's chunks of the layout.
-    pub fn commit(&self, meta: &ObjectMeta, missing_positions: &[u32]) -> Result<CommitOutcome, Error> {
+    /// one, or `condition` fails. The staging file must hold exactly this drive's chunks of the
+    /// layout.
+    pub fn commit(
+        &self,
+        meta: &ObjectMeta,
+        missing_positions: &[u32],
+        condition: CommitCondition,
+    ) -> Result<CommitOutcome, Error> {
         if !self.has_bucket(&meta.bucket)? {
             return Err(Error::NoSuchBucket { bucket: meta.bucket.clone() });
         }
-        if let Some(current) = self.get_meta(&meta.bucket, &meta.key)?
-            && current.version >= meta.version
-        {
-            self.abort(meta.version)?;
-            return Ok(CommitOutcome::Superseded { current: current.version });
+        if let Some(current) = self.get_meta(&meta.bucket, &meta.key)? {
+            if condition == CommitCondition::IfAbsent && !current.deleted && current.version != meta.version {
+                self.abort(meta.version)?;
+                return Err(Error::PreconditionFailed { bucket: meta.bucket.clone(), key: meta.key.clone() });
+            }
+            if current.version >= meta.version {
+                self.abort(meta.version)?;
+                return Ok(CommitOutcome::Superseded { current: current.version });
+            }
         }
         let has_data = meta.has_data_file();
         if has_data {
             self.publish_staged(meta)?;
         }
-        let replaced = self.commit_meta(meta, has_data, missing_positions)?;
+        let replaced = self.commit_meta(meta, has_data, missing_positions, condition)?;
         match replaced {
             ReplaceResult::Superseded(current) => {
                 // A newer version won the race between our check and our transaction.
                 self.remove_data_file(meta.version);
                 Ok(CommitOutcome::Superseded { current })
+            }
+            ReplaceResult::ConditionFailed => {
+                self.remove_data_file(meta.version);
+                Err(Error::PreconditionFailed { bucket: meta.bucket.clone(), key: meta.key.clone() })
             }
             ReplaceResult::Applied { old_data, replaced_parts } => {
                 if let Some(old) = old_data {
@@ -321,8 +337,13 @@ impl Drive {
 }
 
 enum ReplaceResult {
-    Applied { old_data: Option<VersionId>, replaced_parts: Vec<String> },
+    Applied {
+        old_data: Option<VersionId>,
+        replaced_parts: Vec<String>,
+    },
     Superseded(VersionId),
+    /// `CommitCondition::IfAbsent` and a live version appeared since the first check.
+    ConditionFailed,
 }
 
 impl Drive {
@@ -395,6 +416,7 @@ impl Drive {
         meta: &ObjectMeta,
         has_data: bool,
         missing_positions: &[u32],
+        condition: CommitCondition,
     ) -> Result<ReplaceResult, Error> {
         let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
         let result = {
@@ -405,6 +427,13 @@ impl Drive {
                 None => None,
             };
             match current {
+                Some(current)
+                    if condition == CommitCondition::IfAbsent
+                        && !current.deleted
+                        && current.version != meta.version =>
+                {
+                    ReplaceResult::ConditionFailed
+                }
                 Some(current) if current.version >= meta.version => ReplaceResult::Superseded(current.version),
                 current => {
                     let encoded = proto::encode_body(meta);

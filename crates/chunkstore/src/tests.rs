@@ -40,13 +40,48 @@ fn drive() -> (tempfile::TempDir, Drive) {
 
 /// Stages this drive's file for an object of `size` bytes (k=2, 4 KiB chunks) and commits it.
 fn put(drive: &Drive, key: &str, version: VersionId, size: u64) -> CommitOutcome {
+    put_if(drive, key, version, size, CommitCondition::None).unwrap()
+}
+
+fn put_if(
+    drive: &Drive,
+    key: &str,
+    version: VersionId,
+    size: u64,
+    condition: CommitCondition,
+) -> Result<CommitOutcome, Error> {
     let meta = meta(key, version, size);
     let geometry = meta.geometry();
     for stripe in 0..geometry.stripes {
         let chunk = vec![stripe as u8; geometry.chunk_len(stripe)];
         drive.write_chunk("bkt", version, geometry.file_offset(stripe), &chunk).unwrap();
     }
-    drive.commit(&meta, &[]).unwrap()
+    drive.commit(&meta, &[], condition)
+}
+
+#[test]
+fn if_absent_commit_is_refused_over_a_live_version_and_leaves_no_file() {
+    let (dir, drive) = drive();
+    put_if(&drive, "a", version(1), 100, CommitCondition::IfAbsent).unwrap();
+    let refused = put_if(&drive, "a", version(2), 100, CommitCondition::IfAbsent);
+    assert!(matches!(refused, Err(Error::PreconditionFailed { .. })), "{refused:?}");
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1));
+    assert!(drive.open_version(version(2)).unwrap().is_none());
+    assert!(!dir.path().join("tmp").join(version(2).to_hex()).exists(), "staging file dropped");
+    // An older conditional writer is refused too (not silently superseded).
+    assert!(matches!(
+        put_if(&drive, "a", version(0), 100, CommitCondition::IfAbsent),
+        Err(Error::PreconditionFailed { .. })
+    ));
+    // Over a delete marker the key is absent.
+    let mut marker = meta("a", version(3), 0);
+    marker.deleted = true;
+    marker.crcs.clear();
+    drive.commit(&marker, &[], CommitCondition::None).unwrap();
+    assert!(matches!(
+        put_if(&drive, "a", version(4), 100, CommitCondition::IfAbsent),
+        Ok(CommitOutcome::Applied { .. })
+    ));
 }
 
 #[test]
@@ -71,9 +106,15 @@ fn older_version_is_superseded_and_its_data_dropped() {
 #[test]
 fn commit_without_staged_data_or_with_short_data_fails() {
     let (_dir, drive) = drive();
-    assert!(matches!(drive.commit(&meta("a", version(1), 100), &[]), Err(Error::NoStagedData { .. })));
+    assert!(matches!(
+        drive.commit(&meta("a", version(1), 100), &[], CommitCondition::None),
+        Err(Error::NoStagedData { .. })
+    ));
     drive.write_chunk("bkt", version(2), 0, &[1; 10]).unwrap();
-    assert!(matches!(drive.commit(&meta("a", version(2), 100), &[]), Err(Error::StagedLengthMismatch { .. })));
+    assert!(matches!(
+        drive.commit(&meta("a", version(2), 100), &[], CommitCondition::None),
+        Err(Error::StagedLengthMismatch { .. })
+    ));
     assert!(drive.get_meta("bkt", "a").unwrap().is_none());
 }
 
@@ -131,7 +172,7 @@ fn delete_bucket_refuses_live_objects_but_not_markers() {
     let mut marker = meta("a", version(2), 0);
     marker.deleted = true;
     marker.crcs.clear();
-    drive.commit(&marker, &[]).unwrap();
+    drive.commit(&marker, &[], CommitCondition::None).unwrap();
     drive.delete_bucket("bkt").unwrap();
     assert!(!drive.has_bucket("bkt").unwrap());
     assert!(matches!(drive.delete_bucket("bkt"), Err(Error::NoSuchBucket { .. })));
@@ -147,6 +188,6 @@ fn open_refuses_unformatted_directory() {
 fn repair_queue_records_missing_positions() {
     let (_dir, drive) = drive();
     let meta = meta("a", version(1), 0);
-    drive.commit(&meta, &[2]).unwrap();
+    drive.commit(&meta, &[2], CommitCondition::None).unwrap();
     assert_eq!(drive.repair_queue().unwrap(), vec![(version(1).to_hex(), vec![2])]);
 }

@@ -75,6 +75,10 @@ pub(crate) struct GatewayArgs {
     /// Address to serve S3 on.
     #[arg(long, default_value = "127.0.0.1:9000")]
     listen: SocketAddr,
+    /// Also serve requests signed with Signature Version 2 (legacy clients), with their Date
+    /// header checked against replays. Off by default: SigV4 only.
+    #[arg(long)]
+    allow_sigv2: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -139,7 +143,23 @@ pub(crate) fn load_map(path: &Path) -> anyhow::Result<(ClusterMap, String)> {
     let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let base_dir = if base_dir.as_os_str().is_empty() { PathBuf::from(".") } else { base_dir };
     let map = ClusterMap::from_toml(&text, &base_dir).with_context(|| format!("load {}", path.display()))?;
+    warn_if_readable_by_others(path);
     Ok((map, text))
+}
+
+/// cluster.toml holds the secret that authenticates every node connection: say so when other
+/// users can read it (as ssh does for private keys), without refusing a working setup.
+fn warn_if_readable_by_others(path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Ok(meta) = fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            "{} is readable by other users (mode {:o}) and holds the cluster secret: chmod 600 it",
+            path.display(),
+            meta.permissions().mode() & 0o777
+        );
+    }
 }
 
 pub(crate) fn node(args: &NodeArgs) -> anyhow::Result<()> {
@@ -349,7 +369,8 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the runtime")?;
     runtime.block_on(async {
         let client = client::Client::new(map, client::ClientOptions::default()).context("create the cluster client")?;
-        let config = s3::GatewayConfig { listen: args.listen, access_key, secret_key };
+        let sigv2 = if args.allow_sigv2 { s3::SigV2::Allowed } else { s3::SigV2::Refused };
+        let config = s3::GatewayConfig { listen: args.listen, access_key, secret_key, sigv2 };
         let gateway = s3::Gateway::bind(client, config).await.context("start the S3 gateway")?;
         tracing::info!("S3 gateway listening on http://{}", gateway.local_addr()?);
         gateway.serve(shutdown_signal()).await;

@@ -4,21 +4,29 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use proto::{AuthProof, Challenge, FRAME_HEADER_BYTES, FrameHeader, FrameKind, PROTOCOL_VERSION, Request, Response};
+use proto::{
+    AuthProof, Challenge, FRAME_HEADER_BYTES, FRAME_TAG_BYTES, FrameHeader, FrameKind, FrameMac, NONCE_BYTES,
+    PROTOCOL_VERSION, Request, Response,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::Error;
 
-/// One authenticated connection to a node.
+/// One authenticated connection to a node: the stream and the frame MACs of both directions.
 #[derive(Debug)]
 pub(crate) struct Conn {
     pub(crate) stream: TcpStream,
     pub(crate) node: String,
+    /// Tags frames to the node.
+    outbound: FrameMac,
+    /// Checks frames from the node.
+    inbound: FrameMac,
 }
 
 impl Conn {
-    /// Connects and authenticates with the cluster secret.
+    /// Connects, and authenticates both ways with the cluster secret: the node checks our proof,
+    /// and its first tagged frame proves it knows the secret too.
     pub(crate) async fn open(node: &str, addr: SocketAddr, secret: &str, timeout: Duration) -> Result<Self, Error> {
         let unreachable = |reason: String| Error::NodeUnreachable { node: node.to_owned(), reason };
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
@@ -26,31 +34,50 @@ impl Conn {
             .map_err(|_| unreachable(format!("connect to {addr} timed out after {timeout:?}")))?
             .map_err(|e| unreachable(format!("connect to {addr}: {e}")))?;
         stream.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
-        let mut conn = Self { stream, node: node.to_owned() };
-        tokio::time::timeout(timeout, conn.handshake(secret))
+        tokio::time::timeout(timeout, Self::handshake(stream, node, secret))
             .await
-            .map_err(|_| unreachable(format!("handshake with {addr} timed out")))??;
-        Ok(conn)
+            .map_err(|_| unreachable(format!("handshake with {addr} timed out")))?
     }
 
-    async fn handshake(&mut self, secret: &str) -> Result<(), Error> {
-        let body = self.read_frame(FrameKind::Challenge).await?;
-        let challenge: Challenge = proto::decode_message(&body, "challenge").map_err(|e| self.protocol(e))?;
+    async fn handshake(mut stream: TcpStream, node: &str, secret: &str) -> Result<Self, Error> {
+        let io = |e: std::io::Error| Error::NodeUnreachable { node: node.to_owned(), reason: e.to_string() };
+        let protocol = |source| Error::Protocol { node: node.to_owned(), source };
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        stream.read_exact(&mut header).await.map_err(io)?;
+        let decoded = FrameHeader::decode(&header).map_err(protocol)?;
+        if decoded.kind != FrameKind::Challenge {
+            return Err(protocol(proto::Error::Invalid {
+                what: "frame kind",
+                reason: format!("expected Challenge, got {:?}", decoded.kind),
+            }));
+        }
+        // FrameHeader::decode bounded a Challenge by HANDSHAKE_BODY_BYTES_MAX.
+        let mut body = vec![0u8; decoded.body_len];
+        stream.read_exact(&mut body).await.map_err(io)?;
+        let challenge: Challenge = proto::decode_message(&body, "challenge").map_err(protocol)?;
         if challenge.protocol_version != PROTOCOL_VERSION {
-            return Err(self.protocol(proto::Error::UnsupportedVersion {
+            return Err(protocol(proto::Error::UnsupportedVersion {
                 what: "node protocol",
                 found: challenge.protocol_version,
                 supported: PROTOCOL_VERSION,
             }));
         }
-        let proof =
-            AuthProof { protocol_version: PROTOCOL_VERSION, proof: proto::auth_proof(secret, &challenge.nonce) };
-        let frame = proto::encode_frame(FrameKind::Auth, &proof).map_err(|e| self.protocol(e))?;
-        self.write_all(&frame).await?;
-        match self.read_response().await {
-            Ok(Response::Ok) => Ok(()),
-            Ok(other) => Err(self.unexpected(&other)),
-            Err(Error::NodeUnreachable { .. }) => Err(Error::AuthRejected { node: self.node.clone() }),
+        let client_nonce: [u8; NONCE_BYTES] = rand::random();
+        let proof = proto::client_proof(secret, &challenge.nonce, &client_nonce);
+        let auth = AuthProof { protocol_version: PROTOCOL_VERSION, client_nonce, proof };
+        let frame = proto::encode_frame(FrameKind::Auth, &auth).map_err(protocol)?;
+        stream.write_all(&frame).await.map_err(io)?;
+        let (outbound, inbound) = proto::session_macs(secret, &challenge.nonce, &client_nonce);
+        let mut conn = Self { stream, node: node.to_owned(), outbound, inbound };
+        match conn.read_response().await {
+            Ok(Response::Ok) => Ok(conn),
+            Ok(other) => Err(conn.unexpected(&other)),
+            // The node closes the connection on a wrong proof.
+            Err(Error::NodeUnreachable { .. }) => Err(Error::AuthRejected { node: node.to_owned() }),
+            // A node that cannot tag its answer does not know the secret.
+            Err(Error::Protocol { source: proto::Error::BadFrameMac { .. }, .. }) => {
+                Err(Error::NodeNotAuthenticated { node: node.to_owned() })
+            }
             Err(e) => Err(e),
         }
     }
@@ -63,7 +90,8 @@ impl Conn {
     }
 
     pub(crate) async fn send_request(&mut self, request: &Request) -> Result<(), Error> {
-        let frame = proto::encode_frame(FrameKind::Request, request).map_err(|e| self.protocol(e))?;
+        let frame = proto::encode_sealed_frame(FrameKind::Request, request, &mut self.outbound)
+            .map_err(|e| self.protocol(e))?;
         self.write_all(&frame).await
     }
 
@@ -74,7 +102,7 @@ impl Conn {
     }
 
     pub(crate) async fn read_response(&mut self) -> Result<Response, Error> {
-        let body = self.read_frame(FrameKind::Response).await?;
+        let body = self.read_frame().await?;
         proto::decode_response(&body).map_err(|e| self.protocol(e))
     }
 
@@ -89,19 +117,23 @@ impl Conn {
         Ok(())
     }
 
-    async fn read_frame(&mut self, expected: FrameKind) -> Result<Vec<u8>, Error> {
+    /// Reads one tagged response frame and checks its tag.
+    async fn read_frame(&mut self) -> Result<Vec<u8>, Error> {
         let mut header = [0u8; FRAME_HEADER_BYTES];
         self.stream.read_exact(&mut header).await.map_err(|e| self.io(e))?;
-        let header = FrameHeader::decode(&header).map_err(|e| self.protocol(e))?;
-        if header.kind != expected {
+        let decoded = FrameHeader::decode(&header).map_err(|e| self.protocol(e))?;
+        if decoded.kind != FrameKind::Response {
             return Err(self.protocol(proto::Error::Invalid {
                 what: "frame kind",
-                reason: format!("expected {expected:?}, got {:?}", header.kind),
+                reason: format!("expected Response, got {:?}", decoded.kind),
             }));
         }
         // FrameHeader::decode bounded body_len by CONTROL_BODY_BYTES_MAX.
-        let mut body = vec![0u8; header.body_len];
+        let mut body = vec![0u8; decoded.body_len];
         self.stream.read_exact(&mut body).await.map_err(|e| self.io(e))?;
+        let mut tag = [0u8; FRAME_TAG_BYTES];
+        self.stream.read_exact(&mut tag).await.map_err(|e| self.io(e))?;
+        self.inbound.open(&header, &body, &tag).map_err(|e| self.protocol(e))?;
         Ok(body)
     }
 

@@ -43,7 +43,7 @@ use conn::{Conn, Pool};
 
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
-pub use proto::{BucketEntry, ListEntry};
+pub use proto::{BucketEntry, CommitCondition, ListEntry};
 
 /// Timeouts and bounds of a client. Every node call has a deadline.
 #[derive(Clone, Debug)]
@@ -78,6 +78,9 @@ pub struct PutOptions {
     /// Standard headers replayed on GET (lowercase names): content-encoding,
     /// content-disposition, cache-control, content-language, expires.
     pub headers: Vec<(String, String)>,
+    /// [`CommitCondition::IfAbsent`] makes the PUT fail with [`Error::PreconditionFailed`] if
+    /// the key holds a live object when it commits (S3 `If-None-Match: *`), atomically.
+    pub condition: CommitCondition,
 }
 
 /// An object version as the client sees it: its metadata and where its chunks are.
@@ -120,6 +123,14 @@ pub enum Error {
     NodeDown { node: String, backoff: Duration },
     #[error("node {node} refused authentication: check the cluster secret in cluster.toml")]
     AuthRejected { node: String },
+    #[error("node {node} could not prove it knows the cluster secret: not a node of this cluster, or an impostor")]
+    NodeNotAuthenticated { node: String },
+    #[error("{bucket}/{key} already exists")]
+    PreconditionFailed { bucket: String, key: String },
+    #[error("bucket {bucket:?} has more than {max} multipart upload records; abort some uploads")]
+    TooManyUploads { bucket: String, max: usize },
+    #[error("bucket {bucket:?} has multipart uploads in progress; complete or abort them first")]
+    UploadsInProgress { bucket: String },
     #[error("node {node}: drive is full")]
     DiskFull { node: String },
     #[error("node {node}: {message}")]

@@ -5,7 +5,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use cluster::DriveRef;
 use md5::{Digest, Md5};
-use proto::{CommitOutcome, META_FORMAT_VERSION, ObjectMeta, Request, Response, StripeGeometry, VersionId};
+use proto::{
+    CommitCondition, CommitOutcome, META_FORMAT_VERSION, ObjectMeta, Request, Response, StripeGeometry, VersionId,
+};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::conn::Conn;
@@ -30,21 +32,23 @@ pub(crate) fn block_bytes(chunk_bytes: u32) -> u32 {
 async fn send_chunk(
     conn: &mut Option<Conn>,
     drive: &DriveRef,
-    bucket: &str,
-    version: VersionId,
-    offset: u64,
+    target: &ChunkTarget<'_>,
     chunk: &[u8],
+    crcs: &[u32],
     timeout: std::time::Duration,
 ) -> Result<(), Error> {
     let Some(c) = conn.as_mut() else {
         return Ok(());
     };
+    assert_eq!(crcs.len(), chunk.len().div_ceil(target.block_bytes as usize), "one checksum per block");
     let request = Request::ChunkWrite {
         drive: drive.drive_idx as u32,
-        bucket: bucket.to_owned(),
-        version,
-        offset,
+        bucket: target.bucket.to_owned(),
+        version: target.version,
+        offset: target.offset,
         len: chunk.len() as u32,
+        block_bytes: target.block_bytes,
+        crcs: crcs.to_vec(),
     };
     let node = c.node.clone();
     let exchange = async {
@@ -77,6 +81,15 @@ async fn send_commit(
     })
 }
 
+/// Where the chunks of one stripe go: the same for every drive of the set.
+struct ChunkTarget<'a> {
+    bucket: &'a str,
+    version: VersionId,
+    /// Offset of the stripe's chunk in each drive's file.
+    offset: u64,
+    block_bytes: u32,
+}
+
 /// A commit that reached the write quorum.
 pub(crate) struct Committed {
     /// Set positions whose drive holds the version.
@@ -92,7 +105,9 @@ struct StripeBuffer {
     /// Object bytes in this stripe (0 at the end of the source).
     data_len: usize,
     chunk_len: usize,
+    /// Block checksums of every chunk, chunk by chunk.
     crcs: Vec<u32>,
+    blocks_per_chunk: usize,
 }
 
 /// The PUT in progress: one connection per set position, `None` once that drive failed.
@@ -185,7 +200,7 @@ pub(crate) async fn put(
         parts: Vec::new(),
     };
     debug_assert_eq!(meta.geometry(), StripeGeometry::new(size, k, map.chunk_bytes));
-    let committed = fanout.commit(&meta).await?;
+    let committed = fanout.commit(&meta, options.condition).await?;
     let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
     Ok((ObjectInfo { meta, placement, drives, meta_positions: committed.positions }, committed.replaced_parts))
 }
@@ -193,7 +208,7 @@ pub(crate) async fn put(
 /// Commits a delete marker: a newer version with no data.
 pub(crate) async fn delete(client: &Client, bucket: &str, key: &str) -> Result<Vec<String>, Error> {
     client.head_inner(bucket, key).await?;
-    let (_, replaced) = commit_without_data(client, bucket, key, |marker| {
+    let (_, replaced) = commit_without_data(client, bucket, key, CommitCondition::None, |marker| {
         marker.deleted = true;
         Ok(())
     })
@@ -207,6 +222,7 @@ pub(crate) async fn commit_without_data(
     client: &Client,
     bucket: &str,
     key: &str,
+    condition: CommitCondition,
     fill: impl FnOnce(&mut ObjectMeta) -> Result<(), Error>,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
     let map = &client.inner.map;
@@ -238,7 +254,7 @@ pub(crate) async fn commit_without_data(
         return Err(e);
     }
     assert!(!meta.has_data_file(), "commit_without_data commits no data");
-    let committed = fanout.commit(&meta).await?;
+    let committed = fanout.commit(&meta, condition).await?;
     let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
     Ok((ObjectInfo { meta, placement, drives, meta_positions: committed.positions }, committed.replaced_parts))
 }
@@ -249,7 +265,7 @@ impl StripeBuffer {
     fn take(client: &Client, bytes: usize) -> Self {
         let pooled = client.inner.stripe_buffers.lock().expect("stripe pool lock poisoned").pop();
         let bytes = pooled.filter(|b| b.len() == bytes).unwrap_or_else(|| vec![0u8; bytes]);
-        Self { bytes, data_len: 0, chunk_len: 0, crcs: Vec::new() }
+        Self { bytes, data_len: 0, chunk_len: 0, crcs: Vec::new(), blocks_per_chunk: 0 }
     }
 
     fn give_back(self, client: &Client) {
@@ -261,6 +277,11 @@ impl StripeBuffer {
 
     fn chunk(&self, chunk_idx: usize) -> &[u8] {
         &self.bytes[chunk_idx * self.chunk_len..(chunk_idx + 1) * self.chunk_len]
+    }
+
+    /// The block checksums of chunk `chunk_idx` (every chunk of a stripe has as many blocks).
+    fn chunk_crcs(&self, chunk_idx: usize) -> &[u32] {
+        &self.crcs[chunk_idx * self.blocks_per_chunk..(chunk_idx + 1) * self.blocks_per_chunk]
     }
 }
 
@@ -299,6 +320,7 @@ async fn fill_stripe(
     let mut parity: Vec<&mut [u8]> = parity.chunks_mut(chunk_len).collect();
     codec.encode(&data, &mut parity)?;
     let block = block_bytes(client.inner.map.chunk_bytes) as usize;
+    stripe.blocks_per_chunk = chunk_len.div_ceil(block);
     for chunk_idx in 0..n {
         let chunk = &stripe.bytes[chunk_idx * chunk_len..(chunk_idx + 1) * chunk_len];
         stripe.crcs.extend(chunk.chunks(block).map(crc32c::crc32c));
@@ -404,6 +426,10 @@ impl<'a> Fanout<'a> {
     fn quorum_error(&self, acked: usize) -> Error {
         let erasure = self.client.inner.map.erasure;
         let tolerated = erasure.n() - erasure.write_quorum();
+        let precondition = |e: &&Error| matches!(e, Error::Node { kind: proto::ErrorKind::PreconditionFailed, .. });
+        if self.failures.iter().any(|e| precondition(&e)) {
+            return Error::PreconditionFailed { bucket: self.bucket.to_owned(), key: self.key.to_owned() };
+        }
         let no_bucket = |e: &&Error| matches!(e, Error::Node { kind: proto::ErrorKind::NoSuchBucket, .. });
         if self.failures.iter().filter(no_bucket).count() > tolerated {
             return Error::NoSuchBucket { bucket: self.bucket.to_owned() };
@@ -435,18 +461,22 @@ impl<'a> Fanout<'a> {
     ) -> Result<(), Error> {
         let timeout = self.client.inner.options.request_timeout;
         let (bucket, version) = (self.bucket, self.version);
+        let target =
+            ChunkTarget { bucket, version, offset, block_bytes: block_bytes(self.client.inner.map.chunk_bytes) };
+        let target = &target;
         let sends = self.conns.iter_mut().zip(&self.drives).enumerate().map(|(position, (conn, drive))| {
-            let chunk = stripe.chunk(placement.chunk_at(stripe_idx, position));
-            send_chunk(conn, drive, bucket, version, offset, chunk, timeout)
+            let chunk_idx = placement.chunk_at(stripe_idx, position);
+            send_chunk(conn, drive, target, stripe.chunk(chunk_idx), stripe.chunk_crcs(chunk_idx), timeout)
         });
         let results = futures_util::future::join_all(sends).await;
         let missing = self.missing_bucket_positions(results);
         let healed = self.heal_bucket(&missing).await;
         for &position in &missing {
-            let chunk = stripe.chunk(placement.chunk_at(stripe_idx, position));
+            let chunk_idx = placement.chunk_at(stripe_idx, position);
+            let (chunk, crcs) = (stripe.chunk(chunk_idx), stripe.chunk_crcs(chunk_idx));
             let drive = self.drives[position];
             let result = if healed.contains(&position) {
-                send_chunk(&mut self.conns[position], &drive, bucket, version, offset, chunk, timeout).await
+                send_chunk(&mut self.conns[position], &drive, target, chunk, crcs, timeout).await
             } else {
                 Err(Error::Node {
                     node: self.client.node_id(drive.node_idx).to_owned(),
@@ -463,19 +493,48 @@ impl<'a> Fanout<'a> {
 
     /// Commits `meta` on every live drive; acknowledged once W drives hold it durably. Below W,
     /// rolls back the drives that applied it, so a failed PUT leaves no visible version.
-    async fn commit(&mut self, meta: &ObjectMeta) -> Result<Committed, Error> {
+    async fn commit(&mut self, meta: &ObjectMeta, condition: CommitCondition) -> Result<Committed, Error> {
         let missing: Vec<u32> =
             self.conns.iter().enumerate().filter(|(_, c)| c.is_none()).map(|(p, _)| p as u32).collect();
         let timeout = self.client.inner.options.request_timeout;
-        let commits = self.conns.iter_mut().zip(&self.drives).map(|(conn, drive)| {
-            let request = Request::Commit {
-                drive: drive.drive_idx as u32,
-                meta: meta.clone(),
-                missing_positions: missing.clone(),
-            };
-            async move { send_commit(conn, &request, timeout).await }
+        let request_for = |drive: &DriveRef| Request::Commit {
+            drive: drive.drive_idx as u32,
+            meta: meta.clone(),
+            missing_positions: missing.clone(),
+            condition,
+        };
+        // A conditional commit goes first to one drive, the lowest live position: of concurrent
+        // creators only the first there proceeds, and the others stop before applying anywhere
+        // (committed all at once, they could split the drives so that nobody reaches W).
+        let arbiter = match condition {
+            CommitCondition::IfAbsent => self.conns.iter().position(Option::is_some),
+            CommitCondition::None => None,
+        };
+        let mut arbiter_result = None;
+        if let Some(position) = arbiter {
+            let request = request_for(&self.drives[position]);
+            let result = send_commit(&mut self.conns[position], &request, timeout).await;
+            if let Some(Err(e)) = result {
+                let refused = matches!(e, Error::Node { kind: proto::ErrorKind::PreconditionFailed, .. });
+                self.failures.push(e);
+                self.conns[position] = None;
+                if refused {
+                    return Err(self.quorum_error(0));
+                }
+                arbiter_result = Some(None);
+            } else {
+                arbiter_result = Some(result);
+            }
+        }
+        let commits = self.conns.iter_mut().zip(&self.drives).enumerate().map(|(position, (conn, drive))| {
+            let request = request_for(drive);
+            let skip = Some(position) == arbiter;
+            async move { if skip { None } else { send_commit(conn, &request, timeout).await } }
         });
         let mut results: Vec<Option<Result<CommitOutcome, Error>>> = futures_util::future::join_all(commits).await;
+        if let (Some(position), Some(result)) = (arbiter, arbiter_result) {
+            results[position] = result;
+        }
         // A data-less version (empty object, marker) meets a drive that missed the bucket here.
         let no_bucket: Vec<usize> = (0..results.len())
             .filter(|&p| matches!(results[p], Some(Err(Error::Node { kind: proto::ErrorKind::NoSuchBucket, .. }))))
@@ -485,6 +544,7 @@ impl<'a> Fanout<'a> {
                 drive: self.drives[position].drive_idx as u32,
                 meta: meta.clone(),
                 missing_positions: missing.clone(),
+                condition,
             };
             results[position] = send_commit(&mut self.conns[position], &request, timeout).await;
         }

@@ -7,13 +7,15 @@ use std::net::TcpStream;
 use std::os::fd::AsFd;
 
 use chunkstore::Drive;
+use std::time::Instant;
+
 use proto::{
-    AuthProof, Challenge, ErrorKind, FRAME_HEADER_BYTES, FrameHeader, FrameKind, ItemStatus, ListEntry, NONCE_BYTES,
-    PROTOCOL_VERSION, ReadItem, Request, Response, VersionId,
+    AuthProof, Challenge, ErrorKind, FRAME_HEADER_BYTES, FRAME_TAG_BYTES, FrameHeader, FrameKind, FrameMac, ItemStatus,
+    ListEntry, NONCE_BYTES, PROTOCOL_VERSION, ReadItem, Request, Response, VersionId,
 };
 use rand::RngCore;
 
-use crate::{HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, State, WRITE_TIMEOUT};
+use crate::{CONNECTIONS_MAX, HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, State, WRITE_TIMEOUT};
 
 /// Why a connection ended early; logged where the connection is dropped.
 #[derive(Debug, thiserror::Error)]
@@ -26,23 +28,61 @@ enum ConnError {
     UnexpectedFrame { found: FrameKind },
     #[error("authentication failed (wrong cluster secret or protocol version)")]
     AuthFailed,
+    #[error("the handshake did not finish within {HANDSHAKE_TIMEOUT:?}")]
+    HandshakeTimeout,
+    #[error("the node already serves {CONNECTIONS_MAX} authenticated connections")]
+    TooManyConnections,
 }
 
-/// Serves one connection to its end. Staging files written on this connection and never
+/// An authenticated connection: the stream and the frame MACs of both directions.
+struct Session {
+    stream: TcpStream,
+    /// Checks frames from the client.
+    inbound: FrameMac,
+    /// Tags frames to the client.
+    outbound: FrameMac,
+}
+
+/// Serves one connection to its end: the handshake (while it holds a pending slot, released by
+/// `handshake_done`), then requests. Staging files written on this connection and never
 /// committed or aborted are dropped when it closes, so a client that dies mid-PUT leaves nothing.
-pub(crate) fn serve(mut stream: TcpStream, state: &State) {
+pub(crate) fn serve(stream: TcpStream, state: &State, handshake_done: impl FnOnce()) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let handshake = handshake(stream, state);
+    handshake_done();
+    let mut session = match handshake {
+        Ok(session) => session,
+        Err(e) => {
+            log_end(&peer, &e);
+            return;
+        }
+    };
+    let Some(_slot) = state.connection_slot() else {
+        log_end(&peer, &ConnError::TooManyConnections);
+        return;
+    };
     let mut staged = HashSet::new();
-    let result = handshake(&mut stream, state).and_then(|()| serve_requests(&mut stream, state, &mut staged));
+    let result = serve_requests(&mut session, state, &mut staged);
     for (drive, version) in staged {
         if let Err(e) = state.drives[drive].abort(version) {
             tracing::warn!(error = %e, "could not drop the staging file of an unfinished PUT");
         }
     }
-    match result {
-        Ok(()) => {}
-        Err(ConnError::Io(e)) if is_disconnect(&e) => {}
-        Err(e) => tracing::warn!(%peer, error = %e, "closing connection"),
+    if let Err(e) = result {
+        log_end(&peer, &e);
+    }
+}
+
+fn log_end(peer: &str, error: &ConnError) {
+    match error {
+        ConnError::Io(e) if is_disconnect(e) => {}
+        // Slow or evicted handshakes are what a flood of unauthenticated connections looks
+        // like; one line each would flood the log as well.
+        ConnError::HandshakeTimeout => tracing::debug!(%peer, error = %error, "closing connection"),
+        ConnError::Io(e) if e.kind() == io::ErrorKind::NotConnected => {
+            tracing::debug!(%peer, "closing an evicted unauthenticated connection")
+        }
+        _ => tracing::warn!(%peer, error = %error, "closing connection"),
     }
 }
 
@@ -50,75 +90,134 @@ fn is_disconnect(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe)
 }
 
-fn handshake(stream: &mut TcpStream, state: &State) -> Result<(), ConnError> {
+/// Authenticates the client within [`HANDSHAKE_TIMEOUT`] for the whole exchange (not per read,
+/// so a peer dripping one byte at a time is cut off too) and derives the session's frame MACs.
+/// Nothing larger than [`proto::HANDSHAKE_BODY_BYTES_MAX`] is allocated before that.
+fn handshake(mut stream: TcpStream, state: &State) -> Result<Session, ConnError> {
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let mut nonce = [0u8; NONCE_BYTES];
     rand::thread_rng().fill_bytes(&mut nonce);
     let challenge = Challenge { protocol_version: PROTOCOL_VERSION, nonce };
     stream.write_all(&proto::encode_frame(FrameKind::Challenge, &challenge)?)?;
-    let Some(body) = read_frame(stream, FrameKind::Auth)? else {
-        return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into()));
-    };
-    let auth: AuthProof = proto::decode_message(&body, "authentication")?;
-    if auth.protocol_version != PROTOCOL_VERSION || !proto::verify_auth_proof(&state.secret, &nonce, &auth.proof) {
-        return Err(ConnError::AuthFailed);
-    }
-    send(stream, &Response::Ok)?;
-    stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
-    Ok(())
-}
-
-/// Reads one frame of kind `expected`; `None` on a clean end of stream between frames.
-fn read_frame(stream: &mut TcpStream, expected: FrameKind) -> Result<Option<Vec<u8>>, ConnError> {
     let mut header = [0u8; FRAME_HEADER_BYTES];
-    match stream.read(&mut header[..1])? {
-        0 => return Ok(None),
-        _ => stream.read_exact(&mut header[1..])?,
-    }
+    read_exact_before(&mut stream, &mut header, deadline)?;
     let header = FrameHeader::decode(&header)?;
-    if header.kind != expected {
+    if header.kind != FrameKind::Auth {
         return Err(ConnError::UnexpectedFrame { found: header.kind });
     }
-    // The length was checked against CONTROL_BODY_BYTES_MAX by FrameHeader::decode.
-    let mut body = vec![0u8; header.body_len];
-    stream.read_exact(&mut body)?;
-    Ok(Some(body))
+    // FrameHeader::decode bounded an Auth body by HANDSHAKE_BODY_BYTES_MAX.
+    let mut body = [0u8; proto::HANDSHAKE_BODY_BYTES_MAX];
+    let body = &mut body[..header.body_len];
+    read_exact_before(&mut stream, body, deadline)?;
+    let auth: AuthProof = proto::decode_message(body, "authentication")?;
+    if auth.protocol_version != PROTOCOL_VERSION
+        || !proto::verify_client_proof(&state.secret, &nonce, &auth.client_nonce, &auth.proof)
+    {
+        return Err(ConnError::AuthFailed);
+    }
+    let (inbound, outbound) = proto::session_macs(&state.secret, &nonce, &auth.client_nonce);
+    let mut session = Session { stream, inbound, outbound };
+    // The first tagged frame proves to the client that this node knows the secret.
+    session.send(&Response::Ok)?;
+    session.stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    session.stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
+    Ok(session)
 }
 
-fn send(stream: &mut TcpStream, response: &Response) -> Result<(), ConnError> {
-    stream.write_all(&proto::encode_frame(FrameKind::Response, response)?)?;
+/// `read_exact` that fails with [`ConnError::HandshakeTimeout`] once `deadline` has passed.
+fn read_exact_before(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Result<(), ConnError> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ConnError::HandshakeTimeout);
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into())),
+            Ok(read) => filled += read,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Err(ConnError::HandshakeTimeout);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     Ok(())
+}
+
+impl Session {
+    /// Reads one tagged request frame; `None` on a clean end of stream between frames.
+    fn read_request(&mut self) -> Result<Option<Vec<u8>>, ConnError> {
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        match self.stream.read(&mut header[..1])? {
+            0 => return Ok(None),
+            _ => self.stream.read_exact(&mut header[1..])?,
+        }
+        let decoded = FrameHeader::decode(&header)?;
+        if decoded.kind != FrameKind::Request {
+            return Err(ConnError::UnexpectedFrame { found: decoded.kind });
+        }
+        // The length was checked against CONTROL_BODY_BYTES_MAX by FrameHeader::decode, and
+        // the peer is authenticated.
+        let mut body = vec![0u8; decoded.body_len];
+        self.stream.read_exact(&mut body)?;
+        let mut tag = [0u8; FRAME_TAG_BYTES];
+        self.stream.read_exact(&mut tag)?;
+        self.inbound.open(&header, &body, &tag)?;
+        Ok(Some(body))
+    }
+
+    fn send(&mut self, response: &Response) -> Result<(), ConnError> {
+        self.stream.write_all(&proto::encode_sealed_frame(FrameKind::Response, response, &mut self.outbound)?)?;
+        Ok(())
+    }
 }
 
 fn serve_requests(
-    stream: &mut TcpStream,
+    session: &mut Session,
     state: &State,
     staged: &mut HashSet<(usize, VersionId)>,
 ) -> Result<(), ConnError> {
     let mut chunk_buffer = Vec::new();
-    while let Some(body) = read_frame(stream, FrameKind::Request)? {
+    while let Some(body) = session.read_request()? {
         let request = proto::decode_request(&body)?;
         match request {
-            Request::Read { items } => serve_read(stream, state, &items)?,
-            Request::ChunkWrite { drive, bucket, version, offset, len } => {
-                // `len` was checked against CHUNK_BYTES_MAX by decode_request.
+            Request::Read { items } => serve_read(session, state, &items)?,
+            Request::ChunkWrite { drive, bucket, version, offset, len, block_bytes, crcs } => {
+                // `len` was checked against CHUNK_BYTES_MAX by decode_request, and `crcs`
+                // against `len` and `block_bytes`.
                 chunk_buffer.resize(len as usize, 0);
-                stream.read_exact(&mut chunk_buffer)?;
-                let response = with_drive(state, drive, |d| {
-                    staged.insert((drive as usize, version));
-                    d.write_chunk(&bucket, version, offset, &chunk_buffer).map(|()| Response::Ok)
-                });
-                send(stream, &response)?;
+                session.stream.read_exact(&mut chunk_buffer)?;
+                let response = if let Some(block) = first_bad_block(&chunk_buffer, block_bytes, &crcs) {
+                    tracing::warn!(drive, version = %version.to_hex(), block, "chunk damaged in transit; refused");
+                    Response::Error {
+                        kind: ErrorKind::ChecksumMismatch,
+                        message: format!("block {block} of the chunk does not match its CRC32C"),
+                    }
+                } else {
+                    with_drive(state, drive, |d| {
+                        staged.insert((drive as usize, version));
+                        d.write_chunk(&bucket, version, offset, &chunk_buffer).map(|()| Response::Ok)
+                    })
+                };
+                session.send(&response)?;
             }
             other => {
                 let response = handle_control(state, other, staged);
-                send(stream, &response)?;
+                session.send(&response)?;
             }
         }
     }
     Ok(())
+}
+
+/// The index of the first `block_bytes` block of `data` whose CRC32C differs from `crcs`.
+fn first_bad_block(data: &[u8], block_bytes: u32, crcs: &[u32]) -> Option<usize> {
+    debug_assert_eq!(data.len().div_ceil(block_bytes as usize), crcs.len());
+    data.chunks(block_bytes as usize).zip(crcs).position(|(block, crc)| crc32c::crc32c(block) != *crc)
 }
 
 fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, VersionId)>) -> Response {
@@ -133,16 +232,16 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
                 .map(|item| {
                     let drive = state.drives.get(item.drive as usize)?;
                     drive.get_meta(&item.bucket, &item.key).unwrap_or_else(|e| {
-                        tracing::warn!(error = %e, "metadata read failed; reporting the key absent on this drive");
+                        tracing::error!(error = %e, "metadata read failed; reporting the key absent on this drive");
                         None
                     })
                 })
                 .collect();
             Response::Metas { metas }
         }
-        Request::Commit { drive, meta, missing_positions } => with_drive(state, drive, |d| {
+        Request::Commit { drive, meta, missing_positions, condition } => with_drive(state, drive, |d| {
             staged.remove(&(drive as usize, meta.version));
-            d.commit(&meta, &missing_positions).map(|outcome| Response::Committed { outcome })
+            d.commit(&meta, &missing_positions, condition).map(|outcome| Response::Committed { outcome })
         }),
         Request::Abort { drive, version } => with_drive(state, drive, |d| {
             staged.remove(&(drive as usize, version));
@@ -226,8 +325,10 @@ fn error_response(error: &chunkstore::Error) -> Response {
         E::DiskFull { .. } => ErrorKind::DiskFull,
         E::NoStagedData { .. } => ErrorKind::NoSuchUpload,
         E::StagedLengthMismatch { .. } => ErrorKind::BadRequest,
+        E::PreconditionFailed { .. } => ErrorKind::PreconditionFailed,
         E::DriveMissing { .. } | E::DriveUnusable { .. } | E::Io { .. } | E::Db { .. } | E::CorruptMeta { .. } => {
-            tracing::warn!(error = %error, "drive operation failed");
+            // A drive that fails or holds corrupt metadata needs a human; clients read around it.
+            tracing::error!(error = %error, "drive operation failed");
             ErrorKind::Io
         }
     };
@@ -236,7 +337,7 @@ fn error_response(error: &chunkstore::Error) -> Response {
 
 /// Answers a batched read: statuses first, then the bytes of every servable item, each sent from
 /// its file with `sendfile(2)`.
-fn serve_read(stream: &mut TcpStream, state: &State, items: &[ReadItem]) -> Result<(), ConnError> {
+fn serve_read(session: &mut Session, state: &State, items: &[ReadItem]) -> Result<(), ConnError> {
     let mut files: Vec<Option<File>> = Vec::with_capacity(items.len());
     let mut statuses = Vec::with_capacity(items.len());
     for item in items {
@@ -244,10 +345,10 @@ fn serve_read(stream: &mut TcpStream, state: &State, items: &[ReadItem]) -> Resu
         statuses.push(status);
         files.push(file);
     }
-    send(stream, &Response::Read { statuses })?;
+    session.send(&Response::Read { statuses })?;
     for (item, file) in items.iter().zip(files) {
         if let Some(file) = file {
-            send_file_range(stream, &file, item.offset, item.len as usize)?;
+            send_file_range(&mut session.stream, &file, item.offset, item.len as usize)?;
         }
     }
     Ok(())
@@ -261,7 +362,7 @@ fn open_item(state: &State, item: &ReadItem) -> (ItemStatus, Option<File>) {
         Ok(Some(file)) => file,
         Ok(None) => return (ItemStatus::Missing, None),
         Err(e) => {
-            tracing::warn!(error = %e, "chunk read failed");
+            tracing::error!(error = %e, "chunk read failed");
             return (ItemStatus::Unreadable, None);
         }
     };

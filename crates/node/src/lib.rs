@@ -1,8 +1,12 @@
 //! The storage node: serves the node protocol (see `proto`) from its drives.
 //!
 //! Main types: [`NodeConfig`] and [`Server`]. One thread per connection, blocking sockets with
-//! timeouts, at most [`CONNECTIONS_MAX`] connections. Chunk reads go from the data file to the
-//! socket with `sendfile(2)`, never through a user-space buffer.
+//! timeouts. Unauthenticated connections are bounded apart from authenticated ones: at most
+//! [`PENDING_HANDSHAKES_MAX`] handshakes run at once, each within [`HANDSHAKE_TIMEOUT`] in all,
+//! and a new connection evicts the oldest pending one when they are all taken, so a flood of
+//! slow unauthenticated peers can never lock clients out; authenticated connections are capped
+//! at [`CONNECTIONS_MAX`]. Chunk reads go from the data file to the socket with `sendfile(2)`,
+//! never through a user-space buffer.
 //!
 //! Nodes never reconstruct on the read path: a chunk they cannot serve is reported per item as
 //! missing, corrupt or unreadable, and the client decodes around it.
@@ -14,20 +18,24 @@
 
 mod connection;
 
-use std::net::{SocketAddr, TcpListener};
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chunkstore::Drive;
 use cluster::ClusterMap;
 
-/// Most connections served at once; further ones are closed on accept.
+/// Most authenticated connections served at once; further ones are closed after their handshake.
 pub const CONNECTIONS_MAX: usize = 1024;
+/// Most connections in their handshake at once; a new one evicts the oldest when all are taken.
+/// A real client finishes its handshake in about a millisecond, so it is never the oldest.
+pub const PENDING_HANDSHAKES_MAX: usize = 64;
 /// A connection with no request for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// The peer must authenticate within this time.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The peer must finish the whole handshake within this time (not per read).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A write to a peer that makes no progress for this long fails.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -40,6 +48,8 @@ pub enum Error {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("drive {idx} of node {id}: {source}")]
     Drive { id: String, idx: usize, source: chunkstore::Error },
+    #[error("refusing to start: {0}")]
+    Secret(proto::Error),
 }
 
 /// Creates and formats every drive directory of every node in `map` (on this machine), so the
@@ -76,7 +86,50 @@ struct State {
     secret: String,
     map_text: String,
     drives: Vec<Drive>,
+    /// Authenticated connections being served.
     connections: AtomicUsize,
+    /// Connections in their handshake, oldest first, by accept number.
+    pending: Mutex<VecDeque<(u64, TcpStream)>>,
+}
+
+/// One of the [`CONNECTIONS_MAX`] authenticated-connection slots, given back on drop.
+struct ConnectionSlot<'a>(&'a AtomicUsize);
+
+impl Drop for ConnectionSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl State {
+    /// A slot for an authenticated connection, or `None` at [`CONNECTIONS_MAX`].
+    fn connection_slot(&self) -> Option<ConnectionSlot<'_>> {
+        let open = self.connections.fetch_add(1, Ordering::SeqCst);
+        let slot = ConnectionSlot(&self.connections);
+        (open < CONNECTIONS_MAX).then_some(slot)
+    }
+
+    /// Registers a connection entering its handshake; when all pending slots are taken, shuts
+    /// the oldest pending connection down (its thread then ends on a failed read).
+    fn add_pending(&self, id: u64, stream: &TcpStream) {
+        let mut pending = self.pending.lock().expect("pending lock poisoned");
+        if pending.len() >= PENDING_HANDSHAKES_MAX
+            && let Some((_, oldest)) = pending.pop_front()
+        {
+            // The evicted peer sees its connection closed; nothing else to do if that fails.
+            let _ = oldest.shutdown(Shutdown::Both);
+        }
+        match stream.try_clone() {
+            Ok(clone) => pending.push_back((id, clone)),
+            // Without a handle it cannot be evicted, but its handshake deadline still holds.
+            Err(e) => tracing::warn!(error = %e, "could not track a pending handshake"),
+        }
+        assert!(pending.len() <= PENDING_HANDSHAKES_MAX);
+    }
+
+    fn remove_pending(&self, id: u64) {
+        self.pending.lock().expect("pending lock poisoned").retain(|(pending_id, _)| *pending_id != id);
+    }
 }
 
 impl Server {
@@ -87,6 +140,7 @@ impl Server {
             id: config.node_id.clone(),
             known: map.nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>().join(", "),
         })?;
+        proto::validate_secret(&map.secret).map_err(Error::Secret)?;
         let node = &map.nodes[node_idx];
         let mut drives = Vec::with_capacity(node.drives.len());
         for drive_idx in 0..node.drives.len() {
@@ -105,6 +159,7 @@ impl Server {
             map_text: config.map_text,
             drives,
             connections: AtomicUsize::new(0),
+            pending: Mutex::new(VecDeque::new()),
         };
         Ok(Self { listener, state: Arc::new(state) })
     }
@@ -117,6 +172,7 @@ impl Server {
     /// Accepts and serves connections until the process exits.
     pub fn serve(self) -> std::io::Result<()> {
         tracing::info!(node = %self.state.node_id, addr = %self.listener.local_addr()?, drives = self.state.drives.len(), "node ready");
+        let mut accepted = 0u64;
         for stream in self.listener.incoming() {
             let stream = match stream {
                 Ok(stream) => stream,
@@ -125,19 +181,15 @@ impl Server {
                     continue;
                 }
             };
-            let open = self.state.connections.fetch_add(1, Ordering::SeqCst);
-            if open >= CONNECTIONS_MAX {
-                self.state.connections.fetch_sub(1, Ordering::SeqCst);
-                tracing::warn!(limit = CONNECTIONS_MAX, "connection limit reached; closing new connection");
-                continue;
-            }
+            accepted += 1;
+            let id = accepted;
+            self.state.add_pending(id, &stream);
             let state = Arc::clone(&self.state);
             let spawned = std::thread::Builder::new().name("conn".into()).spawn(move || {
-                connection::serve(stream, &state);
-                state.connections.fetch_sub(1, Ordering::SeqCst);
+                connection::serve(stream, &state, || state.remove_pending(id));
             });
             if let Err(e) = spawned {
-                self.state.connections.fetch_sub(1, Ordering::SeqCst);
+                self.state.remove_pending(id);
                 tracing::warn!(error = %e, "could not start a connection thread");
             }
         }

@@ -11,9 +11,18 @@
 //! the raw bytes of each item whose status is [`ItemStatus::Ok`], in item order. Raw bytes carry
 //! no header: their length is in the message before them.
 //!
-//! A connection starts with a handshake: the node sends [`Challenge`] (a fresh nonce), the
-//! client answers [`AuthProof`] (HMAC-SHA256 of the nonce under the cluster secret), and the
-//! node answers [`Response::Ok`] or closes the connection.
+//! A connection starts with a handshake that authenticates both peers with the cluster secret
+//! and derives per-connection keys: the node sends [`Challenge`] (a fresh nonce), the client
+//! answers [`AuthProof`] (its own fresh nonce and an HMAC-SHA256 of both nonces under the
+//! secret, see [`client_proof`]); both then derive one [`FrameMac`] per direction
+//! ([`session_macs`]). From then on every `Request` and `Response` frame is followed by a
+//! [`FRAME_TAG_BYTES`] tag: HMAC-SHA256 (truncated) over a per-direction sequence number, the
+//! header and the body. The node's first tagged frame ([`Response::Ok`]) proves to the client
+//! that the node knows the secret too; the sequence numbers stop replays and reordering. Raw
+//! chunk bytes after a frame are not tagged: their CRC32C checksums travel inside tagged frames
+//! ([`Request::ChunkWrite`] carries them, [`ObjectMeta`] holds them) and are checked by the
+//! receiver. CRC32C catches corruption, not a deliberate forger on the path: confidentiality
+//! and cryptographic integrity of bulk bytes need the TLS transport.
 //!
 //! ```ignore
 //! let header = FrameHeader::new(FrameKind::Request, body.len())?;
@@ -31,8 +40,9 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-/// Version of the node protocol; the handshake rejects peers that speak another.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version of the node protocol; the handshake rejects peers that speak another. Version 2
+/// added per-frame MACs, the client nonce, chunk checksums on writes and commit conditions.
+pub const PROTOCOL_VERSION: u16 = 2;
 /// First four bytes of every frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"TSR1";
 /// Bytes of a frame header.
@@ -48,8 +58,17 @@ pub const BATCH_ITEMS_MAX: usize = 4096;
 pub const LIST_LIMIT_MAX: u32 = 10_000;
 /// Bytes of the handshake nonce and of the authentication proof.
 pub const NONCE_BYTES: usize = 32;
+/// Largest body of a handshake frame ([`Challenge`], [`AuthProof`]): checked before anything is
+/// allocated for an unauthenticated peer.
+pub const HANDSHAKE_BODY_BYTES_MAX: usize = 256;
+/// Bytes of the MAC tag after every `Request` and `Response` frame.
+pub const FRAME_TAG_BYTES: usize = 16;
+/// Shortest cluster secret accepted (bytes of its text; `tessera init` writes 64 hex digits).
+pub const SECRET_BYTES_MIN: usize = 16;
 
 const _: () = assert!(CONTROL_BODY_BYTES_MAX < u32::MAX as usize);
+const _: () = assert!(HANDSHAKE_BODY_BYTES_MAX < CONTROL_BODY_BYTES_MAX);
+const _: () = assert!(FRAME_TAG_BYTES <= 32, "a tag is a truncated HMAC-SHA256");
 
 /// Everything that can be wrong with bytes received from a peer or read from disk.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +87,10 @@ pub enum Error {
     UnsupportedVersion { what: &'static str, found: u16, supported: u16 },
     #[error("invalid {what}: {reason}")]
     Invalid { what: &'static str, reason: String },
+    #[error("{kind:?} frame of {len} bytes exceeds the limit of {max} for its kind")]
+    FrameTooLargeForKind { kind: FrameKind, len: usize, max: usize },
+    #[error("frame {seq} failed authentication (forged, replayed or reordered; or a wrong cluster secret)")]
+    BadFrameMac { seq: u64 },
 }
 
 /// What a frame carries.
@@ -125,6 +148,9 @@ impl FrameHeader {
             return Err(Error::Invalid { what: "frame flags", reason: format!("{flags:#x} set, version 1 has none") });
         }
         let body_len = u32::from_le_bytes(bytes[8..12].try_into().expect("slice of 4")) as usize;
+        if matches!(kind, FrameKind::Challenge | FrameKind::Auth) && body_len > HANDSHAKE_BODY_BYTES_MAX {
+            return Err(Error::FrameTooLargeForKind { kind, len: body_len, max: HANDSHAKE_BODY_BYTES_MAX });
+        }
         Self::new(kind, body_len)
     }
 }
@@ -170,27 +196,127 @@ pub struct Challenge {
     pub nonce: [u8; NONCE_BYTES],
 }
 
-/// The client's answer to [`Challenge`].
+/// The client's answer to [`Challenge`]: its own nonce and [`client_proof`] over both.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AuthProof {
     pub protocol_version: u16,
+    pub client_nonce: [u8; NONCE_BYTES],
     pub proof: [u8; NONCE_BYTES],
 }
 
-/// HMAC-SHA256 over a domain tag and `nonce`, keyed with the cluster secret.
-pub fn auth_proof(secret: &str, nonce: &[u8; NONCE_BYTES]) -> [u8; NONCE_BYTES] {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
-    mac.update(b"tessera node protocol v1\0");
-    mac.update(nonce);
-    mac.finalize().into_bytes().into()
+type HmacSha256 = Hmac<Sha256>;
+
+fn keyed(secret: &str, label: &[u8], node_nonce: &[u8; NONCE_BYTES], client_nonce: &[u8; NONCE_BYTES]) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
+    mac.update(b"tessera node protocol v2\0");
+    mac.update(label);
+    mac.update(node_nonce);
+    mac.update(client_nonce);
+    mac
 }
 
-/// Checks a proof in constant time.
-pub fn verify_auth_proof(secret: &str, nonce: &[u8; NONCE_BYTES], proof: &[u8; NONCE_BYTES]) -> bool {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
-    mac.update(b"tessera node protocol v1\0");
-    mac.update(nonce);
-    mac.verify_slice(proof).is_ok()
+/// The client's proof that it knows the cluster secret: HMAC-SHA256 under the secret of a domain
+/// tag and both nonces (the node's nonce is fresh, so a proof cannot be replayed).
+pub fn client_proof(
+    secret: &str,
+    node_nonce: &[u8; NONCE_BYTES],
+    client_nonce: &[u8; NONCE_BYTES],
+) -> [u8; NONCE_BYTES] {
+    keyed(secret, b"client proof\0", node_nonce, client_nonce).finalize().into_bytes().into()
+}
+
+/// Checks a [`client_proof`] in constant time.
+pub fn verify_client_proof(
+    secret: &str,
+    node_nonce: &[u8; NONCE_BYTES],
+    client_nonce: &[u8; NONCE_BYTES],
+    proof: &[u8; NONCE_BYTES],
+) -> bool {
+    keyed(secret, b"client proof\0", node_nonce, client_nonce).verify_slice(proof).is_ok()
+}
+
+/// The per-connection frame MACs, `(client to node, node to client)`: keys derived from the
+/// secret and both nonces, so each connection and direction has its own.
+pub fn session_macs(
+    secret: &str,
+    node_nonce: &[u8; NONCE_BYTES],
+    client_nonce: &[u8; NONCE_BYTES],
+) -> (FrameMac, FrameMac) {
+    let derive = |label: &[u8]| {
+        let key: [u8; 32] = keyed(secret, label, node_nonce, client_nonce).finalize().into_bytes().into();
+        FrameMac { mac: HmacSha256::new_from_slice(&key).expect("HMAC takes keys of any length"), seq: 0 }
+    };
+    (derive(b"key client to node\0"), derive(b"key node to client\0"))
+}
+
+/// Tags (or checks) the frames of one direction of one connection, numbering them from 0.
+#[derive(Clone)]
+pub struct FrameMac {
+    /// Keyed once; cloned per frame so no frame pays for the key schedule.
+    mac: HmacSha256,
+    seq: u64,
+}
+
+impl std::fmt::Debug for FrameMac {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameMac").field("seq", &self.seq).finish_non_exhaustive()
+    }
+}
+
+impl FrameMac {
+    fn tag(&self, header: &[u8; FRAME_HEADER_BYTES], body: &[u8]) -> HmacSha256 {
+        let mut mac = self.mac.clone();
+        mac.update(&self.seq.to_le_bytes());
+        mac.update(header);
+        mac.update(body);
+        mac
+    }
+
+    /// The tag of the next frame sent.
+    pub fn seal(&mut self, header: &[u8; FRAME_HEADER_BYTES], body: &[u8]) -> [u8; FRAME_TAG_BYTES] {
+        let full = self.tag(header, body).finalize().into_bytes();
+        self.seq += 1;
+        full[..FRAME_TAG_BYTES].try_into().expect("a SHA-256 MAC has 32 bytes")
+    }
+
+    /// Checks the tag of the next frame received (constant time).
+    pub fn open(
+        &mut self,
+        header: &[u8; FRAME_HEADER_BYTES],
+        body: &[u8],
+        tag: &[u8; FRAME_TAG_BYTES],
+    ) -> Result<(), Error> {
+        let seq = self.seq;
+        self.tag(header, body).verify_truncated_left(tag).map_err(|_| Error::BadFrameMac { seq })?;
+        self.seq += 1;
+        Ok(())
+    }
+}
+
+/// Encodes a tagged frame: header, body, then the tag from `mac`.
+pub fn encode_sealed_frame<T: Serialize>(kind: FrameKind, message: &T, mac: &mut FrameMac) -> Result<Vec<u8>, Error> {
+    let body = encode_body(message);
+    let header = FrameHeader::new(kind, body.len())?.encode();
+    let tag = mac.seal(&header, &body);
+    let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + body.len() + FRAME_TAG_BYTES);
+    frame.extend_from_slice(&header);
+    frame.extend_from_slice(&body);
+    frame.extend_from_slice(&tag);
+    Ok(frame)
+}
+
+/// Checks that a cluster secret is long enough to authenticate anything.
+pub fn validate_secret(secret: &str) -> Result<(), Error> {
+    if secret.len() < SECRET_BYTES_MIN {
+        return Err(Error::Invalid {
+            what: "cluster secret",
+            reason: format!(
+                "{} bytes, at least {SECRET_BYTES_MIN} needed (`tessera init` generates one)",
+                secret.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Identifies one object version: nanoseconds since the epoch, then a writer id. Ordered by
@@ -293,10 +419,21 @@ pub enum Request {
     /// Current metadata of each key (absent: `None`).
     MetaGet { items: Vec<MetaKey> },
     /// Write `len` raw bytes (following this frame) at `offset` of the staging file of `version`.
-    ChunkWrite { drive: u32, bucket: String, version: VersionId, offset: u64, len: u32 },
-    /// Make `meta` durable and current on `drive` if it is newer than what the drive has.
-    /// `missing_positions` lists set positions that did not get their chunks (queued for repair).
-    Commit { drive: u32, meta: ObjectMeta, missing_positions: Vec<u32> },
+    /// `crcs` are the CRC32C of each `block_bytes` block of those bytes (the last may be short):
+    /// the node checks them before writing, so bytes damaged in transit are refused.
+    ChunkWrite {
+        drive: u32,
+        bucket: String,
+        version: VersionId,
+        offset: u64,
+        len: u32,
+        block_bytes: u32,
+        crcs: Vec<u32>,
+    },
+    /// Make `meta` durable and current on `drive` if it is newer than what the drive has and
+    /// `condition` holds. `missing_positions` lists set positions that did not get their chunks
+    /// (queued for repair).
+    Commit { drive: u32, meta: ObjectMeta, missing_positions: Vec<u32>, condition: CommitCondition },
     /// Drop the staging file of an uncommitted version.
     Abort { drive: u32, version: VersionId },
     /// Undo the commit of a PUT that failed to reach its write quorum.
@@ -305,6 +442,18 @@ pub enum Request {
     Read { items: Vec<ReadItem> },
     /// Keys of `bucket` after `start_after` that start with `prefix`, sorted, at most `limit`.
     List { drive: u32, bucket: String, prefix: String, start_after: String, limit: u32 },
+}
+
+/// What must hold on the drive for a [`Request::Commit`] to apply.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum CommitCondition {
+    /// Apply if newer than the drive's current version.
+    #[default]
+    None,
+    /// Also refuse ([`ErrorKind::PreconditionFailed`]) if the drive's current version of the key
+    /// is a live object (S3 `If-None-Match: *`). Write quorums intersect, so of two such writers
+    /// at most one reaches W.
+    IfAbsent,
 }
 
 /// What went wrong on the node, for [`Response::Error`].
@@ -317,6 +466,10 @@ pub enum ErrorKind {
     Io,
     BadRequest,
     NoSuchUpload,
+    /// A [`CommitCondition`] did not hold.
+    PreconditionFailed,
+    /// Chunk bytes did not match the checksums sent with them (damaged in transit).
+    ChecksumMismatch,
 }
 
 /// A node's answer to a [`Request`].
@@ -364,6 +517,15 @@ impl Request {
             },
             Request::ChunkWrite { len, .. } if *len as usize > CHUNK_BYTES_MAX => {
                 Err(Error::Invalid { what: "chunk write", reason: format!("len {len} exceeds one chunk") })
+            }
+            Request::ChunkWrite { len, block_bytes, crcs, .. } => {
+                if *block_bytes == 0 || crcs.len() != len.div_ceil(*block_bytes) as usize {
+                    return Err(Error::Invalid {
+                        what: "chunk write",
+                        reason: format!("{} checksums for {len} bytes in blocks of {block_bytes}", crcs.len()),
+                    });
+                }
+                Ok(())
             }
             Request::List { limit, .. } if *limit > LIST_LIMIT_MAX => {
                 Err(Error::Invalid { what: "list", reason: format!("limit {limit} exceeds {LIST_LIMIT_MAX}") })

@@ -41,6 +41,16 @@ fn requests_round_trip() {
         drive: 0,
         meta: meta(5_000_000, 4, 2, 1 << 20),
         missing_positions: vec![3],
+        condition: CommitCondition::IfAbsent,
+    });
+    check_request_round_trip(Request::ChunkWrite {
+        drive: 0,
+        bucket: "b".into(),
+        version: VersionId { unix_ns: 1, writer: 1 },
+        offset: 0,
+        len: 100_000,
+        block_bytes: 65536,
+        crcs: vec![1, 2],
     });
     check_request_round_trip(Request::Read {
         items: vec![ReadItem { drive: 1, version: VersionId { unix_ns: 1, writer: 2 }, offset: 3, len: 4 }],
@@ -67,8 +77,20 @@ fn limits_are_enforced_at_limit_plus_one() {
         version: VersionId { unix_ns: 1, writer: 1 },
         offset: 0,
         len: CHUNK_BYTES_MAX as u32 + 1,
+        block_bytes: 65536,
+        crcs: vec![0; (CHUNK_BYTES_MAX + 1).div_ceil(65536)],
     };
     assert!(decode_request(&encode_body(&big)).is_err());
+    let wrong_checksums = Request::ChunkWrite {
+        drive: 0,
+        bucket: "b".into(),
+        version: VersionId { unix_ns: 1, writer: 1 },
+        offset: 0,
+        len: 65537,
+        block_bytes: 65536,
+        crcs: vec![0],
+    };
+    assert!(matches!(decode_request(&encode_body(&wrong_checksums)), Err(Error::Invalid { .. })));
     assert!(FrameHeader::new(FrameKind::Request, CONTROL_BODY_BYTES_MAX).is_ok());
     assert!(matches!(
         FrameHeader::new(FrameKind::Request, CONTROL_BODY_BYTES_MAX + 1),
@@ -91,12 +113,71 @@ fn bad_headers_are_refused() {
 }
 
 #[test]
-fn auth_proof_needs_the_secret() {
-    let nonce = [7u8; NONCE_BYTES];
-    let proof = auth_proof("secret", &nonce);
-    assert!(verify_auth_proof("secret", &nonce, &proof));
-    assert!(!verify_auth_proof("other", &nonce, &proof));
-    assert!(!verify_auth_proof("secret", &[8u8; NONCE_BYTES], &proof));
+fn client_proof_needs_the_secret_and_both_nonces() {
+    let (node_nonce, client_nonce) = ([7u8; NONCE_BYTES], [9u8; NONCE_BYTES]);
+    let proof = client_proof("secret", &node_nonce, &client_nonce);
+    assert!(verify_client_proof("secret", &node_nonce, &client_nonce, &proof));
+    assert!(!verify_client_proof("other", &node_nonce, &client_nonce, &proof));
+    assert!(!verify_client_proof("secret", &[8u8; NONCE_BYTES], &client_nonce, &proof));
+    assert!(!verify_client_proof("secret", &node_nonce, &[8u8; NONCE_BYTES], &proof));
+}
+
+fn sealed(
+    kind: FrameKind,
+    message: &Response,
+    mac: &mut FrameMac,
+) -> ([u8; FRAME_HEADER_BYTES], Vec<u8>, [u8; FRAME_TAG_BYTES]) {
+    let frame = encode_sealed_frame(kind, message, mac).unwrap();
+    let header: [u8; FRAME_HEADER_BYTES] = frame[..FRAME_HEADER_BYTES].try_into().unwrap();
+    let body = frame[FRAME_HEADER_BYTES..frame.len() - FRAME_TAG_BYTES].to_vec();
+    let tag = frame[frame.len() - FRAME_TAG_BYTES..].try_into().unwrap();
+    (header, body, tag)
+}
+
+#[test]
+fn frame_macs_accept_frames_in_order_and_nothing_else() {
+    let (node_nonce, client_nonce) = ([1u8; NONCE_BYTES], [2u8; NONCE_BYTES]);
+    let (mut c2n_send, _) = session_macs("secret-secret-secret", &node_nonce, &client_nonce);
+    let (mut c2n_recv, mut n2c) = session_macs("secret-secret-secret", &node_nonce, &client_nonce);
+    let first = sealed(FrameKind::Request, &Response::Ok, &mut c2n_send);
+    let second = sealed(FrameKind::Request, &Response::Map { toml: "x".into() }, &mut c2n_send);
+    // Out of order (the second frame first) fails, and so does a replay of the first.
+    let mut reorder = c2n_recv.clone();
+    assert!(matches!(reorder.open(&second.0, &second.1, &second.2), Err(Error::BadFrameMac { seq: 0 })));
+    c2n_recv.open(&first.0, &first.1, &first.2).unwrap();
+    assert!(c2n_recv.clone().open(&first.0, &first.1, &first.2).is_err());
+    // A flipped body bit, a different header, the other direction's key: all refused.
+    let mut flipped = second.1.clone();
+    flipped[0] ^= 1;
+    assert!(c2n_recv.clone().open(&second.0, &flipped, &second.2).is_err());
+    let mut header = second.0;
+    header[4] = FrameKind::Response as u8;
+    assert!(c2n_recv.clone().open(&header, &second.1, &second.2).is_err());
+    assert!(n2c.open(&second.0, &second.1, &second.2).is_err());
+    c2n_recv.open(&second.0, &second.1, &second.2).unwrap();
+    // Another connection (other nonces) or another secret derives other keys.
+    let (mut other, _) = session_macs("secret-secret-secret", &node_nonce, &[3u8; NONCE_BYTES]);
+    assert!(other.open(&first.0, &first.1, &first.2).is_err());
+    let (mut other, _) = session_macs("another-secret-here", &node_nonce, &client_nonce);
+    assert!(other.open(&first.0, &first.1, &first.2).is_err());
+}
+
+#[test]
+fn handshake_frames_are_small_before_anything_is_allocated() {
+    let at_limit = FrameHeader::new(FrameKind::Auth, HANDSHAKE_BODY_BYTES_MAX).unwrap().encode();
+    assert!(FrameHeader::decode(&at_limit).is_ok());
+    let over = FrameHeader::new(FrameKind::Auth, HANDSHAKE_BODY_BYTES_MAX + 1).unwrap().encode();
+    assert!(matches!(FrameHeader::decode(&over), Err(Error::FrameTooLargeForKind { .. })));
+    let proof =
+        AuthProof { protocol_version: PROTOCOL_VERSION, client_nonce: [0xff; NONCE_BYTES], proof: [0xff; NONCE_BYTES] };
+    assert!(encode_body(&proof).len() <= HANDSHAKE_BODY_BYTES_MAX);
+}
+
+#[test]
+fn short_secrets_are_refused() {
+    assert!(validate_secret("").is_err());
+    assert!(validate_secret(&"x".repeat(SECRET_BYTES_MIN - 1)).is_err());
+    assert!(validate_secret(&"x".repeat(SECRET_BYTES_MIN)).is_ok());
 }
 
 #[test]
