@@ -23,10 +23,34 @@ impl Client {
         self.bucket_call(&Request::BucketCreate { bucket: bucket.into() }, bucket).await
     }
 
-    /// Removes an empty `bucket` from every node.
+    /// Removes an empty `bucket` from every node, all or nothing: it first checks every
+    /// erasure set for live objects and the bucket for multipart uploads in progress, then
+    /// deletes it on every node; a node that still refuses (an object written in between) gets
+    /// the bucket back on the nodes that had dropped it, and the call fails `BucketNotEmpty`.
     pub async fn remove_bucket(&self, bucket: &str) -> Result<(), Error> {
         proto::validate_bucket(bucket)?;
-        self.bucket_call(&Request::BucketDelete { bucket: bucket.into() }, bucket).await
+        if !self.list_inner(bucket, "", "", 1).await?.entries.is_empty() {
+            return Err(Error::BucketNotEmpty { bucket: bucket.into() });
+        }
+        if self.has_uploads(bucket).await? {
+            return Err(Error::UploadsInProgress { bucket: bucket.into() });
+        }
+        let request = Request::BucketDelete { bucket: bucket.into() };
+        let responses = self.call_all_nodes(&request).await;
+        let refused =
+            responses.iter().any(|r| matches!(r, Ok(Response::Error { kind: ErrorKind::BucketNotEmpty, .. })));
+        if refused {
+            let dropped: Vec<usize> =
+                (0..responses.len()).filter(|&idx| matches!(responses[idx], Ok(Response::Ok))).collect();
+            let create = Request::BucketCreate { bucket: bucket.into() };
+            for node_idx in dropped {
+                if let Err(e) = self.call_now(node_idx, &create).await {
+                    tracing::warn!(node = %self.node_id(node_idx), error = %e, bucket, "could not restore a bucket after a refused delete; the next write heals it");
+                }
+            }
+            return Err(Error::BucketNotEmpty { bucket: bucket.into() });
+        }
+        self.bucket_result(&request, bucket, responses)
     }
 
     /// Names of the buckets known to a majority of reachable nodes, sorted.
@@ -134,6 +158,15 @@ impl Client {
 
     pub(crate) async fn bucket_call(&self, request: &Request, bucket: &str) -> Result<(), Error> {
         let responses = self.call_all_nodes(request).await;
+        self.bucket_result(request, bucket, responses)
+    }
+
+    fn bucket_result(
+        &self,
+        request: &Request,
+        bucket: &str,
+        responses: Vec<Result<Response, Error>>,
+    ) -> Result<(), Error> {
         let mut ok = 0;
         for (node_idx, response) in responses.into_iter().enumerate() {
             match response {

@@ -4,7 +4,13 @@
 //! multipart version returns its piece keys and the writer deletes them.
 //!
 //! Internal keys: `u/<bucket>/<upload id>` marks an upload in progress (its body is the user's
-//! key, its metadata the object's); `p/<bucket>/<upload id>/<part number, 5 digits>` is a piece.
+//! key, its metadata the object's); `p/<bucket>/<upload id>/<part number, 5 digits>/<attempt>`
+//! is a piece, `attempt` random per UploadPart call. Every upload of a part writes a key of its
+//! own, so no write ever replaces a piece: once Complete has committed an object that lists a
+//! piece, that piece belongs to the object (immutable; deleted only when the object is replaced
+//! or deleted), whatever UploadPart or Abort calls race with it. The newest attempt of a part
+//! number is the part. Attempts nobody references are deleted by Complete and Abort; one that
+//! lands after them is garbage for the collector.
 
 use md5::{Digest, Md5};
 use proto::{ObjectMeta, PartPiece, Request};
@@ -18,8 +24,9 @@ pub const MULTIPART_BUCKET: &str = ".tessera-multipart";
 /// S3's limits: part numbers 1..=10000, every part but the last at least 5 MiB.
 pub const PART_NUMBER_MAX: u32 = 10_000;
 pub const PART_BYTES_MIN: u64 = 5 << 20;
-/// Uploads listed per call.
-const UPLOADS_LIST_MAX: u32 = 1000;
+/// Most upload markers one ListMultipartUploads scans (live uploads and the delete markers of
+/// finished ones); past it the listing fails rather than silently leaving uploads out.
+const UPLOAD_MARKERS_SCANNED_MAX: usize = 1_000_000;
 
 /// One uploaded part.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,8 +54,18 @@ fn piece_prefix(bucket: &str, upload_id: &str) -> String {
     format!("p/{bucket}/{upload_id}/")
 }
 
+fn part_prefix(bucket: &str, upload_id: &str, number: u32) -> String {
+    format!("{}{number:05}/", piece_prefix(bucket, upload_id))
+}
+
+/// A fresh key for one upload attempt of part `number`.
 fn piece_key(bucket: &str, upload_id: &str, number: u32) -> String {
-    format!("{}{number:05}", piece_prefix(bucket, upload_id))
+    format!("{}{}", part_prefix(bucket, upload_id, number), hex::encode(rand::random::<[u8; 8]>()))
+}
+
+/// The part number of a piece key under `prefix` (`00001/<attempt>`).
+fn part_number_of(piece_key: &str, prefix: &str) -> Option<u32> {
+    piece_key.strip_prefix(prefix)?.split('/').next()?.parse().ok()
 }
 
 fn valid_upload_id(upload_id: &str) -> bool {
@@ -71,7 +88,8 @@ impl Client {
         Ok(upload_id)
     }
 
-    /// Writes part `number` (1..=10000) of an upload; a second write of a number replaces it.
+    /// Writes part `number` (1..=10000) of an upload; a later write of the same number wins
+    /// (its piece is newer), without touching the earlier piece.
     pub async fn put_part(
         &self,
         bucket: &str,
@@ -90,28 +108,56 @@ impl Client {
         Ok(PartInfo { number, size: info.meta.size, etag: info.meta.etag, modified_ms: info.meta.modified_ms })
     }
 
-    /// Parts uploaded so far, by number.
+    /// Parts uploaded so far, by number (the newest upload of each number).
     pub async fn list_parts(&self, bucket: &str, key: &str, upload_id: &str) -> Result<Vec<PartInfo>, Error> {
         self.upload_marker(bucket, key, upload_id).await?;
+        let newest = self.newest_pieces(bucket, upload_id).await?;
+        Ok(newest
+            .into_iter()
+            .map(|(number, entry)| PartInfo {
+                number,
+                size: entry.size,
+                etag: entry.etag,
+                modified_ms: entry.modified_ms,
+            })
+            .collect())
+    }
+
+    /// Every piece of an upload: `(part number, listing entry)`, all attempts.
+    async fn pieces(&self, bucket: &str, upload_id: &str) -> Result<Vec<(u32, crate::ListEntry)>, Error> {
         let prefix = piece_prefix(bucket, upload_id);
-        let mut parts = Vec::new();
+        let mut pieces = Vec::new();
         let mut start_after = String::new();
         loop {
             let page = self.list_inner(MULTIPART_BUCKET, &prefix, &start_after, proto::LIST_LIMIT_MAX).await?;
-            for entry in &page.entries {
-                let Ok(number) = entry.key[prefix.len()..].parse() else { continue };
-                parts.push(PartInfo {
-                    number,
-                    size: entry.size,
-                    etag: entry.etag.clone(),
-                    modified_ms: entry.modified_ms,
-                });
+            for entry in page.entries {
+                if let Some(number) = part_number_of(&entry.key, &prefix) {
+                    pieces.push((number, entry));
+                }
             }
             match page.next_start_after {
                 Some(next) => start_after = next,
-                None => return Ok(parts),
+                None => return Ok(pieces),
             }
         }
+    }
+
+    /// The newest piece of each part number, by number.
+    async fn newest_pieces(
+        &self,
+        bucket: &str,
+        upload_id: &str,
+    ) -> Result<std::collections::BTreeMap<u32, crate::ListEntry>, Error> {
+        let mut newest = std::collections::BTreeMap::new();
+        for (number, entry) in self.pieces(bucket, upload_id).await? {
+            match newest.get(&number) {
+                Some(current) if newest_of(current, &entry) => {}
+                _ => {
+                    newest.insert(number, entry);
+                }
+            }
+        }
+        Ok(newest)
     }
 
     /// Completes an upload from `parts` (number, etag; quotes allowed), ascending, each but the
@@ -123,16 +169,25 @@ impl Client {
         upload_id: &str,
         parts: &[(u32, String)],
     ) -> Result<ObjectInfo, Error> {
-        let marker = self.upload_marker(bucket, key, upload_id).await?;
+        let marker = match self.upload_marker(bucket, key, upload_id).await {
+            Ok(marker) => marker,
+            // A retried Complete whose first answer was lost: the object is already there.
+            Err(Error::NoSuchUpload { .. }) => return self.completed_object(bucket, key, upload_id, parts).await,
+            Err(e) => return Err(e),
+        };
         if parts.is_empty() {
             return Err(Error::InvalidPart { number: 0, reason: "a multipart upload needs at least one part".into() });
         }
         if parts.windows(2).any(|w| w[0].0 >= w[1].0) {
             return Err(Error::InvalidPartOrder);
         }
+        let newest = self.newest_pieces(bucket, upload_id).await?;
         let mut pieces = Vec::with_capacity(parts.len());
         for (number, etag) in parts {
-            let info = match self.head_inner(MULTIPART_BUCKET, &piece_key(bucket, upload_id, *number)).await {
+            let Some(entry) = newest.get(number) else {
+                return Err(Error::InvalidPart { number: *number, reason: "it was not uploaded".into() });
+            };
+            let info = match self.head_inner(MULTIPART_BUCKET, &entry.key).await {
                 Ok(info) => info,
                 Err(Error::NotFound { .. }) => {
                     return Err(Error::InvalidPart { number: *number, reason: "it was not uploaded".into() });
@@ -150,40 +205,88 @@ impl Client {
         }
         let etag = multipart_etag(&pieces);
         let size = pieces.iter().map(|p| p.size).sum();
-        let (info, replaced) = crate::put::commit_without_data(self, bucket, key, |meta| {
-            meta.size = size;
-            meta.etag = etag;
-            meta.content_type = marker.content_type.clone();
-            meta.user_meta = marker.user_meta.clone();
-            meta.headers = marker.headers.clone();
-            meta.parts = pieces;
-            Ok(())
-        })
-        .await?;
+        let (info, replaced) =
+            crate::put::commit_without_data(self, bucket, key, proto::CommitCondition::None, |meta| {
+                meta.size = size;
+                meta.etag = etag;
+                meta.content_type = marker.content_type.clone();
+                meta.user_meta = marker.user_meta.clone();
+                meta.headers = marker.headers.clone();
+                meta.parts = pieces;
+                Ok(())
+            })
+            .await?;
         // The upload is over: drop its marker and every piece the object does not use.
-        let used: Vec<u32> = parts.iter().map(|(number, _)| *number).collect();
+        let used: Vec<String> = info.meta.parts.iter().map(|p| p.piece_key.clone()).collect();
         self.drop_upload(bucket, upload_id, &used).await;
         delete_pieces(self, &replaced).await;
         Ok(info)
     }
 
-    /// Abandons an upload and deletes its pieces.
-    pub async fn abort_multipart(&self, bucket: &str, key: &str, upload_id: &str) -> Result<(), Error> {
-        self.upload_marker(bucket, key, upload_id).await?;
-        self.drop_upload(bucket, upload_id, &[]).await;
-        Ok(())
+    /// The object a finished upload completed, if `parts` are exactly its parts: what a retried
+    /// Complete answers. `NoSuchUpload` otherwise.
+    async fn completed_object(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+    ) -> Result<ObjectInfo, Error> {
+        let no_such = || Error::NoSuchUpload { upload_id: upload_id.to_owned() };
+        let info = match self.head_inner(bucket, key).await {
+            Ok(info) => info,
+            Err(Error::NotFound { .. }) => return Err(no_such()),
+            Err(e) => return Err(e),
+        };
+        let prefix = piece_prefix(bucket, upload_id);
+        let same = info.meta.parts.len() == parts.len()
+            && info.meta.parts.iter().zip(parts).all(|(piece, (number, etag))| {
+                piece.piece_key.starts_with(&prefix) && piece.number == *number && piece.etag == etag.trim_matches('"')
+            });
+        if same { Ok(info) } else { Err(no_such()) }
     }
 
-    /// Uploads in progress in `bucket` whose key starts with `prefix` (at most 1000), by key.
+    /// Abandons an upload and deletes its pieces, except those an object completed from it
+    /// uses (an Abort after a Complete whose marker delete failed): then it only drops the
+    /// marker and answers `NoSuchUpload`, as S3 does for a completed upload.
+    pub async fn abort_multipart(&self, bucket: &str, key: &str, upload_id: &str) -> Result<(), Error> {
+        self.upload_marker(bucket, key, upload_id).await?;
+        let prefix = piece_prefix(bucket, upload_id);
+        let used: Vec<String> = match self.head_inner(bucket, key).await {
+            Ok(info) => info.meta.parts.into_iter().map(|p| p.piece_key).filter(|k| k.starts_with(&prefix)).collect(),
+            Err(Error::NotFound { .. }) => Vec::new(),
+            // Unsure whether the object uses the pieces: delete nothing.
+            Err(e) => return Err(e),
+        };
+        self.drop_upload(bucket, upload_id, &used).await;
+        if used.is_empty() { Ok(()) } else { Err(Error::NoSuchUpload { upload_id: upload_id.to_owned() }) }
+    }
+
+    /// Every upload in progress in `bucket` whose key starts with `prefix`, by key then
+    /// initiation time. Reads every page of markers (finished uploads leave delete markers that
+    /// fill pages without live entries), up to [`UPLOAD_MARKERS_SCANNED_MAX`].
     pub async fn list_multipart_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>, Error> {
         proto::validate_bucket(bucket)?;
         let marker_prefix = format!("u/{bucket}/");
-        let page = match self.list_inner(MULTIPART_BUCKET, &marker_prefix, "", UPLOADS_LIST_MAX).await {
-            Err(Error::NoSuchBucket { .. }) => return Ok(Vec::new()),
-            other => other?,
-        };
+        let mut markers = Vec::new();
+        let mut start_after = String::new();
+        loop {
+            let page =
+                match self.list_inner(MULTIPART_BUCKET, &marker_prefix, &start_after, proto::LIST_LIMIT_MAX).await {
+                    Err(Error::NoSuchBucket { .. }) => return Ok(Vec::new()),
+                    other => other?,
+                };
+            markers.extend(page.entries);
+            if markers.len() > UPLOAD_MARKERS_SCANNED_MAX {
+                return Err(Error::TooManyUploads { bucket: bucket.to_owned(), max: UPLOAD_MARKERS_SCANNED_MAX });
+            }
+            match page.next_start_after {
+                Some(next) => start_after = next,
+                None => break,
+            }
+        }
         let mut uploads = Vec::new();
-        for entry in page.entries {
+        for entry in markers {
             let upload_id = entry.key[marker_prefix.len()..].to_owned();
             let Ok(info) = self.head_inner(MULTIPART_BUCKET, &entry.key).await else { continue };
             let mut key = vec![0u8; info.meta.size as usize];
@@ -195,6 +298,27 @@ impl Client {
         }
         uploads.sort_by(|a, b| (&a.key, a.initiated_ms).cmp(&(&b.key, b.initiated_ms)));
         Ok(uploads)
+    }
+
+    /// Whether `bucket` has uploads in progress (one page of markers suffices to tell).
+    pub(crate) async fn has_uploads(&self, bucket: &str) -> Result<bool, Error> {
+        let marker_prefix = format!("u/{bucket}/");
+        let mut start_after = String::new();
+        for _ in 0..UPLOAD_MARKERS_SCANNED_MAX / proto::LIST_LIMIT_MAX as usize {
+            let page =
+                match self.list_inner(MULTIPART_BUCKET, &marker_prefix, &start_after, proto::LIST_LIMIT_MAX).await {
+                    Err(Error::NoSuchBucket { .. }) => return Ok(false),
+                    other => other?,
+                };
+            if !page.entries.is_empty() {
+                return Ok(true);
+            }
+            match page.next_start_after {
+                Some(next) => start_after = next,
+                None => return Ok(false),
+            }
+        }
+        Err(Error::TooManyUploads { bucket: bucket.to_owned(), max: UPLOAD_MARKERS_SCANNED_MAX })
     }
 
     /// The marker of an upload of `bucket/key`, or `NoSuchUpload`.
@@ -218,29 +342,20 @@ impl Client {
         Ok(info.meta)
     }
 
-    /// Deletes an upload's marker and its pieces except `keep`. Best effort: a failure leaves
-    /// garbage, never a visible object.
-    async fn drop_upload(&self, bucket: &str, upload_id: &str, keep: &[u32]) {
+    /// Deletes an upload's marker and its pieces except the piece keys in `keep`. Best effort:
+    /// a failure leaves garbage, never a visible object.
+    async fn drop_upload(&self, bucket: &str, upload_id: &str, keep: &[String]) {
         let mut garbage = vec![marker_key(bucket, upload_id)];
-        let prefix = piece_prefix(bucket, upload_id);
-        let mut start_after = String::new();
-        loop {
-            let Ok(page) = self.list_inner(MULTIPART_BUCKET, &prefix, &start_after, proto::LIST_LIMIT_MAX).await else {
-                break;
-            };
-            for entry in page.entries {
-                let number = entry.key[prefix.len()..].parse::<u32>().unwrap_or(0);
-                if !keep.contains(&number) {
-                    garbage.push(entry.key);
-                }
-            }
-            match page.next_start_after {
-                Some(next) => start_after = next,
-                None => break,
-            }
+        if let Ok(pieces) = self.pieces(bucket, upload_id).await {
+            garbage.extend(pieces.into_iter().map(|(_, entry)| entry.key).filter(|key| !keep.contains(key)));
         }
         delete_pieces(self, &garbage).await;
     }
+}
+
+/// Whether `current` is newer than `other` (two uploads of one part number).
+fn newest_of(current: &crate::ListEntry, other: &crate::ListEntry) -> bool {
+    current.version >= other.version
 }
 
 /// Deletes internal objects (pieces, markers); logs instead of failing. Pieces are never

@@ -34,13 +34,23 @@ pub(crate) async fn create_bucket(
     req: S3Request<CreateBucketInput>,
 ) -> S3Result<S3Response<CreateBucketOutput>> {
     let input = req.input;
-    if let Some(acl) = &input.acl
-        && !matches!(acl.as_str(), BucketCannedACL::PRIVATE | BucketCannedACL::PUBLIC_READ)
-    {
-        return Err(S3Error::with_message(
-            S3ErrorCode::NotImplemented,
-            format!("canned ACL {:?} is not supported (private and public-read are accepted)", acl.as_str()),
-        ));
+    // Buckets behave as S3's default since 2023, Object Ownership "BucketOwnerEnforced": ACLs
+    // are disabled, so only `private` is accepted and any grant is refused as S3 refuses it.
+    let grants = [
+        &input.grant_full_control,
+        &input.grant_read,
+        &input.grant_read_acp,
+        &input.grant_write,
+        &input.grant_write_acp,
+    ];
+    let acl_refused = input.acl.as_ref().is_some_and(|acl| acl.as_str() != BucketCannedACL::PRIVATE);
+    if acl_refused || grants.iter().any(|grant| grant.is_some()) {
+        let mut error = S3Error::with_message(
+            S3ErrorCode::Custom("InvalidBucketAclWithObjectOwnership".into()),
+            "Bucket cannot have ACLs set with ObjectOwnership's BucketOwnerEnforced setting",
+        );
+        error.set_status_code(hyper::StatusCode::BAD_REQUEST);
+        return Err(error);
     }
     if client.bucket_exists(&input.bucket).await.map_err(s3_error)? {
         return Err(S3Error::with_message(
@@ -89,6 +99,22 @@ pub(crate) async fn get_bucket_versioning(
     require_bucket(client, &req.input.bucket).await?;
     // Buckets are unversioned: an empty configuration, as S3 answers for a bucket never versioned.
     Ok(S3Response::new(GetBucketVersioningOutput::default()))
+}
+
+/// Objects follow the bucket's "BucketOwnerEnforced" ownership: ACLs other than `private` and
+/// `bucket-owner-full-control` are refused with S3's `AccessControlListNotSupported`.
+pub(crate) fn check_object_acl(acl: Option<&ObjectCannedACL>) -> S3Result<()> {
+    match acl.map(ObjectCannedACL::as_str) {
+        None | Some(ObjectCannedACL::PRIVATE | ObjectCannedACL::BUCKET_OWNER_FULL_CONTROL) => Ok(()),
+        Some(_) => {
+            let mut error = S3Error::with_message(
+                S3ErrorCode::Custom("AccessControlListNotSupported".into()),
+                "The bucket does not allow ACLs",
+            );
+            error.set_status_code(hyper::StatusCode::BAD_REQUEST);
+            Err(error)
+        }
+    }
 }
 
 /// `NoSuchBucket` unless `bucket` exists.

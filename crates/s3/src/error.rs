@@ -25,9 +25,18 @@ pub(crate) fn s3_error(error: client::Error) -> S3Error {
         E::RangeNotSatisfiable { .. } => (S3ErrorCode::InvalidRange, None),
         E::ObjectTooLarge { .. } => (S3ErrorCode::EntityTooLarge, None),
         E::Source(io) => return body_error(io),
+        E::PreconditionFailed { .. } => (S3ErrorCode::PreconditionFailed, None),
+        // S3 refuses to delete a bucket with uploads in progress as not empty.
+        E::UploadsInProgress { .. } => (S3ErrorCode::BucketNotEmpty, None),
+        E::TooManyUploads { .. } => {
+            (S3ErrorCode::Custom("TooManyUploads".into()), Some(StatusCode::SERVICE_UNAVAILABLE))
+        }
+        // The cluster's own trouble: the details (node ids, addresses, drive paths) go to the
+        // gateway's log under the request's span (its request id); the client gets the code.
         E::DiskFull { .. } => {
             tracing::warn!("{message}");
-            (S3ErrorCode::Custom("InsufficientStorage".into()), Some(StatusCode::INSUFFICIENT_STORAGE))
+            let code = S3ErrorCode::Custom("InsufficientStorage".into());
+            return internal(code, Some(StatusCode::INSUFFICIENT_STORAGE), "the cluster is out of space");
         }
         E::Unavailable { .. }
         | E::WriteQuorum { .. }
@@ -35,17 +44,36 @@ pub(crate) fn s3_error(error: client::Error) -> S3Error {
         | E::NodeDown { .. }
         | E::Timeout { .. }
         | E::AuthRejected { .. }
+        | E::NodeNotAuthenticated { .. }
         | E::Node { .. }
         | E::Protocol { .. } => {
             tracing::warn!("{message}");
-            (S3ErrorCode::ServiceUnavailable, None)
+            let text = match &error {
+                E::Unavailable { available, needed, .. } => {
+                    format!("too few chunks of the object are reachable ({available} of {needed} needed); retry later")
+                }
+                E::WriteQuorum { acked, needed, .. } => {
+                    format!("too few drives accepted the write ({acked} of {needed} needed); retry later")
+                }
+                _ => "the cluster could not serve the request; retry later".to_owned(),
+            };
+            return internal(S3ErrorCode::ServiceUnavailable, None, &text);
         }
         E::Map(_) | E::Codec(_) => {
             tracing::error!("{message}");
-            (S3ErrorCode::InternalError, None)
+            return internal(S3ErrorCode::InternalError, None, "internal error");
         }
     };
     let mut s3 = S3Error::with_message(code, message);
+    if let Some(status) = status {
+        s3.set_status_code(status);
+    }
+    s3
+}
+
+/// An error about the cluster itself, with a message that names no node, address or path.
+fn internal(code: S3ErrorCode, status: Option<StatusCode>, text: &str) -> S3Error {
+    let mut s3 = S3Error::with_message(code, format!("{text} (see the gateway log for this request id)"));
     if let Some(status) = status {
         s3.set_status_code(status);
     }
@@ -56,8 +84,12 @@ pub(crate) fn s3_error(error: client::Error) -> S3Error {
 fn body_error(io: &std::io::Error) -> S3Error {
     // A stream read from the cluster (GET body, copy source): its failure was logged where it
     // was read.
-    if let Some(source) = io.get_ref().and_then(|inner| inner.downcast_ref::<client::Error>()) {
-        return S3Error::with_message(S3ErrorCode::ServiceUnavailable, format!("read from the cluster: {source}"));
+    if io.get_ref().and_then(|inner| inner.downcast_ref::<client::Error>()).is_some() {
+        return internal(
+            S3ErrorCode::ServiceUnavailable,
+            None,
+            "reading the source from the cluster failed; retry later",
+        );
     }
     let body = io.get_ref().and_then(|inner| inner.downcast_ref::<BodyError>());
     match body {

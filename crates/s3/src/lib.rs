@@ -46,6 +46,18 @@ pub struct GatewayConfig {
     pub access_key: String,
     /// Root secret key; required.
     pub secret_key: String,
+    /// Whether requests signed with Signature Version 2 are served.
+    pub sigv2: SigV2,
+}
+
+/// The gateway's policy for Signature Version 2 (HMAC-SHA1, no payload hash, no scope).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SigV2 {
+    /// Refused with S3's `InvalidRequest` (the default: SigV4 only).
+    #[default]
+    Refused,
+    /// Served, with the request's `Date` within 15 minutes of the gateway's clock.
+    Allowed,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -54,6 +66,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("listen", &self.listen)
             .field("access_key", &self.access_key)
             .field("secret_key", &"<redacted>")
+            .field("sigv2", &self.sigv2)
             .finish()
     }
 }
@@ -82,6 +95,7 @@ pub const SECRET_KEY_BYTES_MAX: usize = 128;
 pub struct Gateway {
     listener: tokio::net::TcpListener,
     service: s3s::service::S3Service,
+    sigv2: SigV2,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -98,7 +112,7 @@ impl Gateway {
             .await
             .map_err(|source| Error::Bind { addr: config.listen, source })?;
         let service = server::build_service(client, &config);
-        Ok(Self { listener, service })
+        Ok(Self { listener, service, sigv2: config.sigv2 })
     }
 
     /// The address the gateway listens on (useful with port 0).
@@ -109,7 +123,7 @@ impl Gateway {
     /// Serves HTTP until `shutdown` completes, then lets requests in progress finish for up to
     /// [`SHUTDOWN_TIMEOUT`].
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
-        server::serve(self.listener, self.service, shutdown).await;
+        server::serve(self.listener, self.service, self.sigv2, shutdown).await;
     }
 }
 

@@ -39,6 +39,7 @@ pub(crate) async fn create_multipart_upload(
     req: S3Request<CreateMultipartUploadInput>,
 ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
     let input = req.input;
+    crate::bucket::check_object_acl(input.acl.as_ref())?;
     let options = crate::object::object_headers!(input).into_put_options()?;
     let upload_id = client.create_multipart(&input.bucket, &input.key, &options).await.map_err(s3_error)?;
     let output = CreateMultipartUploadOutput {

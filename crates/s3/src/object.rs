@@ -124,7 +124,7 @@ impl ObjectHeaders {
         .into_iter()
         .filter_map(|(name, value)| value.map(|v| (name.to_owned(), v)))
         .collect();
-        Ok(client::PutOptions { content_type: self.content_type, user_meta, headers })
+        Ok(client::PutOptions { content_type: self.content_type, user_meta, headers, ..Default::default() })
     }
 
     /// What the object in `info` stored, as a read replays it.
@@ -188,9 +188,11 @@ pub(crate) async fn put_object(
     if input.content_length.is_some_and(|len| len as u64 > PUT_OBJECT_BYTES_MAX) {
         return Err(entity_too_large(PUT_OBJECT_BYTES_MAX));
     }
+    crate::bucket::check_object_acl(input.acl.as_ref())?;
     check_write_conditions(client, &input.bucket, &input.key, input.if_match.as_ref(), input.if_none_match.as_ref())
         .await?;
-    let options = object_headers!(input).into_put_options()?;
+    let mut options = object_headers!(input).into_put_options()?;
+    options.condition = write_condition(input.if_none_match.as_ref());
     let checksums = requested_checksums!(input);
     let expected = Expected::from_request(&headers, trailing_headers.as_ref(), checksums, PUT_OBJECT_BYTES_MAX)?;
     let mut body = UploadBody::new(input.body, expected);
@@ -213,8 +215,19 @@ pub(crate) fn entity_too_large(max: u64) -> S3Error {
     S3Error::with_message(S3ErrorCode::EntityTooLarge, format!("the body is larger than the maximum of {max} bytes"))
 }
 
+/// The commit condition of a write: `If-None-Match: *` is checked again by every drive at
+/// commit time, so of two concurrent creators exactly one succeeds.
+pub(crate) fn write_condition(if_none_match: Option<&ETagCondition>) -> client::CommitCondition {
+    match if_none_match {
+        Some(ETagCondition::Any) => client::CommitCondition::IfAbsent,
+        _ => client::CommitCondition::None,
+    }
+}
+
 /// Conditional writes: `If-None-Match: *` (create only) and `If-Match: ETAG` (replace only
-/// that version). Checked before the upload; a concurrent writer can still slip in between.
+/// that version), checked before the upload so that a write bound to fail sends no bytes.
+/// `If-None-Match: *` is checked again atomically at commit ([`write_condition`]); `If-Match`
+/// is not (a concurrent writer can slip in between; see ARCHITECTURE.md).
 async fn check_write_conditions(
     client: &client::Client,
     bucket: &str,
@@ -507,6 +520,7 @@ pub(crate) async fn copy_object(
     req: S3Request<CopyObjectInput>,
 ) -> S3Result<S3Response<CopyObjectOutput>> {
     let input = req.input;
+    crate::bucket::check_object_acl(input.acl.as_ref())?;
     let conditions = Conditions {
         if_match: input.copy_source_if_match.as_ref(),
         if_none_match: input.copy_source_if_none_match.as_ref(),

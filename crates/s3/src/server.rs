@@ -50,6 +50,122 @@ impl S3Auth for RootAuth {
     }
 }
 
+/// Largest error body the gateway rewrites to add its request id; S3 error bodies are small.
+const ERROR_BODY_BYTES_MAX: usize = 64 << 10;
+/// How far a SigV2 request's `Date` may be from the gateway's clock, as S3 allows.
+const SIGV2_CLOCK_SKEW_MAX: Duration = Duration::from_secs(15 * 60);
+/// Header that carries the request id on every answer, as S3's.
+const REQUEST_ID_HEADER: &str = "x-amz-request-id";
+
+/// Every request: a request id (in the `x-amz-request-id` header, in every error body's
+/// `RequestId`, and on every log line of the request, so an operator can find what a client
+/// reports), the SigV2 policy, then the s3s service.
+pub(crate) async fn handle(
+    service: S3Service,
+    sigv2: crate::SigV2,
+    mut request: hyper::Request<hyper::body::Incoming>,
+) -> Result<s3s::HttpResponse, s3s::HttpError> {
+    use tracing::Instrument as _;
+    let request_id = format!("{:016X}", rand::random::<u64>());
+    let span = tracing::info_span!("request", id = %request_id);
+    // Handlers that log read it from the request; a client-sent value is overwritten.
+    let id_value = hyper::header::HeaderValue::from_str(&request_id).expect("hex is a valid header value");
+    request.headers_mut().insert(REQUEST_ID_HEADER, id_value.clone());
+    let mut response = match check_sigv2(sigv2, &request) {
+        Err((status, code, message)) => {
+            tracing::info!(parent: &span, code, "refused: {message}");
+            error_response(status, code, message)
+        }
+        Ok(()) => call_closing_on_early_error(service, request).instrument(span.clone()).await?,
+    };
+    response.headers_mut().insert(REQUEST_ID_HEADER, id_value);
+    if response.status().is_server_error() {
+        tracing::warn!(parent: &span, status = %response.status(), "answered with a server error");
+    }
+    Ok(with_request_id_in_body(response, &request_id).await)
+}
+
+/// Whether a request signed with Signature Version 2 may go on: refused unless the gateway
+/// allows SigV2, and then only with a `Date` within [`SIGV2_CLOCK_SKEW_MAX`] (so a captured
+/// request cannot be replayed forever).
+fn check_sigv2<B>(
+    sigv2: crate::SigV2,
+    request: &hyper::Request<B>,
+) -> Result<(), (hyper::StatusCode, &'static str, String)> {
+    let headers = request.headers();
+    let auth = headers.get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let query = request.uri().query().unwrap_or("");
+    let header_v2 = auth.starts_with("AWS ");
+    let presigned_v2 = query.split('&').any(|pair| pair.starts_with("AWSAccessKeyId="))
+        && query.split('&').any(|pair| pair.starts_with("Signature="));
+    if !header_v2 && !presigned_v2 {
+        return Ok(());
+    }
+    if sigv2 == crate::SigV2::Refused {
+        return Err((
+            hyper::StatusCode::BAD_REQUEST,
+            "InvalidRequest",
+            "The authorization mechanism you have provided is not supported. Please use AWS4-HMAC-SHA256.".into(),
+        ));
+    }
+    if !header_v2 {
+        // Presigned SigV2 URLs carry their own expiry, which s3s checks.
+        return Ok(());
+    }
+    let date = headers.get("x-amz-date").or_else(|| headers.get(hyper::header::DATE)).and_then(|v| v.to_str().ok());
+    let Some(date) = date.and_then(|d| httpdate::parse_http_date(d).ok()) else {
+        return Err((
+            hyper::StatusCode::FORBIDDEN,
+            "AccessDenied",
+            "AWS authentication requires a valid Date or x-amz-date header".into(),
+        ));
+    };
+    let now = std::time::SystemTime::now();
+    let skew = now.duration_since(date).or_else(|_| date.duration_since(now)).unwrap_or_default();
+    if skew > SIGV2_CLOCK_SKEW_MAX {
+        return Err((
+            hyper::StatusCode::FORBIDDEN,
+            "RequestTimeTooSkewed",
+            format!("The difference between the request time and the current time is too large ({}s)", skew.as_secs()),
+        ));
+    }
+    Ok(())
+}
+
+/// An S3 error answer built here (before s3s sees the request); `message` names no input.
+fn error_response(status: hyper::StatusCode, code: &str, message: String) -> s3s::HttpResponse {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    );
+    let mut response = hyper::Response::new(s3s::Body::from(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/xml"));
+    response
+}
+
+/// Adds `<RequestId>` to an XML error body that lacks one (s3s writes none).
+async fn with_request_id_in_body(response: s3s::HttpResponse, request_id: &str) -> s3s::HttpResponse {
+    let is_xml = response.headers().get(hyper::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().ends_with(b"xml"));
+    if !(response.status().is_client_error() || response.status().is_server_error()) || !is_xml {
+        return response;
+    }
+    let (mut parts, mut body) = response.into_parts();
+    let Ok(bytes) = body.store_all_limited(ERROR_BODY_BYTES_MAX).await else {
+        // Not a small error document: send it as it was (the header still carries the id).
+        return hyper::Response::from_parts(parts, body);
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let text = if text.contains("<RequestId>") || !text.contains("</Error>") {
+        text.into_owned()
+    } else {
+        text.replacen("</Error>", &format!("<RequestId>{request_id}</RequestId></Error>"), 1)
+    };
+    parts.headers.remove(hyper::header::CONTENT_LENGTH);
+    hyper::Response::from_parts(parts, s3s::Body::from(text))
+}
+
 /// An error answered before the request body was read leaves that body on the wire, so the
 /// connection cannot carry another request: say so with `Connection: close`, or clients that
 /// pool connections (botocore with `Expect: 100-continue`) read a stale answer on reuse.
@@ -71,6 +187,7 @@ async fn call_closing_on_early_error(
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     service: S3Service,
+    sigv2: crate::SigV2,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let mut http = ConnBuilder::new(TokioExecutor::new());
@@ -99,7 +216,7 @@ pub(crate) async fn serve(
         // Small responses (errors, XML) go out at once rather than after Nagle's delay.
         let _ = stream.set_nodelay(true); // best effort: the connection works either way
         let service = service.clone();
-        let handler = hyper::service::service_fn(move |request| call_closing_on_early_error(service.clone(), request));
+        let handler = hyper::service::service_fn(move |request| handle(service.clone(), sigv2, request));
         let connection = http.serve_connection(TokioIo::new(stream), handler).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

@@ -1,6 +1,8 @@
 //! Integration tests: real `tessera` processes on 127.0.0.1. One test binary for the crate.
 
 mod bad_input;
+mod buckets;
 mod faults;
 mod harness;
 mod objects;
+mod protocol;
