@@ -144,6 +144,14 @@ class Cluster:
         proc = self._spawn(name, ["node", "--config", str(self.config), "--id", name], {})
         _wait_tcp(self.base_port + i - 1, proc, name, self.log_path(name), time.monotonic() + READY_TIMEOUT_S)
 
+    def spawn_extra(self, name: str, args: list[str], extra_env: dict[str, str]) -> subprocess.Popen:
+        """Another tessera process (an extra gateway, say) that dies with pytest and is stopped
+        with the session; stop it earlier with `stop_extra(name)`. Logs go to `log_path(name)`."""
+        return self._spawn(name, args, extra_env)
+
+    def stop_extra(self, name: str) -> None:
+        self._kill(name)
+
     def kill_node(self, i: int) -> None:
         """SIGKILL node n{i} (by PID) and reap it."""
         self._kill(f"n{i}")

@@ -283,7 +283,9 @@ fn stream_error(error: s3s::StdError) -> io::Error {
 pub(crate) fn object_stream(client: client::Client, info: client::ObjectInfo, range: Range<u64>) -> WindowStream {
     let (tx, rx) = mpsc::channel(WINDOWS_QUEUED_MAX);
     let stripe_bytes = u64::from(info.meta.k) * u64::from(info.meta.chunk_bytes);
-    tokio::spawn(async move {
+    // In the request's span, so a failure it logs carries the request id.
+    let span = tracing::Span::current();
+    let task = async move {
         let mut offset = range.start;
         while offset < range.end {
             let end = window_end(offset, range.end, stripe_bytes, GET_WINDOW_BYTES);
@@ -294,7 +296,8 @@ pub(crate) fn object_stream(client: client::Client, info: client::ObjectInfo, ra
             }
             offset = end;
         }
-    });
+    };
+    tokio::spawn(tracing::Instrument::instrument(task, span));
     WindowStream { rx }
 }
 

@@ -88,7 +88,7 @@ fn body_error(io: &std::io::Error) -> S3Error {
         return internal(
             S3ErrorCode::ServiceUnavailable,
             None,
-            "reading the source from the cluster failed; retry later",
+            "reading the object from the cluster failed; retry later",
         );
     }
     let body = io.get_ref().and_then(|inner| inner.downcast_ref::<BodyError>());

@@ -68,9 +68,10 @@ pub(crate) async fn handle(
     use tracing::Instrument as _;
     let request_id = format!("{:016X}", rand::random::<u64>());
     let span = tracing::info_span!("request", id = %request_id);
-    // Handlers that log read it from the request; a client-sent value is overwritten.
+    // Handlers see it as a request extension. Never as a header: SigV2 (and a SigV4 client
+    // that chose to) signs every x-amz-* header, so adding one would break the signature.
     let id_value = hyper::header::HeaderValue::from_str(&request_id).expect("hex is a valid header value");
-    request.headers_mut().insert(REQUEST_ID_HEADER, id_value.clone());
+    request.extensions_mut().insert(RequestId(request_id.clone()));
     let mut response = match check_sigv2(sigv2, &request) {
         Err((status, code, message)) => {
             tracing::info!(parent: &span, code, "refused: {message}");
@@ -84,6 +85,10 @@ pub(crate) async fn handle(
     }
     Ok(with_request_id_in_body(response, &request_id).await)
 }
+
+/// The id of the request being served (a request extension).
+#[derive(Clone, Debug)]
+pub(crate) struct RequestId(#[allow(dead_code)] pub(crate) String);
 
 /// Whether a request signed with Signature Version 2 may go on: refused unless the gateway
 /// allows SigV2, and then only with a `Date` within [`SIGV2_CLOCK_SKEW_MAX`] (so a captured
@@ -105,7 +110,10 @@ fn check_sigv2<B>(
         return Err((
             hyper::StatusCode::BAD_REQUEST,
             "InvalidRequest",
-            "The authorization mechanism you have provided is not supported. Please use AWS4-HMAC-SHA256.".into(),
+            "The authorization mechanism you have provided is not supported. Please use AWS4-HMAC-SHA256. \
+             (This gateway serves SigV2 only when started with --allow-sigv2; boto3 presigns with SigV4 given \
+             Config(signature_version='s3v4').)"
+                .into(),
         ));
     }
     if !header_v2 {
