@@ -32,7 +32,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use proto::{BucketEntry, CommitCondition, CommitOutcome, ListEntry, ObjectMeta, VersionId};
+use proto::{BucketEntry, CommitCondition, CommitOutcome, KeyVersions, ListEntry, ObjectMeta, VersionId};
 use redb::{Database, ReadableTable, TableDefinition};
 
 const BUCKETS: TableDefinition<'_, &str, u64> = TableDefinition::new("buckets");
@@ -42,6 +42,17 @@ const OBJECTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("objects
 const VERSIONS: TableDefinition<'_, &str, u8> = TableDefinition::new("versions");
 /// Versions committed with chunks missing on some set positions: `version hex` -> positions.
 const REPAIR_QUEUE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("repair_queue");
+/// Older versions a drive keeps beside the current one: `bucket NUL key NUL version (16 bytes,
+/// big-endian)` -> postcard [`ObjectMeta`]. A replaced version stays here (data file and all)
+/// until a newer version of the key is known acknowledged and the grace has passed, so a failed
+/// overwrite can be rolled back to it and readers that chose it can finish.
+const RETAINED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("retained");
+/// When a retained version may be deleted (ms since the epoch); same keys as `RETAINED`.
+const RETIRE_AT: TableDefinition<'_, &[u8], u64> = TableDefinition::new("retire_at");
+
+/// Most retained versions per key on one drive ([`proto::RETAINED_PER_KEY_MAX`]). Reached only
+/// by overwrites of one key faster than their grace, or unacknowledged ones; then the oldest goes.
+pub use proto::RETAINED_PER_KEY_MAX;
 
 /// Name of the file that marks a directory as a Tessera drive.
 pub const DRIVE_MARKER: &str = "tessera-drive";
@@ -79,6 +90,8 @@ pub enum Error {
 pub struct Drive {
     root: PathBuf,
     db: Database,
+    /// A finalize was committed without fsync since the last durable commit.
+    unsynced: std::sync::atomic::AtomicBool,
 }
 
 impl Drive {
@@ -107,7 +120,7 @@ impl Drive {
             fs::create_dir_all(root.join("data").join(format!("{shard:02x}"))).map_err(unusable)?;
         }
         let db = Database::create(root.join("meta.redb")).map_err(|e| db_error(root, e))?;
-        let drive = Self { root: root.to_owned(), db };
+        let drive = Self { root: root.to_owned(), db, unsynced: std::sync::atomic::AtomicBool::new(false) };
         drive.create_tables()?;
         drive.sweep()?;
         Ok(drive)
@@ -133,6 +146,7 @@ impl Drive {
     /// Removes `bucket` and its delete markers; fails if any live object remains.
     pub fn delete_bucket(&self, bucket: &str) -> Result<(), Error> {
         let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let mut dropped = Vec::new();
         {
             let mut buckets = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
             if buckets.remove(bucket).map_err(|e| self.db_err(e))?.is_none() {
@@ -152,8 +166,25 @@ impl Drive {
             for key in markers {
                 objects.remove(key.as_slice()).map_err(|e| self.db_err(e))?;
             }
+            // Versions the markers replaced, kept for readers: the bucket takes them along.
+            let mut retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
+            let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+            let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+            let mut rows = Vec::new();
+            for entry in retained.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+                rows.push(entry.map_err(|e| self.db_err(e))?.0.value().to_vec());
+            }
+            for row in rows {
+                retained.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
+                retire.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
+                let version = version_of_retained_key(&row);
+                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                dropped.push(version);
+            }
         }
-        txn.commit().map_err(|e| self.db_err(e))
+        txn.commit().map_err(|e| self.db_err(e))?;
+        self.remove_data_files(&dropped);
+        Ok(())
     }
 
     /// Whether `bucket` exists on this drive.
@@ -212,9 +243,10 @@ impl Drive {
                 self.abort(meta.version)?;
                 return Err(Error::PreconditionFailed { bucket: meta.bucket.clone(), key: meta.key.clone() });
             }
-            if current.version >= meta.version {
+            if current.version == meta.version {
+                // A retried commit of the version the drive already has.
                 self.abort(meta.version)?;
-                return Ok(CommitOutcome::Superseded { current: current.version });
+                return Ok(CommitOutcome::Applied { replaced_parts: Vec::new() });
             }
         }
         let has_data = meta.has_data_file();
@@ -223,43 +255,58 @@ impl Drive {
         }
         let replaced = self.commit_meta(meta, has_data, missing_positions, condition)?;
         match replaced {
-            ReplaceResult::Superseded(current) => {
-                // A newer version won the race between our check and our transaction.
-                self.remove_data_file(meta.version);
+            ReplaceResult::Superseded { current, dropped } => {
+                self.remove_data_files(&dropped);
                 Ok(CommitOutcome::Superseded { current })
             }
             ReplaceResult::ConditionFailed => {
                 self.remove_data_file(meta.version);
                 Err(Error::PreconditionFailed { bucket: meta.bucket.clone(), key: meta.key.clone() })
             }
-            ReplaceResult::Applied { old_data, replaced_parts } => {
-                if let Some(old) = old_data {
-                    self.remove_data_file(old);
-                }
+            ReplaceResult::Applied { replaced_parts, dropped } => {
+                self.remove_data_files(&dropped);
                 Ok(CommitOutcome::Applied { replaced_parts })
             }
         }
     }
 
-    /// Undoes the commit of `version` if it is the drive's current version of the key (the PUT
-    /// that wrote it did not reach its write quorum).
+    /// Undoes the commit of `version` (the PUT that wrote it did not reach its write quorum):
+    /// if it is current, the newest retained version becomes current again, exactly as before
+    /// the commit; if it is retained, it is dropped. Its data file is deleted either way.
     pub fn rollback(&self, bucket: &str, key: &str, version: VersionId) -> Result<(), Error> {
         let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
         let removed = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+            let mut retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
+            let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+            let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
             let object_key = object_key(bucket, key);
             let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
                 Some(value) => Some(self.decode_meta(value.value())?),
                 None => None,
             };
-            match current {
-                Some(current) if current.version == version => {
-                    objects.remove(object_key.as_slice()).map_err(|e| self.db_err(e))?;
-                    let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
-                    versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
-                    true
+            let own_key = retained_key(&object_key, version);
+            if current.as_ref().is_some_and(|c| c.version == version) {
+                match self.newest_retained(&retained, &object_key)? {
+                    Some(previous) => {
+                        let previous_key = retained_key(&object_key, previous.version);
+                        retained.remove(previous_key.as_slice()).map_err(|e| self.db_err(e))?;
+                        retire.remove(previous_key.as_slice()).map_err(|e| self.db_err(e))?;
+                        let encoded = proto::encode_body(&previous);
+                        objects.insert(object_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
+                    }
+                    None => {
+                        objects.remove(object_key.as_slice()).map_err(|e| self.db_err(e))?;
+                    }
                 }
-                _ => false,
+                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                true
+            } else if retained.remove(own_key.as_slice()).map_err(|e| self.db_err(e))?.is_some() {
+                retire.remove(own_key.as_slice()).map_err(|e| self.db_err(e))?;
+                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                true
+            } else {
+                false
             }
         };
         txn.commit().map_err(|e| self.db_err(e))?;
@@ -267,6 +314,109 @@ impl Drive {
             self.remove_data_file(version);
         }
         self.abort(version)
+    }
+
+    /// Records that `version` of `bucket/key` is acknowledged (on W drives): retained versions
+    /// older than it may be deleted once `grace` has passed (readers that chose them before
+    /// finish meanwhile). `missing_positions` (set positions that did not commit it) go to the
+    /// repair queue. A lost finalize only delays retirement, so without missing positions the
+    /// transaction is not fsynced.
+    pub fn finalize(
+        &self,
+        bucket: &str,
+        key: &str,
+        version: VersionId,
+        missing_positions: &[u32],
+        retire_at_ms: u64,
+    ) -> Result<(), Error> {
+        let mut txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        if missing_positions.is_empty() {
+            txn.set_durability(redb::Durability::None);
+            self.unsynced.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        {
+            let retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
+            let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+            let object_key = object_key(bucket, key);
+            let (start, end) = retained_bounds(&object_key);
+            let mut older = Vec::new();
+            for entry in retained.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+                let (k, _) = entry.map_err(|e| self.db_err(e))?;
+                if version_of_retained_key(k.value()) < version {
+                    older.push(k.value().to_vec());
+                }
+            }
+            for k in older {
+                if retire.get(k.as_slice()).map_err(|e| self.db_err(e))?.is_none() {
+                    retire.insert(k.as_slice(), retire_at_ms).map_err(|e| self.db_err(e))?;
+                }
+            }
+            if !missing_positions.is_empty() {
+                let mut queue = txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
+                let positions: Vec<u8> = missing_positions.iter().map(|p| *p as u8).collect();
+                queue.insert(version.to_hex().as_str(), positions.as_slice()).map_err(|e| self.db_err(e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    /// Makes finalizes committed without fsync durable (any durable commit carries them), so a
+    /// crash loses at most those since the last call. Cheap when there are none.
+    pub fn sync_finalized(&self) -> Result<(), Error> {
+        if !self.unsynced.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    /// Deletes up to `max` retained versions whose retirement time is before `now_ms`; returns
+    /// how many went.
+    pub fn retire_expired(&self, now_ms: u64, max: usize) -> Result<usize, Error> {
+        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let mut gone = Vec::new();
+        {
+            let mut retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
+            let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+            let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+            let mut due = Vec::new();
+            for entry in retire.iter().map_err(|e| self.db_err(e))? {
+                let (k, at) = entry.map_err(|e| self.db_err(e))?;
+                if at.value() <= now_ms {
+                    due.push(k.value().to_vec());
+                    if due.len() >= max {
+                        break;
+                    }
+                }
+            }
+            for k in due {
+                retire.remove(k.as_slice()).map_err(|e| self.db_err(e))?;
+                retained.remove(k.as_slice()).map_err(|e| self.db_err(e))?;
+                let version = version_of_retained_key(&k);
+                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                gone.push(version);
+            }
+        }
+        txn.commit().map_err(|e| self.db_err(e))?;
+        self.remove_data_files(&gone);
+        Ok(gone.len())
+    }
+
+    /// Every version this drive holds of `bucket/key`: the current one and the retained ones.
+    pub fn get_versions(&self, bucket: &str, key: &str) -> Result<KeyVersions, Error> {
+        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+        let object_key = object_key(bucket, key);
+        let current = objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))?;
+        let current = current.map(|v| self.decode_meta(v.value())).transpose()?;
+        let retained_table = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
+        let (start, end) = retained_bounds(&object_key);
+        let mut retained = Vec::new();
+        for entry in retained_table.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+            let (_, value) = entry.map_err(|e| self.db_err(e))?;
+            retained.push(self.decode_meta(value.value())?);
+        }
+        Ok(KeyVersions { current, retained })
     }
 
     /// The drive's current metadata of `bucket/key` (a delete marker counts).
@@ -336,12 +486,18 @@ impl Drive {
     }
 }
 
+/// What step (4) of a commit did; `dropped` are versions pushed out of the retained bound,
+/// whose data files go once the transaction is durable.
 enum ReplaceResult {
     Applied {
-        old_data: Option<VersionId>,
         replaced_parts: Vec<String>,
+        dropped: Vec<VersionId>,
     },
-    Superseded(VersionId),
+    /// Kept as a retained version: a newer one is current.
+    Superseded {
+        current: VersionId,
+        dropped: Vec<VersionId>,
+    },
     /// `CommitCondition::IfAbsent` and a live version appeared since the first check.
     ConditionFailed,
 }
@@ -353,6 +509,8 @@ impl Drive {
         txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
         txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
         txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
+        txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
+        txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
         txn.commit().map_err(|e| self.db_err(e))
     }
 
@@ -409,8 +567,9 @@ impl Drive {
         File::open(dir).and_then(|d| d.sync_all()).map_err(|e| self.io_err(dir, e))
     }
 
-    /// Step (4) of a commit: one redb transaction that replaces the key's metadata if ours is
-    /// newer, and moves the set of referenced data files along.
+    /// Step (4) of a commit: one redb transaction that makes the version current if it is the
+    /// newest (the one it replaces is retained) or retains it beside a newer current one, and
+    /// moves the set of referenced data files along.
     fn commit_meta(
         &self,
         meta: &ObjectMeta,
@@ -421,46 +580,108 @@ impl Drive {
         let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
         let result = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+            let mut retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
             let object_key = object_key(&meta.bucket, &meta.key);
             let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
                 Some(value) => Some(self.decode_meta(value.value())?),
                 None => None,
             };
-            match current {
-                Some(current)
-                    if condition == CommitCondition::IfAbsent
-                        && !current.deleted
-                        && current.version != meta.version =>
-                {
-                    ReplaceResult::ConditionFailed
+            if let Some(current) = &current
+                && condition == CommitCondition::IfAbsent
+                && !current.deleted
+                && current.version != meta.version
+            {
+                return Ok(ReplaceResult::ConditionFailed);
+            }
+            let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+            if has_data {
+                versions.insert(meta.version.to_hex().as_str(), 1).map_err(|e| self.db_err(e))?;
+            }
+            let encoded = proto::encode_body(meta);
+            let result = match current {
+                Some(current) if current.version > meta.version => {
+                    // A newer version is current: keep ours beside it (it is still durable, and
+                    // the newer one may yet be rolled back).
+                    let own_key = retained_key(&object_key, meta.version);
+                    retained.insert(own_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
+                    ReplaceResult::Superseded { current: current.version, dropped: Vec::new() }
                 }
-                Some(current) if current.version >= meta.version => ReplaceResult::Superseded(current.version),
                 current => {
-                    let encoded = proto::encode_body(meta);
                     objects.insert(object_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
-                    let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
-                    if has_data {
-                        versions.insert(meta.version.to_hex().as_str(), 1).map_err(|e| self.db_err(e))?;
-                    }
                     let replaced_parts =
                         current.iter().flat_map(|c| c.parts.iter().map(|p| p.piece_key.clone())).collect();
-                    let old_data = current.filter(ObjectMeta::has_data_file).map(|c| c.version);
-                    if let Some(old) = old_data {
-                        versions.remove(old.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                    if let Some(current) = current {
+                        let previous_key = retained_key(&object_key, current.version);
+                        let previous = proto::encode_body(&current);
+                        retained.insert(previous_key.as_slice(), previous.as_slice()).map_err(|e| self.db_err(e))?;
                     }
-                    if !missing_positions.is_empty() {
-                        let mut queue = txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
-                        let positions: Vec<u8> = missing_positions.iter().map(|p| *p as u8).collect();
-                        queue
-                            .insert(meta.version.to_hex().as_str(), positions.as_slice())
-                            .map_err(|e| self.db_err(e))?;
-                    }
-                    ReplaceResult::Applied { old_data, replaced_parts }
+                    ReplaceResult::Applied { replaced_parts, dropped: Vec::new() }
                 }
+            };
+            let dropped = self.bound_retained(&txn, &mut retained, &mut versions, &object_key)?;
+            if !missing_positions.is_empty() {
+                let mut queue = txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
+                let positions: Vec<u8> = missing_positions.iter().map(|p| *p as u8).collect();
+                queue.insert(meta.version.to_hex().as_str(), positions.as_slice()).map_err(|e| self.db_err(e))?;
+            }
+            match result {
+                ReplaceResult::Applied { replaced_parts, .. } => ReplaceResult::Applied { replaced_parts, dropped },
+                ReplaceResult::Superseded { current, .. } => ReplaceResult::Superseded { current, dropped },
+                ReplaceResult::ConditionFailed => ReplaceResult::ConditionFailed,
             }
         };
         txn.commit().map_err(|e| self.db_err(e))?;
         Ok(result)
+    }
+
+    /// Keeps at most [`RETAINED_PER_KEY_MAX`] retained versions of a key: drops the oldest ones
+    /// (their data files are deleted by the caller after the transaction).
+    fn bound_retained(
+        &self,
+        txn: &redb::WriteTransaction,
+        retained: &mut redb::Table<'_, &[u8], &[u8]>,
+        versions: &mut redb::Table<'_, &str, u8>,
+        object_key: &[u8],
+    ) -> Result<Vec<VersionId>, Error> {
+        let (start, end) = retained_bounds(object_key);
+        let mut keys = Vec::new();
+        for entry in retained.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+            keys.push(entry.map_err(|e| self.db_err(e))?.0.value().to_vec());
+        }
+        let excess = keys.len().saturating_sub(RETAINED_PER_KEY_MAX);
+        let mut dropped = Vec::new();
+        if excess > 0 {
+            let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+            for k in &keys[..excess] {
+                retained.remove(k.as_slice()).map_err(|e| self.db_err(e))?;
+                retire.remove(k.as_slice()).map_err(|e| self.db_err(e))?;
+                let version = version_of_retained_key(k);
+                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                dropped.push(version);
+            }
+            tracing::warn!(drive = %self.root.display(), dropped = excess, "a key had more than {RETAINED_PER_KEY_MAX} retained versions; dropped the oldest");
+        }
+        Ok(dropped)
+    }
+
+    /// The newest retained version of a key, if any.
+    fn newest_retained(
+        &self,
+        retained: &redb::Table<'_, &[u8], &[u8]>,
+        object_key: &[u8],
+    ) -> Result<Option<ObjectMeta>, Error> {
+        let (start, end) = retained_bounds(object_key);
+        let newest = retained.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))?.next_back();
+        match newest {
+            Some(entry) => Ok(Some(self.decode_meta(entry.map_err(|e| self.db_err(e))?.1.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn remove_data_files(&self, versions: &[VersionId]) {
+        for version in versions {
+            self.remove_data_file(*version);
+        }
     }
 
     fn remove_data_file(&self, version: VersionId) {
@@ -522,6 +743,35 @@ fn object_key(bucket: &str, key: &str) -> Vec<u8> {
     bytes.push(0);
     bytes.extend_from_slice(key.as_bytes());
     bytes
+}
+
+/// `bucket NUL key NUL version`: a retained version's row key; versions sort in time order.
+fn retained_key(object_key: &[u8], version: VersionId) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(object_key.len() + 17);
+    bytes.extend_from_slice(object_key);
+    bytes.push(0);
+    bytes.extend_from_slice(&version.unix_ns.to_be_bytes());
+    bytes.extend_from_slice(&version.writer.to_be_bytes());
+    bytes
+}
+
+/// `[object_key NUL, object_key 0x01)`: every retained version of one key.
+fn retained_bounds(object_key: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut start = object_key.to_vec();
+    start.push(0);
+    let mut end = object_key.to_vec();
+    end.push(1);
+    (start, end)
+}
+
+/// The version in a [`retained_key`] (its last 16 bytes).
+fn version_of_retained_key(key: &[u8]) -> VersionId {
+    assert!(key.len() >= 17, "retained keys end in NUL and 16 version bytes");
+    let tail = &key[key.len() - 16..];
+    VersionId {
+        unix_ns: u64::from_be_bytes(tail[..8].try_into().expect("8 bytes")),
+        writer: u64::from_be_bytes(tail[8..].try_into().expect("8 bytes")),
+    }
 }
 
 /// `[bucket NUL, bucket 0x01)`: every key of one bucket (bucket names and keys have no NUL).

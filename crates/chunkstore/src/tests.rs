@@ -94,13 +94,52 @@ fn commit_makes_version_current_and_readable() {
 }
 
 #[test]
-fn older_version_is_superseded_and_its_data_dropped() {
+fn older_version_is_retained_beside_the_newer_one() {
     let (_dir, drive) = drive();
     put(&drive, "a", version(5), 100);
     assert_eq!(put(&drive, "a", version(3), 100), CommitOutcome::Superseded { current: version(5) });
-    assert!(drive.open_version(version(3)).unwrap().is_none());
+    assert!(drive.open_version(version(3)).unwrap().is_some(), "a superseded commit stays durable");
     assert_eq!(put(&drive, "a", version(9), 100), CommitOutcome::Applied { replaced_parts: Vec::new() });
-    assert!(drive.open_version(version(5)).unwrap().is_none(), "replaced data is deleted");
+    assert!(drive.open_version(version(5)).unwrap().is_some(), "replaced data stays until retired");
+    let versions = drive.get_versions("bkt", "a").unwrap();
+    assert_eq!(versions.current.unwrap().version, version(9));
+    let retained: Vec<_> = versions.retained.iter().map(|m| m.version).collect();
+    assert_eq!(retained, [version(3), version(5)]);
+}
+
+#[test]
+fn replaced_versions_retire_only_after_a_newer_finalize_and_the_grace() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(1), 100);
+    put(&drive, "a", version(2), 100);
+    // Nothing acknowledged newer than version 1 yet: nothing may go, however late it is.
+    assert_eq!(drive.retire_expired(u64::MAX, 100).unwrap(), 0);
+    drive.finalize("bkt", "a", version(2), &[], 1_000).unwrap();
+    assert_eq!(drive.retire_expired(999, 100).unwrap(), 0, "not before the grace");
+    assert!(drive.open_version(version(1)).unwrap().is_some());
+    assert_eq!(drive.retire_expired(1_000, 100).unwrap(), 1);
+    assert!(drive.open_version(version(1)).unwrap().is_none());
+    assert!(drive.open_version(version(2)).unwrap().is_some(), "the current version never retires");
+    assert!(drive.get_versions("bkt", "a").unwrap().retained.is_empty());
+}
+
+#[test]
+fn finalize_queues_the_positions_that_missed_the_version() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(1), 100);
+    drive.finalize("bkt", "a", version(1), &[2, 4], 1).unwrap();
+    assert_eq!(drive.repair_queue().unwrap(), [(version(1).to_hex(), vec![2, 4])]);
+}
+
+#[test]
+fn retained_versions_are_bounded_per_key() {
+    let (_dir, drive) = drive();
+    for v in 1..=(RETAINED_PER_KEY_MAX as u64 + 3) {
+        put(&drive, "a", version(v), 100);
+    }
+    let versions = drive.get_versions("bkt", "a").unwrap();
+    assert_eq!(versions.retained.len(), RETAINED_PER_KEY_MAX);
+    assert!(drive.open_version(version(1)).unwrap().is_none(), "the oldest went first");
 }
 
 #[test]
@@ -125,11 +164,24 @@ fn writes_into_missing_bucket_fail() {
 }
 
 #[test]
-fn rollback_removes_only_the_named_version() {
+fn rollback_removes_only_the_named_version_and_restores_the_one_it_replaced() {
     let (_dir, drive) = drive();
     put(&drive, "a", version(1), 100);
     drive.rollback("bkt", "a", version(7)).unwrap();
     assert!(drive.get_meta("bkt", "a").unwrap().is_some());
+    put(&drive, "a", version(2), 100);
+    drive.rollback("bkt", "a", version(2)).unwrap();
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1), "exactly the state before");
+    assert!(drive.open_version(version(2)).unwrap().is_none());
+    assert!(drive.open_version(version(1)).unwrap().is_some());
+    assert!(drive.get_versions("bkt", "a").unwrap().retained.is_empty());
+    // A retained version that is rolled back is dropped, the current one untouched.
+    put(&drive, "a", version(5), 100);
+    put(&drive, "a", version(4), 100);
+    drive.rollback("bkt", "a", version(4)).unwrap();
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(5));
+    assert!(drive.open_version(version(4)).unwrap().is_none());
+    drive.rollback("bkt", "a", version(5)).unwrap();
     drive.rollback("bkt", "a", version(1)).unwrap();
     assert!(drive.get_meta("bkt", "a").unwrap().is_none());
     assert!(drive.open_version(version(1)).unwrap().is_none());

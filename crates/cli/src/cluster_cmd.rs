@@ -89,6 +89,10 @@ pub(crate) struct NodeArgs {
     /// Node id from cluster.toml (n1, n2, ...).
     #[arg(long)]
     id: String,
+    /// How long a replaced version stays readable once a newer one is acknowledged (GETs
+    /// that chose it have this long to finish).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    retire_grace: Duration,
 }
 
 pub(crate) fn init(args: &InitArgs) -> anyhow::Result<()> {
@@ -165,8 +169,8 @@ fn warn_if_readable_by_others(path: &Path) {
 pub(crate) fn node(args: &NodeArgs) -> anyhow::Result<()> {
     crate::init_logging("info");
     let (map, map_text) = load_map(&args.config)?;
-    let server = node::Server::bind(node::NodeConfig { map, map_text, node_id: args.id.clone() })
-        .with_context(|| format!("start node {}", args.id))?;
+    let config = node::NodeConfig { map, map_text, node_id: args.id.clone(), retire_grace: args.retire_grace };
+    let server = node::Server::bind(config).with_context(|| format!("start node {}", args.id))?;
     server.serve().context("serve")?;
     Ok(())
 }

@@ -1,12 +1,68 @@
 //! Metadata reads: ask every drive of each key's erasure set, one request per node for all the
 //! keys, and pick the version readers agree on.
 
-use proto::{BATCH_ITEMS_MAX, MetaKey, ObjectMeta, Request, Response};
+use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaKey, Request, Response, VersionId};
 
 use crate::{Client, Error, ObjectInfo, choose_version};
 
 /// Metadata of `keys` (names already validated), in order.
 pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
+    let replies = versions_many(client, keys).await;
+    keys.iter()
+        .zip(replies)
+        .map(|((bucket, key), replies)| {
+            let placement = client.inner.map.placement(bucket, key);
+            resolve(client, bucket, key, placement, &replies)
+        })
+        .collect()
+}
+
+/// The newest version any reachable drive of the key's set holds (current or retained), for a
+/// writer to order its version after. Fails unless at least W drives answered: then any version
+/// acknowledged before this call is among the answers (write quorums intersect).
+pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str) -> Result<Option<VersionId>, Error> {
+    let keys = [(bucket.to_owned(), key.to_owned())];
+    let mut replies = versions_many(client, &keys).await.pop().expect("one result per key");
+    let erasure = client.inner.map.erasure;
+    let placement = client.inner.map.placement(bucket, key);
+    let drives = client.set_drives(&placement);
+    if replies.iter().flatten().count() < erasure.write_quorum() {
+        // Drives skipped for a recent failure may be back, and the write needs them: ask now.
+        let silent: Vec<usize> = (0..drives.len()).filter(|&p| replies[p].is_none()).collect();
+        for position in silent {
+            let drive = &drives[position];
+            let item = MetaKey { drive: drive.drive_idx as u32, bucket: bucket.to_owned(), key: key.to_owned() };
+            if let Ok(Response::Versions { mut keys }) =
+                client.call_now(drive.node_idx, &Request::MetaGet { items: vec![item] }).await
+                && keys.len() == 1
+            {
+                replies[position] = keys.pop();
+            }
+        }
+    }
+    let answered = replies.iter().flatten().count();
+    if answered < erasure.write_quorum() {
+        let unreachable: Vec<String> = drives
+            .iter()
+            .zip(&replies)
+            .filter(|(_, r)| r.is_none())
+            .map(|(d, _)| client.node_id(d.node_idx).to_owned())
+            .collect();
+        return Err(Error::WriteQuorum {
+            bucket: bucket.into(),
+            key: key.into(),
+            acked: answered,
+            total: erasure.n(),
+            needed: erasure.write_quorum(),
+            reasons: format!("unreachable nodes: {}", unreachable.join(", ")),
+        });
+    }
+    Ok(replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).max())
+}
+
+/// Every version each key has on each drive of its set: `replies[key][position]`, `None` when
+/// the drive did not answer.
+async fn versions_many(client: &Client, keys: &[(String, String)]) -> Vec<Vec<Option<KeyVersions>>> {
     let n = client.inner.map.erasure.n();
     // (key index, set position) of every item each node is asked for.
     let mut asked: Vec<Vec<(usize, usize)>> = vec![Vec::new(); client.inner.pools.len()];
@@ -27,7 +83,7 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
         for batch in items.chunks(BATCH_ITEMS_MAX) {
             let request = Request::MetaGet { items: batch.to_vec() };
             match client.call(node_idx, &request).await {
-                Ok(Response::Metas { metas: got }) if got.len() == batch.len() => {
+                Ok(Response::Versions { keys: got }) if got.len() == batch.len() => {
                     metas.extend(got.into_iter().map(Some))
                 }
                 _ => metas.extend(batch.iter().map(|_| None)),
@@ -36,18 +92,13 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
         metas
     });
     let answers = futures_util::future::join_all(calls).await;
-    // replies[key][position]: None = the drive did not answer; Some(None) = it has no such key.
-    let mut replies: Vec<Vec<Option<Option<ObjectMeta>>>> = vec![vec![None; n]; keys.len()];
+    let mut replies: Vec<Vec<Option<KeyVersions>>> = vec![vec![None; n]; keys.len()];
     for (node_answers, node_asked) in answers.into_iter().zip(&asked) {
         for (answer, &(key_idx, position)) in node_answers.into_iter().zip(node_asked) {
             replies[key_idx][position] = answer;
         }
     }
-    keys.iter()
-        .zip(placements)
-        .zip(replies)
-        .map(|(((bucket, key), placement), replies)| resolve(client, bucket, key, placement, &replies))
-        .collect()
+    replies
 }
 
 /// Turns one key's replies into its metadata, `NotFound`, or `Unavailable` with the numbers.
@@ -56,12 +107,13 @@ fn resolve(
     bucket: &str,
     key: &str,
     placement: cluster::Placement,
-    replies: &[Option<Option<ObjectMeta>>],
+    replies: &[Option<KeyVersions>],
 ) -> Result<ObjectInfo, Error> {
     let drives = client.set_drives(&placement);
-    let k = client.inner.map.erasure.k;
+    let erasure = client.inner.map.erasure;
+    let k = erasure.k;
     let reachable = replies.iter().filter(|r| r.is_some()).count();
-    let Some(meta) = choose_version(replies, k) else {
+    let Some(meta) = choose_version(replies, k, marker_quorum(erasure)) else {
         if reachable < k {
             let unreachable = drives
                 .iter()
@@ -87,9 +139,16 @@ fn resolve(
     let meta_positions = replies
         .iter()
         .enumerate()
-        .filter(|(_, r)| matches!(r, Some(Some(m)) if m.version == meta.version))
+        .filter(|(_, r)| r.as_ref().is_some_and(|v| v.all().any(|m| m.version == meta.version)))
         .map(|(p, _)| p)
         .collect();
     let names = drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
     Ok(ObjectInfo { meta, placement, drives: names, meta_positions })
+}
+
+/// How many drives must hold a version without chunks (a delete marker, an empty object) for
+/// readers to take it: W - m, the fewest drives an acknowledged version can be left on after
+/// m failures. A write that failed and whose rollback missed some drives is on at most m.
+pub(crate) fn marker_quorum(erasure: cluster::ErasureConfig) -> usize {
+    erasure.write_quorum().saturating_sub(erasure.m).max(1)
 }

@@ -56,6 +56,9 @@ pub struct ClientOptions {
     pub idle_connections_per_node_max: usize,
     /// After a node fails, reads plan around it for this long instead of trying it first.
     pub down_backoff: Duration,
+    /// Shifts this client's clock (nanoseconds, may be negative). For fault tests of skewed
+    /// clocks: version order never depends on it (see [`Client::put`]); 0 otherwise.
+    pub clock_skew_ns: i64,
 }
 
 impl Default for ClientOptions {
@@ -65,6 +68,7 @@ impl Default for ClientOptions {
             request_timeout: Duration::from_secs(20),
             idle_connections_per_node_max: 64,
             down_backoff: Duration::from_secs(2),
+            clock_skew_ns: 0,
         }
     }
 }
@@ -295,6 +299,10 @@ impl Client {
     }
 
     /// Streams `source` to `bucket/key` until it ends; memory stays bounded by two stripes.
+    ///
+    /// Acknowledged means it wins: the version is ordered after every version W drives of the
+    /// set report when the PUT starts, so a read that starts after the acknowledgement returns
+    /// this version or a newer one, however the writers' clocks differ.
     pub async fn put(
         &self,
         bucket: &str,
@@ -318,9 +326,21 @@ impl Client {
         Ok(())
     }
 
-    /// A fresh, strictly increasing version id for this client.
-    fn next_version(&self) -> VersionId {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    /// A version for a new write of `bucket/key`, newer than every version of the key that
+    /// W drives report (so newer than any write acknowledged before this call, whatever the
+    /// clocks of the writers say) and than anything this client issued before.
+    async fn write_version(&self, bucket: &str, key: &str) -> Result<VersionId, Error> {
+        let seen = head::newest_version_seen(self, bucket, key).await?;
+        Ok(self.next_version(seen))
+    }
+
+    /// A fresh, strictly increasing version id for this client, later than `after`.
+    fn next_version(&self, after: Option<VersionId>) -> VersionId {
+        let clock = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let clock = clock.saturating_add_signed(self.inner.options.clock_skew_ns);
+        // The writer id breaks ties between versions of one nanosecond, so `after.unix_ns + 1`
+        // is newer than `after` whoever wrote it.
+        let now = clock.max(after.map_or(0, |v| v.unix_ns.saturating_add(1)));
         let last = &self.inner.last_version_ns;
         let mut prev = last.load(Ordering::SeqCst);
         loop {
@@ -394,14 +414,23 @@ enum Backoff {
     Ignore,
 }
 
-/// Picks the version readers agree on: the newest one held by at least `k` drives (a version
-/// acknowledged on W > k drives always qualifies while it is readable at all); failing that, the
-/// newest one seen. `None` if no reachable drive has the key.
-fn choose_version(replies: &[Option<Option<ObjectMeta>>], k: usize) -> Option<ObjectMeta> {
-    let mut metas: Vec<&ObjectMeta> = replies.iter().flatten().flatten().collect();
-    metas.sort_by_key(|m| std::cmp::Reverse(m.version));
-    let count = |v: VersionId| metas.iter().filter(|m| m.version == v).count();
-    metas.iter().find(|m| count(m.version) >= k).or(metas.first()).map(|m| (*m).clone())
+/// Picks the version readers agree on from what each drive holds (current and retained
+/// versions): the newest version held by enough drives to be read, `k` for a version with chunks
+/// and `marker_quorum` for one without (a delete marker, an empty object). A newer version on
+/// fewer drives is a write in flight (or a failed one) and an older readable one is returned
+/// meanwhile, because drives keep the replaced version until the new one is acknowledged.
+/// Failing that, the newest version seen (reading it reports what is missing). `None` if no
+/// reachable drive has the key.
+fn choose_version(replies: &[Option<proto::KeyVersions>], k: usize, marker_quorum: usize) -> Option<ObjectMeta> {
+    let mut held: std::collections::BTreeMap<VersionId, (&ObjectMeta, usize)> = std::collections::BTreeMap::new();
+    for versions in replies.iter().flatten() {
+        for meta in versions.all() {
+            held.entry(meta.version).or_insert((meta, 0)).1 += 1;
+        }
+    }
+    let needed = |meta: &ObjectMeta| if meta.has_data_file() || !meta.parts.is_empty() { k } else { marker_quorum };
+    let readable = held.values().rev().find(|(meta, count)| *count >= needed(meta));
+    readable.or(held.values().next_back()).map(|(meta, _)| (*meta).clone())
 }
 
 /// Renders which chunks of `info` are on which node, for `tessera stat`.

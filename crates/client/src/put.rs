@@ -132,7 +132,8 @@ pub(crate) async fn put(
     let (k, n) = (map.erasure.k, map.erasure.n());
     let chunk_bytes = map.chunk_bytes as usize;
     let placement = map.placement(bucket, key);
-    let mut fanout = Fanout::open(client, bucket, key, client.next_version(), &placement).await?;
+    let version = client.write_version(bucket, key).await?;
+    let mut fanout = Fanout::open(client, bucket, key, version, &placement).await?;
     let mut md5 = Md5::new();
     let mut crcs = Vec::new();
     let mut size = 0u64;
@@ -227,7 +228,8 @@ pub(crate) async fn commit_without_data(
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
     let map = &client.inner.map;
     let placement = map.placement(bucket, key);
-    let mut fanout = Fanout::open(client, bucket, key, client.next_version(), &placement).await?;
+    let version = client.write_version(bucket, key).await?;
+    let mut fanout = Fanout::open(client, bucket, key, version, &placement).await?;
     let mut meta = ObjectMeta {
         format: META_FORMAT_VERSION,
         bucket: bucket.to_owned(),
@@ -569,11 +571,36 @@ impl<'a> Fanout<'a> {
         let quorum = self.client.inner.map.erasure.write_quorum();
         if applied.len() >= quorum {
             self.release();
+            self.finalize(&applied).await;
             return Ok(Committed { positions: applied, replaced_parts: replaced.into_iter().collect() });
         }
         let error = self.quorum_error(applied.len());
         self.rollback(&applied).await;
         Err(error)
+    }
+
+    /// Tells the drives that hold the version that it is acknowledged, and which positions
+    /// missed it (for their repair queue, whether they failed before or during the commit).
+    /// Best effort: a lost finalize only keeps replaced versions longer.
+    async fn finalize(&self, applied: &[usize]) {
+        let n = self.drives.len();
+        let missing: Vec<u32> = (0..n).filter(|p| !applied.contains(p)).map(|p| p as u32).collect();
+        let calls = applied.iter().map(|&position| {
+            let drive = self.drives[position];
+            let request = Request::Finalize {
+                drive: drive.drive_idx as u32,
+                bucket: self.bucket.to_owned(),
+                key: self.key.to_owned(),
+                version: self.version,
+                missing_positions: missing.clone(),
+            };
+            async move {
+                if let Err(e) = self.client.call(drive.node_idx, &request).await {
+                    tracing::debug!(error = %e, "finalize not delivered; the drive keeps the replaced version longer");
+                }
+            }
+        });
+        futures_util::future::join_all(calls).await;
     }
 
     async fn rollback(&mut self, applied: &[usize]) {

@@ -24,18 +24,57 @@ fn meta(version: u64) -> ObjectMeta {
     }
 }
 
-fn check(replies: &[Option<Option<u64>>], k: usize, expected: Option<u64>) {
-    let replies: Vec<_> = replies.iter().map(|r| r.map(|v| v.map(meta))).collect();
-    assert_eq!(choose_version(&replies, k).map(|m| m.version.unix_ns), expected);
+/// One drive's reply: `None` no answer; `Some((current, retained))` with versions as numbers,
+/// negative for delete markers.
+type Reply = Option<(Option<i64>, Vec<i64>)>;
+
+fn versions_of(reply: &Reply) -> Option<proto::KeyVersions> {
+    let to_meta = |v: &i64| {
+        let mut m = meta(v.unsigned_abs());
+        m.deleted = *v < 0;
+        m.size = if *v < 0 { 0 } else { 1 };
+        m
+    };
+    reply.as_ref().map(|(current, retained)| proto::KeyVersions {
+        current: current.as_ref().map(to_meta),
+        retained: retained.iter().map(to_meta).collect(),
+    })
+}
+
+/// `k` = 2 data chunks; markers need `marker_quorum` = 2 drives.
+fn check(replies: &[Reply], expected: Option<i64>) {
+    let replies: Vec<_> = replies.iter().map(versions_of).collect();
+    let chosen = choose_version(&replies, 2, 2);
+    assert_eq!(
+        chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
+        expected
+    );
 }
 
 #[test]
 fn readers_pick_newest_version_held_by_k_drives() {
-    check(&[Some(Some(1)), Some(Some(1)), Some(Some(1))], 2, Some(1));
+    check(&[Some((Some(1), vec![])), Some((Some(1), vec![])), Some((Some(1), vec![]))], Some(1));
     // A PUT in flight (or rolled back) on one drive does not hide the quorum version.
-    check(&[Some(Some(2)), Some(Some(1)), Some(Some(1))], 2, Some(1));
-    check(&[Some(Some(2)), Some(Some(2)), Some(Some(1))], 2, Some(2));
+    check(&[Some((Some(2), vec![])), Some((Some(1), vec![])), Some((Some(1), vec![]))], Some(1));
+    check(&[Some((Some(2), vec![])), Some((Some(2), vec![])), Some((Some(1), vec![]))], Some(2));
     // Nothing reaches k: the newest seen, so the read reports what is missing.
-    check(&[Some(Some(2)), None, None], 2, Some(2));
-    check(&[Some(None), Some(None), None], 2, None);
+    check(&[Some((Some(2), vec![])), None, None], Some(2));
+    check(&[Some((None, vec![])), Some((None, vec![])), None], None);
+}
+
+#[test]
+fn retained_versions_keep_the_old_object_readable_while_an_overwrite_is_in_flight() {
+    // k = 2 of 3: version 2 committed on one drive, which retains 1; another drive is down.
+    // Only by counting retained versions does version 1 still reach k.
+    check(&[Some((Some(2), vec![1])), Some((Some(1), vec![])), None], Some(1));
+    // Once the new version reaches k it wins.
+    check(&[Some((Some(2), vec![1])), Some((Some(2), vec![1])), Some((Some(1), vec![]))], Some(2));
+}
+
+#[test]
+fn delete_markers_need_their_own_quorum_and_hide_older_versions() {
+    // A marker on one drive (in flight, or a failed delete) does not hide the object.
+    check(&[Some((Some(-3), vec![1])), Some((Some(1), vec![])), Some((Some(1), vec![]))], Some(1));
+    // On marker_quorum drives it does, even if the data version is everywhere (retained).
+    check(&[Some((Some(-3), vec![1])), Some((Some(-3), vec![1])), Some((Some(1), vec![]))], Some(-3));
 }

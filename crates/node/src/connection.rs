@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::os::fd::AsFd;
 
 use chunkstore::Drive;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use proto::{
     AuthProof, Challenge, ErrorKind, FRAME_HEADER_BYTES, FRAME_TAG_BYTES, FrameHeader, FrameKind, FrameMac, ItemStatus,
@@ -227,18 +227,25 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
         Request::BucketDelete { bucket } => delete_bucket(state, &bucket),
         Request::BucketList => list_buckets(state),
         Request::MetaGet { items } => {
-            let metas = items
+            let keys = items
                 .iter()
                 .map(|item| {
-                    let drive = state.drives.get(item.drive as usize)?;
-                    drive.get_meta(&item.bucket, &item.key).unwrap_or_else(|e| {
+                    let Some(drive) = state.drives.get(item.drive as usize) else {
+                        return proto::KeyVersions::default();
+                    };
+                    drive.get_versions(&item.bucket, &item.key).unwrap_or_else(|e| {
                         tracing::error!(error = %e, "metadata read failed; reporting the key absent on this drive");
-                        None
+                        proto::KeyVersions::default()
                     })
                 })
                 .collect();
-            Response::Metas { metas }
+            Response::Versions { keys }
         }
+        Request::Finalize { drive, bucket, key, version, missing_positions } => with_drive(state, drive, |d| {
+            let retire_at = SystemTime::now() + state.retire_grace;
+            let retire_at_ms = retire_at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
+            d.finalize(&bucket, &key, version, &missing_positions, retire_at_ms).map(|()| Response::Ok)
+        }),
         Request::Commit { drive, meta, missing_positions, condition } => with_drive(state, drive, |d| {
             staged.remove(&(drive as usize, meta.version));
             d.commit(&meta, &missing_positions, condition).map(|outcome| Response::Committed { outcome })

@@ -38,6 +38,14 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A write to a peer that makes no progress for this long fails.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a replaced version stays readable after a newer one was acknowledged, by default:
+/// a GET that chose the old version (an S3 download of a large object at a slow client's pace)
+/// has this long to finish. `NodeConfig::retire_grace` sets it.
+pub const RETIRE_GRACE_DEFAULT: Duration = Duration::from_secs(10 * 60);
+/// How often each drive makes its unsynced finalizes durable, and deletes retained versions
+/// whose grace has passed (at most [`RETIRED_PER_ROUND_MAX`] per round).
+const RETIRE_INTERVAL: Duration = Duration::from_secs(1);
+const RETIRED_PER_ROUND_MAX: usize = 1000;
 
 /// What starting a node can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +79,9 @@ pub struct NodeConfig {
     /// The `cluster.toml` text, served to clients that bootstrap from this node.
     pub map_text: String,
     pub node_id: String,
+    /// How long replaced versions stay after a newer one is acknowledged
+    /// ([`RETIRE_GRACE_DEFAULT`]).
+    pub retire_grace: Duration,
 }
 
 /// A bound node, ready to serve.
@@ -86,10 +97,35 @@ struct State {
     secret: String,
     map_text: String,
     drives: Vec<Drive>,
+    retire_grace: Duration,
     /// Authenticated connections being served.
     connections: AtomicUsize,
     /// Connections in their handshake, oldest first, by accept number.
     pending: Mutex<VecDeque<(u64, TcpStream)>>,
+}
+
+/// Every [`RETIRE_INTERVAL`]: makes finalizes durable and deletes the retained versions whose
+/// grace has passed.
+fn retire_loop(state: &State) {
+    loop {
+        std::thread::sleep(RETIRE_INTERVAL);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        for drive in &state.drives {
+            if let Err(e) = drive.sync_finalized() {
+                tracing::error!(drive = %drive.root().display(), error = %e, "could not make finalized versions durable");
+            }
+            match drive.retire_expired(now_ms, RETIRED_PER_ROUND_MAX) {
+                Ok(0) => {}
+                Ok(retired) => tracing::debug!(drive = %drive.root().display(), retired, "retired replaced versions"),
+                Err(e) => {
+                    tracing::error!(drive = %drive.root().display(), error = %e, "could not retire replaced versions")
+                }
+            }
+        }
+    }
 }
 
 /// One of the [`CONNECTIONS_MAX`] authenticated-connection slots, given back on drop.
@@ -158,6 +194,7 @@ impl Server {
             secret: map.secret.clone(),
             map_text: config.map_text,
             drives,
+            retire_grace: config.retire_grace,
             connections: AtomicUsize::new(0),
             pending: Mutex::new(VecDeque::new()),
         };
@@ -172,6 +209,8 @@ impl Server {
     /// Accepts and serves connections until the process exits.
     pub fn serve(self) -> std::io::Result<()> {
         tracing::info!(node = %self.state.node_id, addr = %self.listener.local_addr()?, drives = self.state.drives.len(), "node ready");
+        let retirer = Arc::clone(&self.state);
+        std::thread::Builder::new().name("retire".into()).spawn(move || retire_loop(&retirer))?;
         let mut accepted = 0u64;
         for stream in self.listener.incoming() {
             let stream = match stream {

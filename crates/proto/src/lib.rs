@@ -386,6 +386,25 @@ pub enum CommitOutcome {
     Superseded { current: VersionId },
 }
 
+/// Most retained versions one key has on one drive (and in one [`KeyVersions`]).
+pub const RETAINED_PER_KEY_MAX: usize = 8;
+
+/// The versions one drive holds of one key.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeyVersions {
+    /// The newest version the drive committed (maybe a delete marker).
+    pub current: Option<ObjectMeta>,
+    /// Older versions kept beside it (replaced, not yet retired), oldest first.
+    pub retained: Vec<ObjectMeta>,
+}
+
+impl KeyVersions {
+    /// Every version, current first.
+    pub fn all(&self) -> impl Iterator<Item = &ObjectMeta> {
+        self.current.iter().chain(self.retained.iter().rev())
+    }
+}
+
 /// One bucket in a bucket listing.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BucketEntry {
@@ -416,7 +435,7 @@ pub enum Request {
     BucketDelete { bucket: String },
     /// Buckets on any of the node's drives.
     BucketList,
-    /// Current metadata of each key (absent: `None`).
+    /// Every version each key has on its drive: the current one and the retained older ones.
     MetaGet { items: Vec<MetaKey> },
     /// Write `len` raw bytes (following this frame) at `offset` of the staging file of `version`.
     /// `crcs` are the CRC32C of each `block_bytes` block of those bytes (the last may be short):
@@ -436,8 +455,13 @@ pub enum Request {
     Commit { drive: u32, meta: ObjectMeta, missing_positions: Vec<u32>, condition: CommitCondition },
     /// Drop the staging file of an uncommitted version.
     Abort { drive: u32, version: VersionId },
-    /// Undo the commit of a PUT that failed to reach its write quorum.
+    /// Undo the commit of a PUT that failed to reach its write quorum: the version it replaced
+    /// becomes current again.
     Rollback { drive: u32, bucket: String, key: String, version: VersionId },
+    /// `version` is acknowledged (committed on W drives): older retained versions of the key
+    /// may retire after the node's grace; `missing_positions` (set positions that did not
+    /// commit it) are queued for repair.
+    Finalize { drive: u32, bucket: String, key: String, version: VersionId, missing_positions: Vec<u32> },
     /// Batched scatter-gather read.
     Read { items: Vec<ReadItem> },
     /// Keys of `bucket` after `start_after` that start with `prefix`, sorted, at most `limit`.
@@ -482,8 +506,9 @@ pub enum Response {
     Buckets {
         buckets: Vec<BucketEntry>,
     },
-    Metas {
-        metas: Vec<Option<ObjectMeta>>,
+    /// One entry per [`MetaKey`] asked, in order.
+    Versions {
+        keys: Vec<KeyVersions>,
     },
     Committed {
         outcome: CommitOutcome,
@@ -540,8 +565,8 @@ impl Response {
     fn validate(&self) -> Result<(), Error> {
         let too_many = |what, found| Error::TooManyItems { what, found, max: BATCH_ITEMS_MAX };
         match self {
-            Response::Metas { metas } if metas.len() > BATCH_ITEMS_MAX => {
-                Err(too_many("metadata response", metas.len()))
+            Response::Versions { keys } if keys.len() > BATCH_ITEMS_MAX => {
+                Err(too_many("metadata response", keys.len()))
             }
             Response::Read { statuses } if statuses.len() > BATCH_ITEMS_MAX => {
                 Err(too_many("read response", statuses.len()))
@@ -549,7 +574,16 @@ impl Response {
             Response::Listing { entries } if entries.len() > LIST_LIMIT_MAX as usize => {
                 Err(Error::TooManyItems { what: "listing", found: entries.len(), max: LIST_LIMIT_MAX as usize })
             }
-            Response::Metas { metas } => metas.iter().flatten().try_for_each(ObjectMeta::validate),
+            Response::Versions { keys } => keys.iter().try_for_each(|versions| {
+                if versions.retained.len() > RETAINED_PER_KEY_MAX {
+                    return Err(Error::TooManyItems {
+                        what: "retained versions",
+                        found: versions.retained.len(),
+                        max: RETAINED_PER_KEY_MAX,
+                    });
+                }
+                versions.all().try_for_each(ObjectMeta::validate)
+            }),
             _ => Ok(()),
         }
     }

@@ -20,11 +20,14 @@ pub(crate) struct Shape {
     pub(crate) drives_per_node: usize,
     pub(crate) ec: &'static str,
     pub(crate) chunk_size: &'static str,
+    /// `tessera node --retire-grace`: how long replaced versions stay after a newer one is
+    /// acknowledged.
+    pub(crate) retire_grace: &'static str,
 }
 
 impl Default for Shape {
     fn default() -> Self {
-        Self { nodes: 6, drives_per_node: 1, ec: "4+2", chunk_size: "64KiB" }
+        Self { nodes: 6, drives_per_node: 1, ec: "4+2", chunk_size: "64KiB", retire_grace: "10m" }
     }
 }
 
@@ -33,6 +36,7 @@ pub(crate) struct Cluster {
     pub(crate) config: PathBuf,
     pub(crate) addrs: Vec<SocketAddr>,
     nodes: Vec<Option<Child>>,
+    retire_grace: &'static str,
     /// ERROR lines containing one of these do not fail the test.
     allowed_errors: Vec<&'static str>,
 }
@@ -84,7 +88,8 @@ impl Cluster {
         assert!(output.status.success(), "init failed: {}", String::from_utf8_lossy(&output.stderr));
         let addrs = (0..shape.nodes).map(|i| SocketAddr::from(([127, 0, 0, 1], base + i as u16))).collect();
         let nodes = (0..shape.nodes).map(|_| None).collect();
-        Self { config: data.join("cluster.toml"), dir, addrs, nodes, allowed_errors: Vec::new() }
+        let retire_grace = shape.retire_grace;
+        Self { config: data.join("cluster.toml"), dir, addrs, nodes, retire_grace, allowed_errors: Vec::new() }
     }
 
     pub(crate) fn data_dir(&self) -> PathBuf {
@@ -106,7 +111,7 @@ impl Cluster {
         let child = Command::new(TESSERA)
             .args(["node", "--config"])
             .arg(&self.config)
-            .args(["--id", &format!("n{}", idx + 1)])
+            .args(["--id", &format!("n{}", idx + 1), "--retire-grace", self.retire_grace])
             .env("TESSERA_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(log.try_clone().expect("clone log handle"))
