@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod buckets;
+mod durability;
 mod faults;
 mod harness;
 mod objects;

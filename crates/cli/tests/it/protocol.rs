@@ -34,6 +34,14 @@ impl RawSession {
         session
     }
 
+    /// One request followed by raw bytes (a chunk write), one response.
+    pub(crate) fn call_with_data(&mut self, request: &Request, data: &[u8]) -> Response {
+        let frame = self.sealed(request);
+        self.stream.write_all(&frame).unwrap();
+        self.stream.write_all(data).unwrap();
+        self.read_response().expect("the node answers")
+    }
+
     /// One request, one response.
     pub(crate) fn call(&mut self, request: &Request) -> Response {
         let frame = self.sealed(request);
@@ -162,7 +170,7 @@ fn chunk_damaged_in_transit_is_refused_not_committed() {
     assert!(session.closed_by_node(), "a malformed chunk write closes the connection");
 }
 
-fn crc32c_of(block: &[u8]) -> u32 {
+pub(crate) fn crc32c_of(block: &[u8]) -> u32 {
     // The test cannot name the crc32c crate (not a dev-dependency); CRC-32C bit by bit.
     let mut crc = !0u32;
     for &byte in block {

@@ -1,0 +1,234 @@
+//! Never lose an acknowledged version: the scenarios of the durability review, each set up
+//! deterministically (by speaking the node protocol by hand where a real client would need
+//! luck with timing), then checked through the real client.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use proto::{CommitCondition, ObjectMeta, Request, Response, StripeGeometry, VersionId};
+
+use crate::harness::{Cluster, Shape, block_on, payload};
+use crate::protocol::{RawSession, secret_of};
+
+/// A client of `cluster` whose clock is off by `skew_s` seconds.
+fn skewed_client(cluster: &Cluster, skew_s: i64) -> client::Client {
+    let text = std::fs::read_to_string(&cluster.config).unwrap();
+    let map = cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap();
+    let options = client::ClientOptions {
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(3),
+        clock_skew_ns: skew_s * 1_000_000_000,
+        ..client::ClientOptions::default()
+    };
+    client::Client::new(map, options).unwrap()
+}
+
+/// Metadata of a small object `bucket/key` written by hand (chunk contents do not matter for
+/// what these scenarios check), at `version`.
+fn hand_meta(map: &cluster::ClusterMap, bucket: &str, key: &str, version: VersionId, size: u64) -> ObjectMeta {
+    let (k, m) = (map.erasure.k, map.erasure.m);
+    let placement = map.placement(bucket, key);
+    let geometry = StripeGeometry::new(size, k, map.chunk_bytes);
+    let block_bytes = (64u32 << 10).min(map.chunk_bytes);
+    let blocks: usize = (0..geometry.stripes).map(|s| geometry.chunk_len(s).div_ceil(block_bytes as usize)).sum();
+    ObjectMeta {
+        format: proto::META_FORMAT_VERSION,
+        bucket: bucket.into(),
+        key: key.into(),
+        version,
+        deleted: false,
+        size,
+        etag: "00".repeat(16),
+        content_type: String::new(),
+        user_meta: Vec::new(),
+        headers: Vec::new(),
+        modified_ms: 0,
+        k: k as u8,
+        m: m as u8,
+        chunk_bytes: map.chunk_bytes,
+        block_bytes,
+        set_idx: placement.set_idx as u32,
+        rotation: placement.rotation as u8,
+        crcs: vec![0; blocks * (k + m)],
+        parts: Vec::new(),
+    }
+}
+
+/// Stages this drive's (zero) chunks of `meta` and commits it on the node at `position` of the
+/// key's set, as a writer would.
+fn hand_commit(cluster: &Cluster, position: usize, meta: &ObjectMeta, condition: CommitCondition) -> Response {
+    let map = cluster.client().map().clone();
+    let drive = map.sets[meta.set_idx as usize].drives[position];
+    let mut session = RawSession::open(cluster.addrs[drive.node_idx], &secret_of(cluster));
+    let geometry = meta.geometry();
+    for stripe in 0..geometry.stripes {
+        let chunk = vec![0u8; geometry.chunk_len(stripe)];
+        let crcs = chunk.chunks(meta.block_bytes as usize).map(crate::protocol::crc32c_of).collect();
+        let write = Request::ChunkWrite {
+            drive: drive.drive_idx as u32,
+            bucket: meta.bucket.clone(),
+            version: meta.version,
+            offset: geometry.file_offset(stripe),
+            len: chunk.len() as u32,
+            block_bytes: meta.block_bytes,
+            crcs,
+        };
+        assert_eq!(session.call_with_data(&write, &chunk), Response::Ok);
+    }
+    let commit = Request::Commit {
+        drive: drive.drive_idx as u32,
+        meta: meta.clone(),
+        missing_positions: Vec::new(),
+        condition,
+    };
+    session.call(&commit)
+}
+
+fn hand_rollback(cluster: &Cluster, position: usize, meta: &ObjectMeta) {
+    let map = cluster.client().map().clone();
+    let drive = map.sets[meta.set_idx as usize].drives[position];
+    let mut session = RawSession::open(cluster.addrs[drive.node_idx], &secret_of(cluster));
+    let rollback = Request::Rollback {
+        drive: drive.drive_idx as u32,
+        bucket: meta.bucket.clone(),
+        key: meta.key.clone(),
+        version: meta.version,
+    };
+    assert_eq!(session.call(&rollback), Response::Ok);
+}
+
+#[test]
+fn failed_overwrite_rolled_back_on_four_drives_keeps_the_previous_version_readable() {
+    // The review's example, 4+2: K is on all 6 drives; an overwrite reaches only 4 drives (one
+    // node was down, one died during the commit), so the writer rolls those 4 back. The old K
+    // must survive the loss of the 2 drives that never saw the overwrite.
+    let mut cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let old = payload(300_000, 1);
+    let info = block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        client.put_bytes("bkt", "K", &old, &Default::default()).await.unwrap()
+    });
+    let map = client.map().clone();
+    let newer = VersionId { unix_ns: info.meta.version.unix_ns + 1_000, writer: 7 };
+    let overwrite = hand_meta(&map, "bkt", "K", newer, 100_000);
+    for position in 0..4 {
+        let outcome = hand_commit(&cluster, position, &overwrite, CommitCondition::None);
+        assert!(matches!(outcome, Response::Committed { .. }), "{outcome:?}");
+    }
+    for position in 0..4 {
+        hand_rollback(&cluster, position, &overwrite);
+    }
+    // The two drives that held K but not the overwrite die.
+    for position in 4..6 {
+        let node = map.sets[overwrite.set_idx as usize].drives[position].node_idx;
+        cluster.kill_node(node);
+    }
+    let reader = cluster.client();
+    block_on(async {
+        let head = reader.head("bkt", "K").await.unwrap();
+        assert_eq!(head.meta.version, info.meta.version, "the acknowledged version is current again");
+        assert!(reader.get("bkt", "K").await.unwrap() == old, "and readable from the 4 drives left");
+    });
+}
+
+#[test]
+fn writes_from_clients_with_lagging_or_leading_clocks_win_once_acknowledged() {
+    let cluster = Cluster::start(Shape::default());
+    let on_time = cluster.client();
+    let lagging = skewed_client(&cluster, -120);
+    let leading = skewed_client(&cluster, 120);
+    block_on(async {
+        on_time.make_bucket("bkt").await.unwrap();
+        // A lagging writer after an on-time one: its PUT is acknowledged, so it must win.
+        on_time.put_bytes("bkt", "k", b"first, on time", &Default::default()).await.unwrap();
+        lagging.put_bytes("bkt", "k", b"second, 2 minutes behind", &Default::default()).await.unwrap();
+        assert_eq!(on_time.get("bkt", "k").await.unwrap(), b"second, 2 minutes behind");
+        // An on-time writer after a leading one.
+        leading.put_bytes("bkt", "k", b"third, 2 minutes ahead", &Default::default()).await.unwrap();
+        on_time.put_bytes("bkt", "k", b"fourth, on time", &Default::default()).await.unwrap();
+        assert_eq!(lagging.get("bkt", "k").await.unwrap(), b"fourth, on time");
+        // A lagging DELETE after that: the key is gone for every reader.
+        lagging.delete("bkt", "k").await.unwrap();
+        assert!(matches!(on_time.get("bkt", "k").await, Err(client::Error::NotFound { .. })));
+        assert!(matches!(leading.head("bkt", "k").await, Err(client::Error::NotFound { .. })));
+        // And a lagging re-create after the delete.
+        lagging.put_bytes("bkt", "k", b"fifth, back again", &Default::default()).await.unwrap();
+        assert_eq!(leading.get("bkt", "k").await.unwrap(), b"fifth, back again");
+    });
+}
+
+#[test]
+fn gets_racing_overwrites_return_the_old_or_the_new_object_never_an_error() {
+    let cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    // Several 4 MiB windows per GET, so a GET spans many commits' worth of time.
+    let values: Vec<Vec<u8>> = (0..4).map(|i| payload(10_000_000 + i * 1001, 40 + i as u64)).collect();
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        client.put_bytes("bkt", "hot", &values[0], &Default::default()).await.unwrap();
+    });
+    let commits = Arc::new(Mutex::new(Vec::<(Instant, Instant)>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (client, values, commits, stop) = (cluster.client(), values.clone(), commits.clone(), stop.clone());
+        std::thread::spawn(move || {
+            block_on(async {
+                for i in 1..200usize {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let start = Instant::now();
+                    client.put_bytes("bkt", "hot", &values[i % values.len()], &Default::default()).await.unwrap();
+                    commits.lock().unwrap().push((start, Instant::now()));
+                }
+            })
+        })
+    };
+    // Count the GETs in flight at the moment an overwrite was acknowledged (its commit).
+    let mut spanned = 0;
+    let mut gets = 0;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    block_on(async {
+        while spanned < 10 && gets < 3000 && Instant::now() < deadline {
+            let start = Instant::now();
+            let body = client.get("bkt", "hot").await.expect("a GET overlapping an overwrite must not fail");
+            let end = Instant::now();
+            gets += 1;
+            assert!(values.contains(&body), "a GET returned bytes that no PUT wrote (torn or corrupt)");
+            let acks = commits.lock().unwrap();
+            spanned += usize::from(acks.iter().any(|(_, acked)| *acked > start && *acked < end));
+        }
+    });
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    assert!(spanned >= 10, "only {spanned} of {gets} GETs spanned an acknowledged overwrite: the race did not happen");
+}
+
+#[test]
+fn a_drive_that_fails_during_the_commit_is_queued_for_repair() {
+    // The drive at position 5 already holds a live version of the key (written there by hand),
+    // so it refuses an If-None-Match commit while the other five apply it: it failed during
+    // the commit, after the writer had sent it every chunk.
+    let mut cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    block_on(client.make_bucket("bkt")).unwrap();
+    let map = client.map().clone();
+    let set = &map.sets[map.placement("bkt", "k").set_idx];
+    let stray = hand_meta(&map, "bkt", "k", VersionId { unix_ns: 1, writer: 1 }, 10);
+    assert!(matches!(hand_commit(&cluster, 5, &stray, CommitCondition::None), Response::Committed { .. }));
+    let options = client::PutOptions { condition: client::CommitCondition::IfAbsent, ..Default::default() };
+    let info = block_on(client.put_bytes("bkt", "k", &payload(200_000, 3), &options)).unwrap();
+    assert_eq!(info.meta_positions, [0, 1, 2, 3, 4], "five drives applied it, position 5 refused");
+    let version = info.meta.version.to_hex();
+    // Finalize went out (and, listing missing positions, was fsynced) before the PUT returned.
+    for idx in 0..cluster.addrs.len() {
+        cluster.kill_node(idx);
+    }
+    for drive in &set.drives[..5] {
+        let opened = chunkstore::Drive::open(&cluster.drive_dir(drive.node_idx, drive.drive_idx)).unwrap();
+        let queue = opened.repair_queue().unwrap();
+        assert!(queue.contains(&(version.clone(), vec![5])), "n{}: {queue:?}", drive.node_idx + 1);
+    }
+}
