@@ -3,7 +3,7 @@
 CARGO ?= cargo
 DATA ?= tessera-data
 
-.PHONY: up test e2e build deps lint bench bench-cluster bench-ec
+.PHONY: up test e2e build deps lint bench bench-cluster bench-ec chaos
 
 deps:
 	@scripts/install-deps.sh
@@ -17,11 +17,20 @@ up: build
 
 ## Install what the build needs, then run every test (unit, property, multi-process integration,
 ## then end to end: aws-cli, boto3, s3fs, pyarrow and DuckDB against a local cluster and gateway,
-## then the Python package: numpy/torch zero-copy reads, DataLoader, DDP, checkpoints, fsspec).
+## then the Python package: numpy/torch zero-copy reads, DataLoader, DDP, checkpoints, fsspec,
+## then a short fault-injection run over the regression seeds: chaos/run.sh).
 test: build lint
 	$(CARGO) test --release
 	e2e/run.sh
 	python/run-tests.sh
+	chaos/run.sh
+
+## The long fault-injection run: DURATION seconds per seed, three random seeds (SEEDS="1 2" to
+## replay given ones). Needs root: nodes run in network namespaces. See RELIABILITY.md.
+DURATION ?= 600
+SEEDS ?=
+chaos: build
+	chaos/run.sh --long $(DURATION) $(SEEDS)
 
 ## End-to-end suite only (installs e2e/requirements.txt into .venv); ARGS go to pytest.
 e2e: build

@@ -5,14 +5,16 @@
 #   libtool), pkg-config; help2man so its `make` does not print errors for the man pages.
 # - erasure-isa-l-sys runs bindgen, which dlopens libclang: the check looks for the files
 #   clang-sys actually loads (libclang.so, libclang-N.so, libclang.so.N), not libclang-cpp.
-# - Tests: iproute2 (network namespaces for the fault checker), procps (ps, used by benches).
+# - Tests: iproute2 (network namespaces for the fault checker), procps (ps, used by benches),
+#   faketime (clients with skewed clocks in the fault checker), nftables (lossy links and
+#   partitions in the checker: this kernel has no netem).
 #
 # `scripts/check-fresh.sh` removes these packages and runs .ci/run on a fresh clone: run it
 # whenever this list changes.
 set -euo pipefail
 
 # The packages, in one list: check-fresh.sh removes exactly these.
-PACKAGES=(nasm autoconf automake libtool pkg-config help2man libclang-dev iproute2 procps)
+PACKAGES=(nasm autoconf automake libtool pkg-config help2man libclang-dev iproute2 procps faketime nftables)
 
 if [ "${1:-}" = "--list" ]; then
   printf '%s\n' "${PACKAGES[@]}"
@@ -40,6 +42,8 @@ command -v pkg-config >/dev/null || missing+=(pkg-config)
 command -v help2man >/dev/null || missing+=(help2man)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v ps >/dev/null || missing+=(procps)
+command -v faketime >/dev/null || missing+=(faketime)
+command -v nft >/dev/null || missing+=(nftables)
 have_libclang || missing+=(libclang-dev)
 
 if [ ${#missing[@]} -eq 0 ]; then

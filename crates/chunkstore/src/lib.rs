@@ -49,6 +49,8 @@ const REPAIR_QUEUE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("rep
 const RETAINED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("retained");
 /// When a retained version may be deleted (ms since the epoch); same keys as `RETAINED`.
 const RETIRE_AT: TableDefinition<'_, &[u8], u64> = TableDefinition::new("retire_at");
+/// `bucket NUL key` -> the newest version of the key known acknowledged (16 bytes, big-endian).
+const FINALIZED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("finalized");
 
 /// Most retained versions per key on one drive ([`proto::RETAINED_PER_KEY_MAX`]). Reached only
 /// by overwrites of one key faster than their grace, or unacknowledged ones; then the oldest goes.
@@ -173,6 +175,14 @@ impl Drive {
             let mut rows = Vec::new();
             for entry in retained.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
                 rows.push(entry.map_err(|e| self.db_err(e))?.0.value().to_vec());
+            }
+            let mut finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+            let mut finalized_rows = Vec::new();
+            for entry in finalized.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+                finalized_rows.push(entry.map_err(|e| self.db_err(e))?.0.value().to_vec());
+            }
+            for row in finalized_rows {
+                finalized.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
             }
             for row in rows {
                 retained.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
@@ -337,7 +347,14 @@ impl Drive {
         {
             let retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+            let mut finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
             let object_key = object_key(bucket, key);
+            let known =
+                finalized.get(object_key.as_slice()).map_err(|e| self.db_err(e))?.map(|v| version_of_bytes(v.value()));
+            if known.is_none_or(|known| known < version) {
+                let bytes = version_bytes(version);
+                finalized.insert(object_key.as_slice(), bytes.as_slice()).map_err(|e| self.db_err(e))?;
+            }
             let (start, end) = retained_bounds(&object_key);
             let mut older = Vec::new();
             for entry in retained.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
@@ -416,7 +433,10 @@ impl Drive {
             let (_, value) = entry.map_err(|e| self.db_err(e))?;
             retained.push(self.decode_meta(value.value())?);
         }
-        Ok(KeyVersions { current, retained })
+        let finalized_table = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+        let finalized = finalized_table.get(object_key.as_slice()).map_err(|e| self.db_err(e))?;
+        let finalized = finalized.map(|v| version_of_bytes(v.value()));
+        Ok(KeyVersions { current, retained, finalized })
     }
 
     /// The drive's current metadata of `bucket/key` (a delete marker counts).
@@ -511,6 +531,7 @@ impl Drive {
         txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
         txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
         txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+        txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
         txn.commit().map_err(|e| self.db_err(e))
     }
 
@@ -750,8 +771,7 @@ fn retained_key(object_key: &[u8], version: VersionId) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(object_key.len() + 17);
     bytes.extend_from_slice(object_key);
     bytes.push(0);
-    bytes.extend_from_slice(&version.unix_ns.to_be_bytes());
-    bytes.extend_from_slice(&version.writer.to_be_bytes());
+    bytes.extend_from_slice(&version_bytes(version));
     bytes
 }
 
@@ -767,10 +787,22 @@ fn retained_bounds(object_key: &[u8]) -> (Vec<u8>, Vec<u8>) {
 /// The version in a [`retained_key`] (its last 16 bytes).
 fn version_of_retained_key(key: &[u8]) -> VersionId {
     assert!(key.len() >= 17, "retained keys end in NUL and 16 version bytes");
-    let tail = &key[key.len() - 16..];
+    version_of_bytes(&key[key.len() - 16..])
+}
+
+/// A version as 16 big-endian bytes (so byte order is version order).
+fn version_bytes(version: VersionId) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&version.unix_ns.to_be_bytes());
+    bytes[8..].copy_from_slice(&version.writer.to_be_bytes());
+    bytes
+}
+
+fn version_of_bytes(bytes: &[u8]) -> VersionId {
+    assert_eq!(bytes.len(), 16, "versions are stored as 16 bytes");
     VersionId {
-        unix_ns: u64::from_be_bytes(tail[..8].try_into().expect("8 bytes")),
-        writer: u64::from_be_bytes(tail[8..].try_into().expect("8 bytes")),
+        unix_ns: u64::from_be_bytes(bytes[..8].try_into().expect("8 bytes")),
+        writer: u64::from_be_bytes(bytes[8..].try_into().expect("8 bytes")),
     }
 }
 

@@ -54,6 +54,12 @@ pub(crate) struct GetArgs {
     path: String,
     /// Local file, or - for stdout.
     file: PathBuf,
+    /// Start reading at this byte of the object.
+    #[arg(long, default_value_t = 0)]
+    offset: u64,
+    /// Read at most this many bytes (default: to the end of the object).
+    #[arg(long)]
+    length: Option<u64>,
     #[command(flatten)]
     config: ConfigArg,
 }
@@ -180,7 +186,11 @@ async fn get(args: &GetArgs) -> anyhow::Result<()> {
     let (bucket, key) = split_path(&args.path)?;
     let client = connect(&args.config)?;
     let info = client.head(bucket, key).await?;
-    let size = info.meta.size;
+    if args.offset > info.meta.size || (args.offset == info.meta.size && info.meta.size > 0) {
+        bail!("--offset {} is past the end of {bucket}/{key} ({} bytes)", args.offset, info.meta.size);
+    }
+    let end = args.length.map_or(info.meta.size, |length| info.meta.size.min(args.offset.saturating_add(length)));
+    let size = end - args.offset;
     let to_stdout = args.file == Path::new("-");
     // Write beside the target and rename at the end: a failed get leaves no half file behind.
     let partial = partial_path(&args.file);
@@ -192,14 +202,15 @@ async fn get(args: &GetArgs) -> anyhow::Result<()> {
     };
     let bar = if to_stdout { None } else { progress_bar(size, "get") };
     let mut buf = vec![0u8; GET_STEP_BYTES.min(size as usize)];
-    let mut offset = 0u64;
+    let mut done = 0u64;
     let result: anyhow::Result<()> = async {
-        while offset < size {
-            let read = client.read_at(&info, offset, &mut buf).await?;
+        while done < size {
+            let step = buf.len().min((size - done) as usize);
+            let read = client.read_at(&info, args.offset + done, &mut buf[..step]).await?;
             out.write_all(&buf[..read]).await.context("write the output")?;
-            offset += read as u64;
+            done += read as u64;
             if let Some(bar) = &bar {
-                bar.set_position(offset);
+                bar.set_position(done);
             }
         }
         out.flush().await.context("write the output")?;
@@ -209,8 +220,12 @@ async fn get(args: &GetArgs) -> anyhow::Result<()> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    // The version read, for scripts that check what they got (the fault checker does).
+    let etag = &info.meta.etag;
     if to_stdout {
-        return result;
+        result?;
+        eprintln!("got {bucket}/{key}: {size} bytes at {}, etag {etag}", args.offset);
+        return Ok(());
     }
     if let Err(e) = result {
         // The partial file is ours and incomplete; leaving it would look like a download.
@@ -221,7 +236,7 @@ async fn get(args: &GetArgs) -> anyhow::Result<()> {
     tokio::fs::rename(&partial, &args.file)
         .await
         .with_context(|| format!("rename {} to {}", partial.display(), args.file.display()))?;
-    eprintln!("got {bucket}/{key}: {} ({size})", format_bytes(size));
+    eprintln!("got {bucket}/{key}: {} ({size}) at {}, etag {etag}", format_bytes(size), args.offset);
     Ok(())
 }
 

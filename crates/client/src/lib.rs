@@ -415,22 +415,27 @@ enum Backoff {
 }
 
 /// Picks the version readers agree on from what each drive holds (current and retained
-/// versions): the newest version held by enough drives to be read, `k` for a version with chunks
-/// and `marker_quorum` for one without (a delete marker, an empty object). A newer version on
-/// fewer drives is a write in flight (or a failed one) and an older readable one is returned
-/// meanwhile, because drives keep the replaced version until the new one is acknowledged.
-/// Failing that, the newest version seen (reading it reports what is missing). `None` if no
-/// reachable drive has the key.
+/// versions, and the newest version each drive knows acknowledged): among versions no older
+/// than the newest acknowledged one any drive reports, the newest held by enough drives to be
+/// read, `k` for a version with chunks and `marker_quorum` for one without (a delete marker, an
+/// empty object). A newer version on fewer drives is a write in flight (or a failed one), and
+/// the older one it replaces is still there, so a read overlapping a commit returns the old or
+/// the new object. Failing that, the newest such version seen (reading it reports what is
+/// missing): never an older one, so a read never goes back behind an acknowledged write.
+/// `None` if no reachable drive has the key.
 fn choose_version(replies: &[Option<proto::KeyVersions>], k: usize, marker_quorum: usize) -> Option<ObjectMeta> {
+    let floor = replies.iter().flatten().filter_map(|v| v.finalized).max();
     let mut held: std::collections::BTreeMap<VersionId, (&ObjectMeta, usize)> = std::collections::BTreeMap::new();
     for versions in replies.iter().flatten() {
         for meta in versions.all() {
             held.entry(meta.version).or_insert((meta, 0)).1 += 1;
         }
     }
+    let candidates = held.range(floor.unwrap_or(VersionId { unix_ns: 0, writer: 0 })..);
     let needed = |meta: &ObjectMeta| if meta.has_data_file() || !meta.parts.is_empty() { k } else { marker_quorum };
-    let readable = held.values().rev().find(|(meta, count)| *count >= needed(meta));
-    readable.or(held.values().next_back()).map(|(meta, _)| (*meta).clone())
+    let readable = candidates.clone().rev().map(|(_, held)| held).find(|(meta, count)| *count >= needed(meta));
+    let newest = candidates.map(|(_, held)| held).next_back().or(held.values().next_back());
+    readable.or(newest).map(|(meta, _)| (*meta).clone())
 }
 
 /// Renders which chunks of `info` are on which node, for `tessera stat`.

@@ -28,6 +28,25 @@ fn meta(version: u64) -> ObjectMeta {
 /// negative for delete markers.
 type Reply = Option<(Option<i64>, Vec<i64>)>;
 
+/// Like `check`, with the newest acknowledged version each drive reports.
+fn check_finalized(replies: &[Reply], finalized: &[Option<u64>], expected: Option<i64>) {
+    let replies: Vec<_> = replies
+        .iter()
+        .zip(finalized)
+        .map(|(r, f)| {
+            versions_of(r).map(|mut v| {
+                v.finalized = f.map(|n| VersionId { unix_ns: n, writer: 1 });
+                v
+            })
+        })
+        .collect();
+    let chosen = choose_version(&replies, 2, 2);
+    assert_eq!(
+        chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
+        expected
+    );
+}
+
 fn versions_of(reply: &Reply) -> Option<proto::KeyVersions> {
     let to_meta = |v: &i64| {
         let mut m = meta(v.unsigned_abs());
@@ -38,6 +57,7 @@ fn versions_of(reply: &Reply) -> Option<proto::KeyVersions> {
     reply.as_ref().map(|(current, retained)| proto::KeyVersions {
         current: current.as_ref().map(to_meta),
         retained: retained.iter().map(to_meta).collect(),
+        finalized: None,
     })
 }
 
@@ -77,4 +97,15 @@ fn delete_markers_need_their_own_quorum_and_hide_older_versions() {
     check(&[Some((Some(-3), vec![1])), Some((Some(1), vec![])), Some((Some(1), vec![]))], Some(1));
     // On marker_quorum drives it does, even if the data version is everywhere (retained).
     check(&[Some((Some(-3), vec![1])), Some((Some(-3), vec![1])), Some((Some(1), vec![]))], Some(-3));
+}
+
+#[test]
+fn reads_never_go_back_behind_an_acknowledged_version() {
+    // Version 5 is acknowledged (finalized) but only one of its drives answers, and an older
+    // delete marker is held by two: the read must report version 5 unreadable, not "absent".
+    let replies = [Some((Some(5), vec![-3])), Some((Some(-3), vec![])), None];
+    check(&replies, Some(-3));
+    check_finalized(&replies, &[Some(5), None, None], Some(5));
+    // While 5 is in flight (not finalized) the acknowledged 3 stays the answer.
+    check_finalized(&[Some((Some(5), vec![3])), Some((Some(3), vec![])), None], &[Some(3), Some(3), None], Some(3));
 }

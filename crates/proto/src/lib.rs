@@ -396,6 +396,9 @@ pub struct KeyVersions {
     pub current: Option<ObjectMeta>,
     /// Older versions kept beside it (replaced, not yet retired), oldest first.
     pub retained: Vec<ObjectMeta>,
+    /// The newest version of the key the drive was told is acknowledged (`Finalize`): readers
+    /// never return a version older than it.
+    pub finalized: Option<VersionId>,
 }
 
 impl KeyVersions {

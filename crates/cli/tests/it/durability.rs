@@ -76,12 +76,8 @@ fn hand_commit(cluster: &Cluster, position: usize, meta: &ObjectMeta, condition:
         };
         assert_eq!(session.call_with_data(&write, &chunk), Response::Ok);
     }
-    let commit = Request::Commit {
-        drive: drive.drive_idx as u32,
-        meta: meta.clone(),
-        missing_positions: Vec::new(),
-        condition,
-    };
+    let commit =
+        Request::Commit { drive: drive.drive_idx as u32, meta: meta.clone(), missing_positions: Vec::new(), condition };
     session.call(&commit)
 }
 

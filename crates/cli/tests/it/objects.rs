@@ -21,6 +21,37 @@ fn put_get_round_trips_every_size_byte_exact() {
 }
 
 #[test]
+fn cli_get_reads_a_byte_range_and_names_the_version_it_read() {
+    let cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let data = payload(700_001, 3);
+    let source = write_file(cluster.dir.path(), "in", &data);
+    cluster.cli_ok(&["put", source.to_str().unwrap(), "bkt/obj"]);
+    let etag = md5_hex(&data);
+    for (offset, length, end) in [(0usize, "10", 10usize), (65_530, "20000", 85_530), (700_000, "50", 700_001)] {
+        let output = cluster.cli(&["get", "bkt/obj", "-", "--offset", &offset.to_string(), "--length", length]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(output.stdout, data[offset..end], "offset {offset}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains(&format!("etag {etag}")));
+    }
+    let err = cluster.cli_err(&["get", "bkt/obj", "-", "--offset", "700001"]);
+    assert!(err.contains("past the end") && err.lines().count() == 1, "{err}");
+}
+
+/// The hex MD5 of `data` (the etag of a single-part object), from coreutils' md5sum: the test
+/// binary has no MD5 crate of its own.
+fn md5_hex(data: &[u8]) -> String {
+    let mut child = std::process::Command::new("md5sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("md5sum (coreutils)");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), data).unwrap();
+    let output = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&output.stdout).split_whitespace().next().unwrap().to_owned()
+}
+
+#[test]
 fn ranged_reads_fetch_exact_bytes_across_stripes() {
     let cluster = Cluster::start(Shape::default());
     let client = cluster.client();

@@ -1,0 +1,624 @@
+#!/usr/bin/env python3
+"""Tessera's fault-injection checker: never lose an acknowledged version.
+
+A real cluster (one `tessera node` per network namespace, joined to the test's bridge by veth
+pairs that this script creates) serves a randomized workload of PUT, overwrite, DELETE, GET and
+ranged GET from several clients, some with skewed clocks (libfaketime), while faults strike:
+SIGKILL and restart, SIGSTOP and SIGCONT, partitions (link down), lossy links (nftables random
+drop: this kernel has no netem), slow links (tbf rate limits) and a full disk (a small tmpfs
+drive). Clients are `tessera` CLI processes, so the checker runs against any build of the
+binary (`--tessera PATH`): that is how a bug is reproduced on the build before its fix.
+
+Every operation is recorded with its invocation and completion times; the checker verifies:
+- no torn or corrupt bytes: every GET returns exactly the bytes one PUT wrote;
+- no stale read: no read returns a version older than one whose write was acknowledged
+  before the read began (a write X is older than Y when X was acknowledged before Y began);
+- no lost write: after the faults stop, every key reads back as a write that no later
+  acknowledged write replaced (a DELETE reads back as absent).
+
+Seeded and bounded in time; prints its seed and fault schedule; the same seed replays the same
+schedule and workload choices (timing on a shared machine still varies). Runs as root (network
+namespaces, tmpfs); without root it fails and says why.
+
+    sudo chaos/checker.py --seed 7 --duration 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+NODES = 6
+EC = "4+2"
+M = 2
+KEYS = 8
+CLIENTS = 4
+# Clock offsets of the client threads (seconds); two clients lag or lead by a minute.
+CLIENT_SKEWS_S = [0, -60, 60, 0]
+VALUE_BYTES_MAX = 300_000
+HEADER = struct.Struct("<QQ")  # op id, value length: every value names the PUT that wrote it
+NODE_PORT = 7000
+OP_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 20.0
+FULL_DRIVE_BYTES = 3 << 20
+
+
+class CheckerError(Exception):
+    """The checker could not run (not root, no namespaces); not a finding about Tessera."""
+
+
+def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), check=check, capture_output=True, text=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Topology: a bridge in the root namespace, one namespace per node.
+
+
+class Topology:
+    runs = 0  # topologies made by this process: each gets fresh interface names
+
+    def __init__(self, nodes: int):
+        Topology.runs += 1
+        tag = (os.getpid() * 16 + Topology.runs) % 10000
+        self.subnet = 100 + tag % 100  # 169.254.<subnet>.0/24: link-local, ours only
+        self.prefix = f"tz{tag}"
+        self.bridge = f"{self.prefix}br"
+        self.nodes = nodes
+        self.created: list[str] = []
+
+    def ns(self, i: int) -> str:
+        return f"{self.prefix}n{i}"
+
+    def veth(self, i: int) -> str:
+        return f"{self.prefix}v{i}"
+
+    def ip(self, i: int) -> str:
+        return f"169.254.{self.subnet}.{10 + i}"
+
+    def create(self) -> None:
+        if os.geteuid() != 0:
+            raise CheckerError("the checker needs root: it creates network namespaces and mounts tmpfs")
+        for tool in ("ip", "nft", "tc", "faketime"):
+            if shutil.which(tool) is None:
+                raise CheckerError(f"`{tool}` is missing: run scripts/install-deps.sh")
+        try:
+            run("ip", "link", "add", self.bridge, "type", "bridge")
+        except subprocess.CalledProcessError as e:
+            raise CheckerError(f"cannot create a bridge (network namespaces unavailable?): {e.stderr.strip()}")
+        self.created.append("bridge")
+        run("ip", "addr", "add", f"169.254.{self.subnet}.1/24", "dev", self.bridge)
+        run("ip", "link", "set", self.bridge, "up")
+        for i in range(1, self.nodes + 1):
+            ns, veth, peer = self.ns(i), self.veth(i), f"{self.prefix}p{i}"
+            run("ip", "netns", "add", ns)
+            self.created.append(ns)
+            run("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
+            run("ip", "link", "set", peer, "netns", ns)
+            run("ip", "link", "set", veth, "master", self.bridge)
+            run("ip", "link", "set", veth, "up")
+            run("ip", "-n", ns, "link", "set", peer, "name", "eth0")
+            run("ip", "-n", ns, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0")
+            run("ip", "-n", ns, "link", "set", "eth0", "up")
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+            run("ip", "netns", "exec", ns, "nft", "add", "table", "inet", "chaos")
+            for hook in ("input", "output"):
+                run("ip", "netns", "exec", ns, "nft", "add", "chain", "inet", "chaos", hook,
+                    f"{{ type filter hook {hook} priority 0; policy accept; }}")
+
+    def destroy(self) -> None:
+        for name in reversed(self.created):
+            if name == "bridge":
+                run("ip", "link", "del", self.bridge, check=False)
+            else:
+                # The root side first: a namespace may outlive `netns del` for a moment.
+                run("ip", "link", "del", self.veth(int(name[len(self.prefix) + 1:])), check=False)
+                run("ip", "netns", "del", name, check=False)
+        self.created.clear()
+
+    # Faults on node i's link.
+    def link(self, i: int, up: bool) -> None:
+        run("ip", "link", "set", self.veth(i), "up" if up else "down")
+
+    def loss(self, i: int, percent: int) -> None:
+        self.clear_loss(i)
+        for hook in ("input", "output"):
+            run("ip", "netns", "exec", self.ns(i), "nft", "add", "rule", "inet", "chaos", hook,
+                "numgen", "random", "mod", "100", "<", str(percent), "drop")
+
+    def clear_loss(self, i: int) -> None:
+        for hook in ("input", "output"):
+            run("ip", "netns", "exec", self.ns(i), "nft", "flush", "chain", "inet", "chaos", hook, check=False)
+
+    def slow(self, i: int, mbit: int) -> None:
+        for dev, ns in ((self.veth(i), None), ("eth0", self.ns(i))):
+            cmd = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
+                   "burst", "32kb", "latency", "400ms"]
+            run(*(["ip", "netns", "exec", ns] + cmd if ns else cmd))
+
+    def clear_slow(self, i: int) -> None:
+        run("tc", "qdisc", "del", "dev", self.veth(i), "root", check=False)
+        run("ip", "netns", "exec", self.ns(i), "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster: nodes in their namespaces.
+
+
+class Cluster:
+    def __init__(self, tessera: Path, topo: Topology, work: Path, full_drive: bool):
+        self.tessera = tessera
+        self.topo = topo
+        self.work = work
+        self.data = work / "data"
+        self.config = self.data / "cluster.toml"
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.mounted: list[Path] = []
+        self.full_drive = full_drive
+
+    def init(self) -> None:
+        subprocess.run([str(self.tessera), "init", "--nodes", str(NODES), "--ec", EC, "--chunk-size", "64KiB",
+                        "--data", str(self.data), "--base-port", str(NODE_PORT)], check=True, capture_output=True)
+        text = self.config.read_text()
+        for i in range(1, NODES + 1):
+            text = text.replace(f'addr = "127.0.0.1:{NODE_PORT + i - 1}"', f'addr = "{self.topo.ip(i)}:{NODE_PORT}"')
+        self.config.write_text(text)
+        if self.full_drive:
+            drive = self.data / f"n{NODES}" / "d1"
+            marker = (drive / "tessera-drive").read_bytes()
+            run("mount", "-t", "tmpfs", "-o", f"size={FULL_DRIVE_BYTES}", "tmpfs", str(drive))
+            self.mounted.append(drive)
+            (drive / "tessera-drive").write_bytes(marker)
+
+    def log(self, i: int) -> Path:
+        return self.work / f"n{i}.log"
+
+    def start(self, i: int) -> None:
+        assert i not in self.procs, f"n{i} is running"
+        with open(self.log(i), "ab") as log:
+            self.procs[i] = subprocess.Popen(
+                ["ip", "netns", "exec", self.topo.ns(i), str(self.tessera), "node", "--config", str(self.config),
+                 "--id", f"n{i}"],
+                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TESSERA_LOG": "info", "NO_COLOR": "1"})
+
+    def wait_ready(self, i: int) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                socket.create_connection((self.topo.ip(i), NODE_PORT), timeout=0.5).close()
+                return
+            except OSError:
+                proc = self.procs.get(i)
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(f"n{i} exited ({proc.returncode}):\n{self.log(i).read_text()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"n{i} not ready in {READY_TIMEOUT_S}s")
+                time.sleep(0.05)
+
+    def kill(self, i: int) -> None:
+        proc = self.procs.pop(i, None)
+        if proc is not None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+
+    def signal(self, i: int, sig: int) -> None:
+        proc = self.procs.get(i)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+
+    def stop_all(self) -> None:
+        for i in list(self.procs):
+            self.kill(i)
+        for drive in self.mounted:
+            run("umount", "-l", str(drive), check=False)
+        self.mounted.clear()
+
+    def error_lines(self) -> list[str]:
+        lines = []
+        for i in range(1, NODES + 1):
+            if self.log(i).exists():
+                lines += [f"n{i}: {line}" for line in self.log(i).read_text().splitlines() if " ERROR " in line]
+        return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Values and operations.
+
+
+def value_of(op_id: int, size: int) -> bytes:
+    body = random.Random(op_id).randbytes(size - HEADER.size)
+    return HEADER.pack(op_id, size) + body
+
+
+@dataclasses.dataclass
+class Op:
+    op_id: int
+    client: int
+    kind: str  # put | delete | get | rget
+    key: str
+    invoke: float
+    complete: float = 0.0
+    # put/delete: "ok" (acknowledged), "absent" (delete of a missing key), "error" (unknown).
+    # get/rget: "value" (with `value`), "absent", "error", "past-end".
+    outcome: str = ""
+    value: int | None = None  # the PUT op id whose bytes a read returned
+    detail: str = ""
+
+
+class Workload:
+    def __init__(self, cluster: Cluster, seed: int, deadline: float, ranged: bool, skews: list[int]):
+        self.cluster = cluster
+        self.skews = skews
+        self.seed = seed
+        self.deadline = deadline
+        self.ranged = ranged
+        self.ops: list[Op] = []
+        self.lock = threading.Lock()
+        self.by_etag: dict[str, int] = {}
+        self.sizes: dict[int, int] = {}
+        self.corrupt: list[str] = []
+        self.files = cluster.work / "values"
+        self.files.mkdir(exist_ok=True)
+
+    def cli(self, client: int, *args: str, data: Path | None = None) -> subprocess.CompletedProcess:
+        cmd = [str(self.cluster.tessera), *args, "--config", str(self.cluster.config)]
+        skew = self.skews[client]
+        env = {**os.environ, "NO_COLOR": "1", "TESSERA_LOG": "error"}
+        if skew:
+            # Shift the wall clock only: timeouts keep the real monotonic clock.
+            cmd = ["faketime", "-f", f"{skew:+d}s", *cmd]
+            env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
+        try:
+            return subprocess.run(cmd, capture_output=True, timeout=OP_TIMEOUT_S, env=env)
+        except subprocess.TimeoutExpired as e:
+            return subprocess.CompletedProcess(cmd, -9, e.stdout or b"", b"timed out")
+
+    def client_loop(self, client: int) -> None:
+        rng = random.Random(self.seed * 1000 + client)
+        seq = 0
+        while time.monotonic() < self.deadline:
+            seq += 1
+            op_id = (client + 1) * 1_000_000 + seq
+            key = f"k{rng.randrange(KEYS)}"
+            roll = rng.random()
+            if roll < 0.35:
+                self.put(client, op_id, key, rng.randrange(HEADER.size, VALUE_BYTES_MAX))
+            elif roll < 0.45:
+                self.delete(client, op_id, key)
+            elif roll < 0.85 or not self.ranged:
+                self.get(client, op_id, key)
+            else:
+                self.ranged_get(client, op_id, key, rng.randrange(VALUE_BYTES_MAX), rng.randrange(1, 70_000))
+
+    def record(self, op: Op) -> None:
+        op.complete = time.monotonic()
+        with self.lock:
+            self.ops.append(op)
+
+    def put(self, client: int, op_id: int, key: str, size: int) -> None:
+        data = value_of(op_id, size)
+        with self.lock:
+            self.by_etag[hashlib.md5(data).hexdigest()] = op_id
+            self.sizes[op_id] = size
+        path = self.files / f"{op_id}"
+        path.write_bytes(data)
+        op = Op(op_id, client, "put", key, time.monotonic())
+        result = self.cli(client, "put", str(path), f"bkt/{key}")
+        op.outcome = "ok" if result.returncode == 0 else "error"
+        op.detail = result.stderr.decode(errors="replace").strip()[-300:]
+        self.record(op)
+        path.unlink()
+
+    def delete(self, client: int, op_id: int, key: str) -> None:
+        op = Op(op_id, client, "delete", key, time.monotonic())
+        result = self.cli(client, "rm", f"bkt/{key}")
+        stderr = result.stderr.decode(errors="replace")
+        op.outcome = "ok" if result.returncode == 0 else "absent" if "no such object" in stderr else "error"
+        op.detail = stderr.strip()[-300:]
+        self.record(op)
+
+    def get(self, client: int, op_id: int, key: str) -> None:
+        op = Op(op_id, client, "get", key, time.monotonic())
+        result = self.cli(client, "get", f"bkt/{key}", "-")
+        self.classify_read(op, result, None)
+        if op.outcome == "value":
+            body = result.stdout
+            if len(body) < HEADER.size:
+                self.corrupt.append(f"op {op_id}: GET {key} returned {len(body)} bytes, not a value")
+            else:
+                writer, size = HEADER.unpack_from(body)
+                op.value = writer
+                if size != len(body) or writer not in self.sizes or body != value_of(writer, size):
+                    self.corrupt.append(f"op {op_id}: GET {key} returned torn or corrupt bytes (header names op {writer})")
+        self.record(op)
+
+    def ranged_get(self, client: int, op_id: int, key: str, offset: int, length: int) -> None:
+        op = Op(op_id, client, "rget", key, time.monotonic())
+        result = self.cli(client, "get", f"bkt/{key}", "-", "--offset", str(offset), "--length", str(length))
+        self.classify_read(op, result, offset)
+        if op.outcome == "value":
+            etag = re.search(r"etag ([0-9a-f]+)", result.stderr.decode(errors="replace"))
+            writer = self.by_etag.get(etag.group(1)) if etag else None
+            if writer is None:
+                self.corrupt.append(f"op {op_id}: ranged GET {key} read a version no PUT wrote ({etag})")
+            else:
+                op.value = writer
+                expected = value_of(writer, self.sizes[writer])[offset:offset + length]
+                if result.stdout != expected:
+                    self.corrupt.append(f"op {op_id}: ranged GET {key} at {offset}+{length} returned wrong bytes")
+        self.record(op)
+
+    @staticmethod
+    def classify_read(op: Op, result: subprocess.CompletedProcess, offset: int | None) -> None:
+        stderr = result.stderr.decode(errors="replace")
+        if result.returncode == 0:
+            op.outcome = "value"
+        elif "no such object" in stderr:
+            op.outcome = "absent"
+        elif offset is not None and "past the end" in stderr:
+            op.outcome = "past-end"
+        else:
+            op.outcome = "error"
+        op.detail = stderr.strip()[-300:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults.
+
+
+class Faults:
+    """A seeded schedule: at most M nodes impaired at any moment (what Tessera promises to
+    survive); a full drive counts as one impairment for the whole run."""
+
+    KINDS = ("kill", "stop", "partition", "loss", "slow")
+
+    def __init__(self, cluster: Cluster, topo: Topology, seed: int, deadline: float, start: float):
+        self.cluster = cluster
+        self.topo = topo
+        self.rng = random.Random(seed)
+        self.deadline = deadline
+        self.start = start
+        self.schedule: list[str] = []
+        self.active: dict[int, tuple[str, float]] = {}  # node -> (kind, until)
+        self.budget = M - (1 if cluster.full_drive else 0)
+
+    def log(self, text: str) -> None:
+        line = f"{time.monotonic() - self.start:7.2f}s {text}"
+        self.schedule.append(line)
+        print("  fault", line, flush=True)
+
+    def inject(self, node: int, kind: str) -> None:
+        if kind == "kill":
+            self.cluster.kill(node)
+        elif kind == "stop":
+            self.cluster.signal(node, signal.SIGSTOP)
+        elif kind == "partition":
+            self.topo.link(node, up=False)
+        elif kind == "loss":
+            self.topo.loss(node, self.rng.choice((20, 40, 70)))
+        elif kind == "slow":
+            self.topo.slow(node, self.rng.choice((2, 8, 30)))
+
+    def heal(self, node: int, kind: str) -> None:
+        if kind == "kill":
+            self.cluster.start(node)
+            self.cluster.wait_ready(node)
+        elif kind == "stop":
+            self.cluster.signal(node, signal.SIGCONT)
+        elif kind == "partition":
+            self.topo.link(node, up=True)
+        elif kind == "loss":
+            self.topo.clear_loss(node)
+        elif kind == "slow":
+            self.topo.clear_slow(node)
+        self.log(f"heal {kind} n{node}")
+
+    def loop(self) -> None:
+        while time.monotonic() < self.deadline:
+            time.sleep(self.rng.uniform(0.3, 1.5))
+            now = time.monotonic()
+            for node, (kind, until) in list(self.active.items()):
+                if now >= until:
+                    del self.active[node]
+                    self.heal(node, kind)
+            if len(self.active) >= self.budget or now >= self.deadline:
+                continue
+            candidates = [i for i in range(1, NODES + 1) if i not in self.active
+                          and not (self.cluster.full_drive and i == NODES)]
+            node = self.rng.choice(candidates)
+            kind = self.rng.choice(self.KINDS)
+            self.inject(node, kind)
+            self.active[node] = (kind, now + self.rng.uniform(1.0, 5.0))
+            self.log(f"inject {kind} n{node}")
+
+    def heal_all(self) -> None:
+        for node, (kind, _) in list(self.active.items()):
+            del self.active[node]
+            self.heal(node, kind)
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks.
+
+
+def check_history(ops: list[Op], finals: dict[str, Op]) -> list[str]:
+    anomalies = []
+    writes = [op for op in ops if op.kind in ("put", "delete") and op.outcome in ("ok", "error")]
+    acked = [op for op in writes if op.outcome == "ok"]
+    by_id = {op.op_id: op for op in writes}
+    for key in sorted({op.key for op in ops} | set(finals)):
+        key_writes = [w for w in writes if w.key == key]
+        key_acked = [w for w in acked if w.key == key]
+        reads = [op for op in ops if op.key == key and op.kind in ("get", "rget") and op.outcome in ("value", "absent")]
+        if key in finals:
+            reads.append(finals[key])
+        for read in reads:
+            before = [y for y in key_acked if y.complete < read.invoke]
+            if read.outcome == "value":
+                x = by_id.get(read.value)
+                if x is None or x.key != key:
+                    anomalies.append(f"{read.kind} op {read.op_id} of {key} returned op {read.value}, not a PUT of {key}")
+                    continue
+                if x.invoke > read.complete:
+                    anomalies.append(f"{read.kind} op {read.op_id} of {key} returned op {x.op_id} from the future")
+                newer = [y for y in before if x.complete < y.invoke]
+                if newer:
+                    y = newer[0]
+                    anomalies.append(
+                        f"stale read: {read.kind} op {read.op_id} of {key} (client {read.client}) returned op {x.op_id} "
+                        f"({x.kind}, acked at {x.complete:.3f}) although {y.kind} op {y.op_id} was acknowledged at "
+                        f"{y.complete:.3f}, before the read began at {read.invoke:.3f}")
+            else:
+                # Absent: some DELETE not before every acknowledged PUT must explain it.
+                for y in (p for p in before if p.kind == "put"):
+                    explains = [d for d in key_writes if d.kind == "delete" and not d.complete < y.invoke
+                                and d.invoke < read.complete]
+                    if not explains:
+                        anomalies.append(
+                            f"lost or stale: {read.kind} op {read.op_id} of {key} found it absent although PUT op "
+                            f"{y.op_id} was acknowledged at {y.complete:.3f}, before the read began at "
+                            f"{read.invoke:.3f}, and no later DELETE was issued")
+                        break
+    return anomalies
+
+
+def final_reads(workload: Workload) -> tuple[dict[str, Op], list[str]]:
+    finals, problems = {}, []
+    keys = sorted({op.key for op in workload.ops})
+    for n, key in enumerate(keys):
+        op = Op(9_000_000 + n, 0, "get", key, time.monotonic())
+        result = workload.cli(0, "get", f"bkt/{key}", "-")
+        Workload.classify_read(op, result, None)
+        if op.outcome == "value" and len(result.stdout) >= HEADER.size:
+            writer, size = HEADER.unpack_from(result.stdout)
+            op.value = writer
+            if writer not in workload.sizes or result.stdout != value_of(writer, size):
+                problems.append(f"final GET of {key}: torn or corrupt bytes")
+        elif op.outcome == "error":
+            problems.append(f"final GET of {key} failed with every fault healed: {op.detail}")
+        op.complete = time.monotonic()
+        finals[key] = op
+    return finals, problems
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Report:
+    seed: int
+    duration: float
+    schedule: list[str]
+    counts: dict[str, int]
+    anomalies: list[str]
+    errors_logged: list[str]
+    read_errors: list[str] = dataclasses.field(default_factory=list)
+
+    def text(self) -> str:
+        lines = [f"seed {self.seed}, {self.duration:.0f} s of faults, {sum(self.counts.values())} operations",
+                 "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())),
+                 f"faults: {len(self.schedule)} events"]
+        lines += [f"  {line}" for line in self.schedule]
+        lines.append(f"anomalies: {len(self.anomalies)}")
+        lines += [f"  {a}" for a in self.anomalies[:50]]
+        if self.read_errors:
+            lines.append(f"reads that failed (availability, not safety): {len(self.read_errors)}")
+            lines += [f"  {e}" for e in self.read_errors[:10]]
+        if self.errors_logged:
+            lines.append(f"node ERROR lines: {len(self.errors_logged)}")
+            lines += [f"  {line}" for line in self.errors_logged[:20]]
+        return "\n".join(lines)
+
+
+def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True) -> Report:
+    rng = random.Random(seed)
+    full_drive = rng.random() < 0.5
+    topo = Topology(NODES)
+    work = Path(tempfile.mkdtemp(prefix=f"tessera-chaos-{seed}-"))
+    cluster = Cluster(tessera, topo, work, full_drive)
+    print(f"checker: seed {seed}, {duration:.0f} s, full drive on n{NODES}: {full_drive}, clock skew: {skew}, "
+          f"work dir {work}", flush=True)
+    try:
+        topo.create()
+        cluster.init()
+        for i in range(1, NODES + 1):
+            cluster.start(i)
+        for i in range(1, NODES + 1):
+            cluster.wait_ready(i)
+        ranged = "--offset" in subprocess.run([str(tessera), "get", "--help"], capture_output=True, text=True).stdout
+        subprocess.run([str(tessera), "mb", "bkt", "--config", str(cluster.config)], check=True, capture_output=True)
+        start = time.monotonic()
+        deadline = start + duration
+        skews = CLIENT_SKEWS_S if skew else [0] * CLIENTS
+        workload = Workload(cluster, seed, deadline, ranged, skews)
+        faults = Faults(cluster, topo, seed, deadline, start)
+        threads = [threading.Thread(target=workload.client_loop, args=(c,), daemon=True) for c in range(CLIENTS)]
+        threads.append(threading.Thread(target=faults.loop, daemon=True))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=duration + 4 * OP_TIMEOUT_S)
+        faults.heal_all()
+        for i in range(1, NODES + 1):
+            if i not in cluster.procs:
+                cluster.start(i)
+            cluster.wait_ready(i)
+        finals, problems = final_reads(workload)
+        anomalies = workload.corrupt + problems + check_history(workload.ops, finals)
+        counts: dict[str, int] = {}
+        for op in workload.ops:
+            counts[f"{op.kind}:{op.outcome}"] = counts.get(f"{op.kind}:{op.outcome}", 0) + 1
+        if os.environ.get("TESSERA_CHAOS_HISTORY"):
+            import json
+            with open(os.environ["TESSERA_CHAOS_HISTORY"], "w") as f:
+                json.dump([dataclasses.asdict(op) | {"t0": op.invoke - start, "t1": op.complete - start}
+                           for op in workload.ops + list(finals.values())], f)
+        read_errors = [f"{op.kind} op {op.op_id} of {op.key} at {op.invoke - start:.2f}s: {op.detail}"
+                       for op in workload.ops if op.kind in ("get", "rget") and op.outcome == "error"]
+        return Report(seed, duration, faults.schedule, counts, anomalies, cluster.error_lines(), read_errors)
+    finally:
+        cluster.stop_all()
+        topo.destroy()
+        if os.environ.get("TESSERA_CHAOS_KEEP") is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, action="append", help="seed to run (repeatable; default: random)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of faults per seed")
+    parser.add_argument("--tessera", type=Path, default=REPO / "target" / "release" / "tessera")
+    parser.add_argument("--no-skew", action="store_true", help="every client on the machine's clock")
+    args = parser.parse_args()
+    seeds = args.seed or [random.SystemRandom().randrange(1, 1 << 31)]
+    failed = 0
+    for seed in seeds:
+        try:
+            report = run_checker(seed, args.duration, args.tessera, skew=not args.no_skew)
+        except CheckerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(report.text(), flush=True)
+        failed += bool(report.anomalies)
+    print(f"checker: {len(seeds)} seed(s), {failed} with anomalies")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

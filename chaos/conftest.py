@@ -1,0 +1,6 @@
+"""Lets the tests import checker.py from this directory."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
