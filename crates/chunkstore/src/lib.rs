@@ -32,7 +32,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use proto::{BucketEntry, CommitCondition, CommitOutcome, KeyVersions, ListEntry, ObjectMeta, VersionId};
+use proto::{BucketEntry, CommitCondition, CommitOutcome, KeyVersions, ListEntry, ObjectMeta, RepairRecord, VersionId};
 use redb::{Database, ReadableTable, TableDefinition};
 
 const BUCKETS: TableDefinition<'_, &str, u64> = TableDefinition::new("buckets");
@@ -40,8 +40,9 @@ const BUCKETS: TableDefinition<'_, &str, u64> = TableDefinition::new("buckets");
 const OBJECTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("objects");
 /// Version ids (hex) whose data file is referenced by `OBJECTS`; the sweep keeps only these.
 const VERSIONS: TableDefinition<'_, &str, u8> = TableDefinition::new("versions");
-/// Versions committed with chunks missing on some set positions: `version hex` -> positions.
-const REPAIR_QUEUE: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("repair_queue");
+/// Versions whose chunks some set positions lack: `version (16 bytes, big-endian)` -> postcard
+/// [`proto::RepairRecord`]. (Format 1 drives had a `repair_queue` table nothing read; it is left.)
+const REPAIR: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("repair");
 /// Older versions a drive keeps beside the current one: `bucket NUL key NUL version (16 bytes,
 /// big-endian)` -> postcard [`ObjectMeta`]. A replaced version stays here (data file and all)
 /// until a newer version of the key is known acknowledged and the grace has passed, so a failed
@@ -51,6 +52,8 @@ const RETAINED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("retain
 const RETIRE_AT: TableDefinition<'_, &[u8], u64> = TableDefinition::new("retire_at");
 /// `bucket NUL key` -> the newest version of the key known acknowledged (16 bytes, big-endian).
 const FINALIZED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("finalized");
+/// Node settings an admin changed at run time (repair mode and rate): name -> value.
+const SETTINGS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("settings");
 
 /// Most retained versions per key on one drive ([`proto::RETAINED_PER_KEY_MAX`]). Reached only
 /// by overwrites of one key faster than their grace, or unacknowledged ones; then the oldest goes.
@@ -368,13 +371,175 @@ impl Drive {
                     retire.insert(k.as_slice(), retire_at_ms).map_err(|e| self.db_err(e))?;
                 }
             }
-            if !missing_positions.is_empty() {
-                let mut queue = txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
-                let positions: Vec<u8> = missing_positions.iter().map(|p| *p as u8).collect();
-                queue.insert(version.to_hex().as_str(), positions.as_slice()).map_err(|e| self.db_err(e))?;
-            }
+        }
+        if !missing_positions.is_empty() {
+            self.queue_repair_in(&txn, bucket, key, version, missing_positions)?;
         }
         txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    /// Records that set `positions` lack a good copy of `version` of `bucket/key` (merged with
+    /// what is queued).
+    pub fn queue_repair(
+        &self,
+        bucket: &str,
+        key: &str,
+        version: VersionId,
+        positions: &[u32],
+        kind: proto::RepairKind,
+    ) -> Result<(), Error> {
+        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        self.queue_repair_in(&txn, bucket, key, version, positions)?;
+        if kind == proto::RepairKind::Damaged {
+            self.update_repair_in(&txn, version, |record| record.kind = proto::RepairKind::Damaged)?;
+        }
+        txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    /// Repair's commit: the staged data of `meta` becomes this drive's data file of the
+    /// version. If the drive holds the version already, the file is replaced (fsync, atomic
+    /// rename) and the metadata is left as it is; otherwise this is an ordinary commit.
+    pub fn commit_repair(&self, meta: &ObjectMeta) -> Result<(), Error> {
+        let versions = self.get_versions(&meta.bucket, &meta.key)?;
+        if !versions.all().any(|m| m.version == meta.version) {
+            return self.commit(meta, &[], CommitCondition::None).map(|_| ());
+        }
+        if meta.has_data_file() {
+            self.publish_staged(meta)?;
+        }
+        Ok(())
+    }
+
+    /// Every queued repair, by version.
+    pub fn repair_queue(&self) -> Result<Vec<(VersionId, RepairRecord)>, Error> {
+        self.repairs(u64::MAX, usize::MAX)
+    }
+
+    /// Queued repairs that may be tried at `now_ms`, at most `max`.
+    pub fn repairs(&self, now_ms: u64, max: usize) -> Result<Vec<(VersionId, RepairRecord)>, Error> {
+        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+        let mut due = Vec::new();
+        for entry in table.iter().map_err(|e| self.db_err(e))? {
+            let (version, record) = entry.map_err(|e| self.db_err(e))?;
+            let record = self.decode_repair(record.value())?;
+            if record.not_before_ms <= now_ms {
+                due.push((version_of_bytes(version.value()), record));
+                if due.len() >= max {
+                    break;
+                }
+            }
+        }
+        Ok(due)
+    }
+
+    /// Removes `positions` from `version`'s repair record (the record goes when none are left).
+    pub fn repair_done(&self, version: VersionId, positions: &[u32]) -> Result<(), Error> {
+        self.update_repair(version, |record| record.positions.retain(|p| !positions.contains(p)))
+    }
+
+    /// Puts `version`'s repair off until `not_before_ms` and counts a failed attempt.
+    pub fn repair_later(&self, version: VersionId, not_before_ms: u64) -> Result<(), Error> {
+        self.update_repair(version, |record| {
+            record.attempts = record.attempts.saturating_add(1);
+            record.not_before_ms = not_before_ms;
+        })
+    }
+
+    /// Puts `version`'s repair off until `not_before_ms` without counting a failure (another
+    /// drive is expected to do it first).
+    pub fn repair_defer(&self, version: VersionId, not_before_ms: u64) -> Result<(), Error> {
+        self.update_repair(version, |record| record.not_before_ms = not_before_ms)
+    }
+
+    /// A node setting stored on this drive (repair mode and rate), if set.
+    pub fn setting(&self, name: &str) -> Result<Option<Vec<u8>>, Error> {
+        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let table = txn.open_table(SETTINGS).map_err(|e| self.db_err(e))?;
+        Ok(table.get(name).map_err(|e| self.db_err(e))?.map(|v| v.value().to_vec()))
+    }
+
+    /// Stores a node setting on this drive (durably).
+    pub fn set_setting(&self, name: &str, value: &[u8]) -> Result<(), Error> {
+        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        txn.open_table(SETTINGS).map_err(|e| self.db_err(e))?.insert(name, value).map_err(|e| self.db_err(e))?;
+        txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    fn update_repair(&self, version: VersionId, change: impl FnOnce(&mut RepairRecord)) -> Result<(), Error> {
+        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        self.update_repair_in(&txn, version, change)?;
+        txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    fn update_repair_in(
+        &self,
+        txn: &redb::WriteTransaction,
+        version: VersionId,
+        change: impl FnOnce(&mut RepairRecord),
+    ) -> Result<(), Error> {
+        {
+            let mut table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+            let key = version_bytes(version);
+            let record = table.get(key.as_slice()).map_err(|e| self.db_err(e))?.map(|v| v.value().to_vec());
+            if let Some(bytes) = record {
+                let mut record = self.decode_repair(&bytes)?;
+                change(&mut record);
+                if record.positions.is_empty() {
+                    table.remove(key.as_slice()).map_err(|e| self.db_err(e))?;
+                } else {
+                    table.insert(key.as_slice(), proto::encode_body(&record).as_slice()).map_err(|e| self.db_err(e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn queue_repair_in(
+        &self,
+        txn: &redb::WriteTransaction,
+        bucket: &str,
+        key: &str,
+        version: VersionId,
+        positions: &[u32],
+    ) -> Result<(), Error> {
+        let mut table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+        let row = version_bytes(version);
+        let existing = table.get(row.as_slice()).map_err(|e| self.db_err(e))?.map(|v| v.value().to_vec());
+        let mut record = match existing {
+            Some(bytes) => self.decode_repair(&bytes)?,
+            None => RepairRecord {
+                bucket: bucket.to_owned(),
+                key: key.to_owned(),
+                queued_ms: unix_ms(),
+                ..Default::default()
+            },
+        };
+        record.positions.extend_from_slice(positions);
+        record.positions.sort_unstable();
+        record.positions.dedup();
+        // New knowledge: try at once.
+        record.not_before_ms = 0;
+        table.insert(row.as_slice(), proto::encode_body(&record).as_slice()).map_err(|e| self.db_err(e))?;
+        Ok(())
+    }
+
+    fn decode_repair(&self, bytes: &[u8]) -> Result<RepairRecord, Error> {
+        proto::decode_message(bytes, "repair record")
+            .map_err(|source| Error::CorruptMeta { path: self.root.clone(), source })
+    }
+
+    /// Reads `len` bytes at `offset` of `version`'s data file (a repair's local source).
+    pub fn read_chunk(&self, version: VersionId, offset: u64, len: usize) -> Result<Option<Vec<u8>>, Error> {
+        let Some(file) = self.open_version(version)? else {
+            return Ok(None);
+        };
+        let mut buf = vec![0u8; len];
+        match file.read_exact_at(&mut buf, offset) {
+            Ok(()) => Ok(Some(buf)),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
+            Err(e) => Err(self.io_err(&self.data_path(version), e)),
+        }
     }
 
     /// Makes finalizes committed without fsync durable (any durable commit carries them), so a
@@ -491,19 +656,6 @@ impl Drive {
         }
         Ok(entries)
     }
-
-    /// Versions waiting for repair: `(version hex, set positions without chunks)`.
-    pub fn repair_queue(&self) -> Result<Vec<(String, Vec<u32>)>, Error> {
-        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
-        let table = txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
-        let mut queue = Vec::new();
-        for entry in table.iter().map_err(|e| self.db_err(e))? {
-            let (version, positions) = entry.map_err(|e| self.db_err(e))?;
-            let positions = positions.value().iter().map(|p| u32::from(*p)).collect();
-            queue.push((version.value().to_owned(), positions));
-        }
-        Ok(queue)
-    }
 }
 
 /// What step (4) of a commit did; `dropped` are versions pushed out of the retained bound,
@@ -528,10 +680,11 @@ impl Drive {
         txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
         txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
         txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
-        txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
+        txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
         txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
         txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
         txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+        txn.open_table(SETTINGS).map_err(|e| self.db_err(e))?;
         txn.commit().map_err(|e| self.db_err(e))
     }
 
@@ -641,9 +794,7 @@ impl Drive {
             };
             let dropped = self.bound_retained(&txn, &mut retained, &mut versions, &object_key)?;
             if !missing_positions.is_empty() {
-                let mut queue = txn.open_table(REPAIR_QUEUE).map_err(|e| self.db_err(e))?;
-                let positions: Vec<u8> = missing_positions.iter().map(|p| *p as u8).collect();
-                queue.insert(meta.version.to_hex().as_str(), positions.as_slice()).map_err(|e| self.db_err(e))?;
+                self.queue_repair_in(&txn, &meta.bucket, &meta.key, meta.version, missing_positions)?;
             }
             match result {
                 ReplaceResult::Applied { replaced_parts, .. } => ReplaceResult::Applied { replaced_parts, dropped },

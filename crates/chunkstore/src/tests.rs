@@ -128,7 +128,9 @@ fn finalize_queues_the_positions_that_missed_the_version() {
     let (_dir, drive) = drive();
     put(&drive, "a", version(1), 100);
     drive.finalize("bkt", "a", version(1), &[2, 4], 1).unwrap();
-    assert_eq!(drive.repair_queue().unwrap(), [(version(1).to_hex(), vec![2, 4])]);
+    let queue = drive.repair_queue().unwrap();
+    assert_eq!(queue.len(), 1);
+    assert_eq!((queue[0].0, queue[0].1.positions.clone(), queue[0].1.key.as_str()), (version(1), vec![2, 4], "a"));
 }
 
 #[test]
@@ -241,5 +243,15 @@ fn repair_queue_records_missing_positions() {
     let (_dir, drive) = drive();
     let meta = meta("a", version(1), 0);
     drive.commit(&meta, &[2], CommitCondition::None).unwrap();
-    assert_eq!(drive.repair_queue().unwrap(), vec![(version(1).to_hex(), vec![2])]);
+    let queue = drive.repair_queue().unwrap();
+    assert_eq!((queue[0].0, queue[0].1.positions.clone()), (version(1), vec![2]));
+    // Done for some positions, put off, merged with new knowledge, done for the rest.
+    drive.queue_repair("bkt", "a", version(1), &[4, 2], proto::RepairKind::Missing).unwrap();
+    drive.repair_later(version(1), 5_000).unwrap();
+    assert!(drive.repairs(4_999, 10).unwrap().is_empty(), "put off");
+    assert_eq!(drive.repairs(5_000, 10).unwrap()[0].1.attempts, 1);
+    drive.repair_done(version(1), &[2]).unwrap();
+    assert_eq!(drive.repair_queue().unwrap()[0].1.positions, [4]);
+    drive.repair_done(version(1), &[4]).unwrap();
+    assert!(drive.repair_queue().unwrap().is_empty());
 }

@@ -6,6 +6,7 @@
 mod bench;
 mod cluster_cmd;
 mod object_cmd;
+mod repair_cmd;
 mod s3_load;
 mod size;
 
@@ -56,6 +57,8 @@ enum Command {
     Stat(object_cmd::ObjectArgs),
     /// Measure GET or PUT throughput and latency with the smart client.
     Bench(bench::BenchArgs),
+    /// Background repair on the running cluster: status, pause, resume, rate.
+    Repair(repair_cmd::RepairArgs),
 }
 
 fn main() -> ExitCode {
@@ -108,6 +111,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Rm(args) => object_cmd::run(object_cmd::Op::Remove(args)),
         Command::Stat(args) => object_cmd::run(object_cmd::Op::Stat(args)),
         Command::Bench(args) => bench::run(&args),
+        Command::Repair(args) => repair_cmd::run(&args),
     }
 }
 

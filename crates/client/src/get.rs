@@ -346,7 +346,14 @@ async fn fetch_round(client: &Client, plans: &mut [Plan<'_>], bufs: &mut [&mut [
         }
     }
     let fetches = jobs_by_node.into_iter().enumerate().map(|(node_idx, jobs)| fetch_node(client, node_idx, jobs));
-    for (job, good) in futures_util::future::join_all(fetches).await.into_iter().flatten() {
+    for (job, good, answered) in futures_util::future::join_all(fetches).await.into_iter().flatten() {
+        if answered && !good {
+            // A node that answered but could not serve a chunk, or served a corrupt one: tell
+            // a drive that holds the version, so repair does not wait for the scrubber.
+            let info = plans[job.plan_idx].info;
+            let stripe_idx = plans[job.plan_idx].reads[job.window_idx].stripe_idx;
+            client.hint_repair(info, info.placement.position(stripe_idx, job.chunk_idx));
+        }
         let slot = &mut plans[job.plan_idx].reads[job.window_idx].slots[job.chunk_idx];
         slot.good = good;
         slot.failed = !good;
@@ -406,9 +413,11 @@ fn make_job<'b>(
 }
 
 /// One batched read from one node. Items the node cannot serve, that fail their checksum, or
-/// that were not received before an error or the timeout come back as not good.
-async fn fetch_node<'b>(client: &Client, node_idx: usize, mut jobs: Vec<Job<'b>>) -> Vec<(Job<'b>, bool)> {
+/// that were not received before an error or the timeout come back as not good; `answered`
+/// says the node itself reported the item missing or sent bad bytes (a repair hint).
+async fn fetch_node<'b>(client: &Client, node_idx: usize, mut jobs: Vec<Job<'b>>) -> Vec<(Job<'b>, bool, bool)> {
     let mut good = vec![false; jobs.len()];
+    let mut answered = vec![false; jobs.len()];
     if jobs.is_empty() {
         return Vec::new();
     }
@@ -422,7 +431,10 @@ async fn fetch_node<'b>(client: &Client, node_idx: usize, mut jobs: Vec<Job<'b>>
             Response::Read { statuses } if statuses.len() == jobs.len() => statuses,
             other => return Err(conn.unexpected(&other)),
         };
-        for ((job, status), good) in jobs.iter_mut().zip(&statuses).zip(good.iter_mut()) {
+        for (((job, status), good), answered) in
+            jobs.iter_mut().zip(&statuses).zip(good.iter_mut()).zip(answered.iter_mut())
+        {
+            *answered = true;
             if *status != ItemStatus::Ok {
                 tracing::debug!(node = %pool.node, ?status, "chunk not served");
                 continue;
@@ -451,7 +463,7 @@ async fn fetch_node<'b>(client: &Client, node_idx: usize, mut jobs: Vec<Job<'b>>
             pool.mark_down();
         }
     }
-    jobs.into_iter().zip(good).collect()
+    jobs.into_iter().zip(good).zip(answered).map(|((job, good), answered)| (job, good, answered)).collect()
 }
 
 /// Decodes the stripe if a needed chunk is missing, then copies every needed chunk that did not

@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod conn;
 mod get;
 mod head;
@@ -43,7 +44,7 @@ use conn::{Conn, Pool};
 
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
-pub use proto::{BucketEntry, CommitCondition, ListEntry};
+pub use proto::{BucketEntry, CommitCondition, DriveRepairStatus, ListEntry, RepairAction, RepairStatus};
 
 /// Timeouts and bounds of a client. Every node call has a deadline.
 #[derive(Clone, Debug)]
@@ -192,7 +193,13 @@ struct Inner {
     last_version_ns: AtomicU64,
     /// Idle stripe buffers (n x chunk_bytes each) kept for the next PUT.
     stripe_buffers: std::sync::Mutex<Vec<Vec<u8>>>,
+    /// Repair hints sent recently, `(version, position)`, so one bad chunk read many times is
+    /// reported once; cleared when full. Bounds the hints in flight too.
+    hinted: std::sync::Mutex<std::collections::HashSet<(VersionId, usize)>>,
 }
+
+/// Repair hints remembered (and so in flight) at most.
+const REPAIR_HINTS_MAX: usize = 1024;
 
 /// Stripe buffers a client keeps between PUTs (each n x chunk_bytes: 6 MiB at 4+2, 1 MiB).
 const STRIPE_BUFFERS_POOLED_MAX: usize = 8;
@@ -210,6 +217,7 @@ impl Client {
             writer_id: rand::random(),
             last_version_ns: AtomicU64::new(0),
             stripe_buffers: std::sync::Mutex::new(Vec::new()),
+            hinted: std::sync::Mutex::new(std::collections::HashSet::new()),
         };
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -352,6 +360,40 @@ impl Client {
                 Err(actual) => prev = actual,
             }
         }
+    }
+
+    /// Tells a drive that holds `info`'s version that `position` lacks a good copy of its chunk
+    /// (fire and forget: a lost hint waits for the scrubber). Hints to the lowest position that
+    /// answered the metadata read, which the nodes designate to repair at once.
+    fn hint_repair(&self, info: &ObjectInfo, position: usize) {
+        {
+            let mut hinted = self.inner.hinted.lock().expect("hint lock poisoned");
+            if hinted.len() >= REPAIR_HINTS_MAX {
+                hinted.clear();
+            }
+            if !hinted.insert((info.meta.version, position)) {
+                return;
+            }
+        }
+        // Pieces of multipart objects carry no metadata positions: any other position holds it.
+        let holder = info.meta_positions.iter().copied().find(|p| *p != position);
+        let Some(holder) = holder.or_else(|| (0..info.drives.len()).find(|p| *p != position)) else {
+            return;
+        };
+        let drive = self.set_drives(&info.placement)[holder];
+        let request = Request::RepairHint {
+            drive: drive.drive_idx as u32,
+            bucket: info.meta.bucket.clone(),
+            key: info.meta.key.clone(),
+            version: info.meta.version,
+            positions: vec![position as u32],
+        };
+        let client = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = client.call(drive.node_idx, &request).await {
+                tracing::debug!(error = %e, "repair hint not delivered");
+            }
+        });
     }
 
     fn set_drives(&self, placement: &Placement) -> &[DriveRef] {

@@ -261,6 +261,18 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
             d.list(&bucket, &prefix, &start_after, limit as usize)
                 .map(|entries: Vec<ListEntry>| Response::Listing { entries })
         }),
+        Request::RepairHint { drive, bucket, key, version, positions } => with_drive(state, drive, |d| {
+            tracing::info!(version = %version.to_hex(), key, ?positions, "a reader found chunks missing or corrupt; queued for repair");
+            d.queue_repair(&bucket, &key, version, &positions, proto::RepairKind::Damaged).map(|()| Response::Ok)
+        }),
+        Request::RepairCommit { drive, meta } => with_drive(state, drive, |d| {
+            staged.remove(&(drive as usize, meta.version));
+            d.commit_repair(&meta).map(|()| Response::Ok)
+        }),
+        Request::RepairControl { action } => {
+            state.control_repair(action).map(|()| Response::Ok).unwrap_or_else(|e| error_response(&e))
+        }
+        Request::RepairStatus => Response::RepairStatus { status: crate::repair::status(state) },
         Request::Read { .. } | Request::ChunkWrite { .. } => {
             unreachable!("data requests are served by serve_requests")
         }

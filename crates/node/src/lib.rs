@@ -17,6 +17,10 @@
 //! ```
 
 mod connection;
+mod peer;
+mod repair;
+
+pub use repair::REPAIR_BYTES_PER_S_DEFAULT;
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -94,6 +98,12 @@ pub struct Server {
 #[derive(Debug)]
 struct State {
     node_id: String,
+    node_idx: usize,
+    map: ClusterMap,
+    /// The background repair's mode and byte budget.
+    repair: repair::Control,
+    /// Per drive, in order.
+    repair_stats: Vec<repair::DriveStats>,
     secret: String,
     map_text: String,
     drives: Vec<Drive>,
@@ -102,6 +112,46 @@ struct State {
     connections: AtomicUsize,
     /// Connections in their handshake, oldest first, by accept number.
     pending: Mutex<VecDeque<(u64, TcpStream)>>,
+}
+
+/// Setting names on the node's first drive.
+const SETTING_REPAIR_PAUSED: &str = "repair.paused";
+const SETTING_REPAIR_RATE: &str = "repair.bytes_per_s";
+
+/// The repair mode and budget an admin last set (defaults otherwise). Unreadable settings are
+/// logged and replaced by the defaults: the node starts either way.
+fn repair_settings(drive: &Drive) -> (repair::Mode, u64) {
+    let read = |name| {
+        drive.setting(name).unwrap_or_else(|e| {
+            tracing::error!(error = %e, setting = name, "cannot read a node setting; using the default");
+            None
+        })
+    };
+    let paused = read(SETTING_REPAIR_PAUSED).is_some_and(|v| v == b"1");
+    let rate = read(SETTING_REPAIR_RATE)
+        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+        .map(u64::from_le_bytes)
+        .filter(|rate| *rate > 0)
+        .unwrap_or(REPAIR_BYTES_PER_S_DEFAULT);
+    (if paused { repair::Mode::Paused } else { repair::Mode::Running }, rate)
+}
+
+impl State {
+    /// Applies and persists an admin's repair change.
+    fn control_repair(&self, action: proto::RepairAction) -> Result<(), chunkstore::Error> {
+        let (mode, rate) = self.repair.get();
+        let (mode, rate) = match action {
+            proto::RepairAction::Pause => (repair::Mode::Paused, rate),
+            proto::RepairAction::Resume => (repair::Mode::Running, rate),
+            proto::RepairAction::SetRate { bytes_per_s } => (mode, bytes_per_s),
+        };
+        let drive = &self.drives[0];
+        drive.set_setting(SETTING_REPAIR_PAUSED, if mode == repair::Mode::Paused { b"1" } else { b"0" })?;
+        drive.set_setting(SETTING_REPAIR_RATE, &rate.to_le_bytes())?;
+        self.repair.set(mode, rate);
+        tracing::info!(?mode, bytes_per_s = rate, "repair settings changed");
+        Ok(())
+    }
 }
 
 /// Every [`RETIRE_INTERVAL`]: makes finalizes durable and deletes the retained versions whose
@@ -189,8 +239,14 @@ impl Server {
             drives.push(drive);
         }
         let listener = TcpListener::bind(node.addr).map_err(|source| Error::Bind { addr: node.addr, source })?;
+        let (mode, bytes_per_s) = repair_settings(&drives[0]);
+        let repair_stats = drives.iter().map(|_| repair::DriveStats::default()).collect();
         let state = State {
             node_id: config.node_id,
+            node_idx,
+            map: config.map.clone(),
+            repair: repair::Control::new(mode, bytes_per_s),
+            repair_stats,
             secret: map.secret.clone(),
             map_text: config.map_text,
             drives,
@@ -211,6 +267,8 @@ impl Server {
         tracing::info!(node = %self.state.node_id, addr = %self.listener.local_addr()?, drives = self.state.drives.len(), "node ready");
         let retirer = Arc::clone(&self.state);
         std::thread::Builder::new().name("retire".into()).spawn(move || retire_loop(&retirer))?;
+        let repairer = Arc::clone(&self.state);
+        std::thread::Builder::new().name("repair".into()).spawn(move || repair::worker(&repairer))?;
         let mut accepted = 0u64;
         for stream in self.listener.incoming() {
             let stream = match stream {

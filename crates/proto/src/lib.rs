@@ -386,6 +386,34 @@ pub enum CommitOutcome {
     Superseded { current: VersionId },
 }
 
+/// A drive's record that some positions of a version's erasure set lack its chunks, kept by a
+/// drive that holds the version (postcard, in the drive's `repair` table, keyed by version).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RepairRecord {
+    pub bucket: String,
+    pub key: String,
+    /// Set positions to rebuild, ascending.
+    pub positions: Vec<u32>,
+    /// Failed attempts so far (the back-off grows with them).
+    pub attempts: u32,
+    /// Not to be tried before this time (ms since the epoch).
+    pub not_before_ms: u64,
+    /// When the record was made (ms since the epoch).
+    pub queued_ms: u64,
+    pub kind: RepairKind,
+}
+
+/// What is wrong with the positions of a [`RepairRecord`].
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum RepairKind {
+    /// They did not get the version (down or failing when it was written): a position whose
+    /// drive has the metadata since is settled.
+    #[default]
+    Missing,
+    /// A reader found their chunk missing or corrupt: rebuilt whatever the metadata says.
+    Damaged,
+}
+
 /// Most retained versions one key has on one drive (and in one [`KeyVersions`]).
 pub const RETAINED_PER_KEY_MAX: usize = 8;
 
@@ -465,10 +493,55 @@ pub enum Request {
     /// may retire after the node's grace; `missing_positions` (set positions that did not
     /// commit it) are queued for repair.
     Finalize { drive: u32, bucket: String, key: String, version: VersionId, missing_positions: Vec<u32> },
+    /// A reader found `positions` of `version` missing or corrupt: queue their repair on
+    /// `drive`, which holds the version (read repair).
+    RepairHint { drive: u32, bucket: String, key: String, version: VersionId, positions: Vec<u32> },
+    /// Repair's commit: the staged chunks of `meta` (sent with `ChunkWrite`) become this drive's
+    /// data file of the version, replacing a damaged one if the drive has the version already.
+    RepairCommit { drive: u32, meta: ObjectMeta },
+    /// Change the node's background repair.
+    RepairControl { action: RepairAction },
+    /// The node's repair state ([`Response::RepairStatus`]).
+    RepairStatus,
     /// Batched scatter-gather read.
     Read { items: Vec<ReadItem> },
     /// Keys of `bucket` after `start_after` that start with `prefix`, sorted, at most `limit`.
     List { drive: u32, bucket: String, prefix: String, start_after: String, limit: u32 },
+}
+
+/// An admin's change to a node's background repair.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum RepairAction {
+    Pause,
+    Resume,
+    /// A new budget, bytes per second read and written by repair (at least 1).
+    SetRate {
+        bytes_per_s: u64,
+    },
+}
+
+/// A node's repair state.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RepairStatus {
+    pub paused: bool,
+    pub bytes_per_s: u64,
+    /// One per drive of the node, in order.
+    pub drives: Vec<DriveRepairStatus>,
+}
+
+/// One drive's repair state.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DriveRepairStatus {
+    /// Versions this drive holds that other drives of their set lack (below full redundancy).
+    pub queued_versions: u64,
+    /// Bytes to write to rebuild them (estimate).
+    pub queued_bytes: u64,
+    /// Of those, versions with fewer than k+1 healthy chunks.
+    pub at_risk: u64,
+    /// Since the node started.
+    pub bytes_repaired: u64,
+    pub versions_repaired: u64,
+    pub failed_attempts: u64,
 }
 
 /// What must hold on the drive for a [`Request::Commit`] to apply.
@@ -512,6 +585,9 @@ pub enum Response {
     /// One entry per [`MetaKey`] asked, in order.
     Versions {
         keys: Vec<KeyVersions>,
+    },
+    RepairStatus {
+        status: RepairStatus,
     },
     Committed {
         outcome: CommitOutcome,
@@ -558,7 +634,15 @@ impl Request {
             Request::List { limit, .. } if *limit > LIST_LIMIT_MAX => {
                 Err(Error::Invalid { what: "list", reason: format!("limit {limit} exceeds {LIST_LIMIT_MAX}") })
             }
-            Request::Commit { meta, .. } => meta.validate(),
+            Request::Commit { meta, .. } | Request::RepairCommit { meta, .. } => meta.validate(),
+            Request::RepairControl { action: RepairAction::SetRate { bytes_per_s: 0 } } => {
+                Err(Error::Invalid { what: "repair rate", reason: "0 bytes/s (pause instead)".into() })
+            }
+            Request::RepairHint { positions, .. } | Request::Finalize { missing_positions: positions, .. }
+                if positions.len() > cluster::N_MAX =>
+            {
+                Err(Error::TooManyItems { what: "positions", found: positions.len(), max: cluster::N_MAX })
+            }
             _ => Ok(()),
         }
     }

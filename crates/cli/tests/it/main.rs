@@ -7,3 +7,4 @@ mod faults;
 mod harness;
 mod objects;
 mod protocol;
+mod repair;

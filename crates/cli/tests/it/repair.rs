@@ -1,0 +1,134 @@
+//! Background repair on a real cluster: objects written short of n are rebuilt when the node
+//! returns, a corrupt chunk a reader finds is rebuilt, and admins pause, resume and re-rate it.
+
+use std::time::{Duration, Instant};
+
+use crate::harness::{Cluster, Shape, block_on, payload};
+
+/// Waits (bounded) until every object has metadata on all n drives.
+fn wait_full_redundancy(cluster: &Cluster, keys: &[String]) {
+    let client = cluster.client();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let full = block_on(async {
+            let mut full = true;
+            for key in keys {
+                full &= client.head("bkt", key).await.is_ok_and(|info| info.meta_positions.len() == 6);
+            }
+            full
+        });
+        if full {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "objects not back to full redundancy in 60 s:\n{}",
+            cluster.cli_ok(&["repair", "status"])
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn objects_written_while_a_node_was_down_are_rebuilt_on_it_when_it_returns() {
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    cluster.kill_node(2);
+    let client = cluster.client();
+    let objects: Vec<(String, Vec<u8>)> =
+        (0..8).map(|i| (format!("obj-{i}"), payload(100_000 + i * 77_777, i as u64))).collect();
+    block_on(async {
+        for (key, data) in &objects {
+            let info = client.put_bytes("bkt", key, data, &Default::default()).await.unwrap();
+            assert_eq!(info.meta_positions.len(), 5, "written short of n: the fault happened");
+        }
+    });
+    // n3 is down, so status fails (non-zero), and still shows the queues of the others.
+    let output = cluster.cli(&["repair", "status", "--json"]);
+    let status = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success());
+    assert!(status.contains("\"queued_versions\":8"), "queued on the drives that hold them: {status}");
+    cluster.start_node(2);
+    cluster.wait_ready();
+    let keys: Vec<String> = objects.iter().map(|(k, _)| k.clone()).collect();
+    wait_full_redundancy(&cluster, &keys);
+    // n3's chunks are real: with two other nodes down, reads need them.
+    cluster.kill_node(0);
+    cluster.kill_node(5);
+    let reader = cluster.client();
+    block_on(async {
+        for (key, data) in &objects {
+            assert!(reader.get("bkt", key).await.unwrap() == *data, "{key} after repair");
+        }
+    });
+}
+
+#[test]
+fn a_corrupt_chunk_found_by_a_reader_is_rebuilt() {
+    let mut cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let data = payload(600_000, 9);
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        client.put_bytes("bkt", "obj", &data, &Default::default()).await.unwrap();
+    });
+    let victim = cluster.data_files(1).pop().expect("n2 holds a chunk file");
+    let original = std::fs::read(&victim).unwrap();
+    // One flipped bit in n2's chunk of every stripe: whichever stripes hold a data chunk on n2,
+    // the reader meets one.
+    let mut bytes = original.clone();
+    for offset in (100..original.len()).step_by(64 << 10) {
+        bytes[offset] ^= 0x40;
+    }
+    std::fs::write(&victim, &bytes).unwrap();
+    // The read succeeds around the bad chunk and hints its repair.
+    block_on(async { assert!(client.get("bkt", "obj").await.unwrap() == data) });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read(&victim).unwrap() != original {
+        assert!(Instant::now() < deadline, "the corrupt chunk was not rebuilt in 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!((0..6).any(|i| cluster.log(i).contains("queued for repair")), "a holder queued it from the reader's hint");
+    // The rebuilt chunk serves reads: with two other nodes down, n2 is needed.
+    cluster.kill_node(0);
+    cluster.kill_node(2);
+    block_on(async { assert!(cluster.client().get("bkt", "obj").await.unwrap() == data) });
+}
+
+#[test]
+fn repair_is_paused_resumed_and_rerated_on_the_running_cluster() {
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    assert!(cluster.cli_ok(&["repair", "pause"]).contains("repair paused: 6 of 6 nodes"));
+    cluster.kill_node(4);
+    let client = cluster.client();
+    let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    block_on(async {
+        for key in &keys {
+            client.put_bytes("bkt", key, &payload(50_000, 1), &Default::default()).await.unwrap();
+        }
+    });
+    // Paused survives a restart of the node that must be repaired and of the holders.
+    cluster.start_node(4);
+    cluster.restart_node(0);
+    cluster.wait_ready();
+    std::thread::sleep(Duration::from_secs(2));
+    let status = cluster.cli_ok(&["repair", "status"]);
+    assert!(status.contains("paused") && !status.contains("running"), "{status}");
+    let short = block_on(client.head("bkt", "k0")).unwrap();
+    assert_eq!(short.meta_positions.len(), 5, "nothing was repaired while paused");
+    // Bad rates are one-line errors and change nothing.
+    for bad in ["-5", "0", "fast", "12parsecs"] {
+        let err = cluster.cli_err(&["repair", "rate", bad]);
+        assert!(err.starts_with("error: ") && err.contains("rate") || err.contains("size"), "{bad}: {err}");
+    }
+    assert!(cluster.cli_ok(&["repair", "rate", "50MiB/s"]).contains("repair budget 50.0 MiB/s: 6 of 6 nodes"));
+    assert!(cluster.cli_ok(&["repair", "resume"]).contains("repair resumed"));
+    wait_full_redundancy(&cluster, &keys);
+    let status = cluster.cli_ok(&["repair", "status", "--json"]);
+    assert!(status.contains("\"bytes_per_s\":52428800") && status.contains("\"paused\":false"), "{status}");
+    // A node that is down makes status fail (non-zero) and says which.
+    cluster.kill_node(3);
+    let err = cluster.cli_err(&["repair", "status"]);
+    assert!(err.contains("1 of 6 nodes did not answer: n4"), "{err}");
+}

@@ -1,0 +1,137 @@
+//! A node's own connection to another node, for repair: the client side of the node protocol
+//! (handshake, tagged frames, raw chunk bytes), blocking, every call under a timeout.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use proto::{
+    AuthProof, Challenge, FRAME_HEADER_BYTES, FRAME_TAG_BYTES, FrameHeader, FrameKind, FrameMac, ItemStatus,
+    NONCE_BYTES, PROTOCOL_VERSION, ReadItem, Request, Response,
+};
+
+/// Connect, and each read or write on a peer connection, gives up after this long.
+pub(crate) const PEER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a call to a peer failed; the repair that made it backs off and tries again later.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PeerError {
+    #[error("I/O with {addr}: {source}")]
+    Io { addr: SocketAddr, source: std::io::Error },
+    #[error("protocol with {addr}: {source}")]
+    Proto { addr: SocketAddr, source: proto::Error },
+    #[error("{addr} answered {answer}")]
+    Unexpected { addr: SocketAddr, answer: String },
+}
+
+/// An authenticated connection to a peer node.
+pub(crate) struct Peer {
+    addr: SocketAddr,
+    stream: TcpStream,
+    outbound: FrameMac,
+    inbound: FrameMac,
+}
+
+impl Peer {
+    /// Connects and authenticates both ways with the cluster secret.
+    pub(crate) fn open(addr: SocketAddr, secret: &str) -> Result<Self, PeerError> {
+        let io = |source| PeerError::Io { addr, source };
+        let mut stream = TcpStream::connect_timeout(&addr, PEER_TIMEOUT).map_err(io)?;
+        stream.set_read_timeout(Some(PEER_TIMEOUT)).map_err(io)?;
+        stream.set_write_timeout(Some(PEER_TIMEOUT)).map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        stream.read_exact(&mut header).map_err(io)?;
+        let decoded = FrameHeader::decode(&header).map_err(|source| PeerError::Proto { addr, source })?;
+        if decoded.kind != FrameKind::Challenge {
+            return Err(PeerError::Unexpected { addr, answer: format!("a {:?} frame first", decoded.kind) });
+        }
+        // FrameHeader::decode bounded a Challenge by HANDSHAKE_BODY_BYTES_MAX.
+        let mut body = vec![0u8; decoded.body_len];
+        stream.read_exact(&mut body).map_err(io)?;
+        let challenge: Challenge =
+            proto::decode_message(&body, "challenge").map_err(|source| PeerError::Proto { addr, source })?;
+        if challenge.protocol_version != PROTOCOL_VERSION {
+            let source = proto::Error::UnsupportedVersion {
+                what: "node protocol",
+                found: challenge.protocol_version,
+                supported: PROTOCOL_VERSION,
+            };
+            return Err(PeerError::Proto { addr, source });
+        }
+        let client_nonce: [u8; NONCE_BYTES] = rand::random();
+        let proof = proto::client_proof(secret, &challenge.nonce, &client_nonce);
+        let auth = AuthProof { protocol_version: PROTOCOL_VERSION, client_nonce, proof };
+        let frame = proto::encode_frame(FrameKind::Auth, &auth).map_err(|source| PeerError::Proto { addr, source })?;
+        stream.write_all(&frame).map_err(io)?;
+        let (outbound, inbound) = proto::session_macs(secret, &challenge.nonce, &client_nonce);
+        let mut peer = Self { addr, stream, outbound, inbound };
+        match peer.read_response()? {
+            Response::Ok => Ok(peer),
+            other => Err(PeerError::Unexpected { addr, answer: format!("{other:?}") }),
+        }
+    }
+
+    /// One request, one response.
+    pub(crate) fn call(&mut self, request: &Request) -> Result<Response, PeerError> {
+        self.send(request)?;
+        self.read_response()
+    }
+
+    /// A request followed by raw bytes (a chunk write), one response.
+    pub(crate) fn call_with_data(&mut self, request: &Request, data: &[u8]) -> Result<Response, PeerError> {
+        self.send(request)?;
+        self.stream.write_all(data).map_err(|source| PeerError::Io { addr: self.addr, source })?;
+        self.read_response()
+    }
+
+    /// A batched read: the bytes of each item, `None` where the peer could not serve it.
+    pub(crate) fn read(&mut self, items: Vec<ReadItem>) -> Result<Vec<Option<Vec<u8>>>, PeerError> {
+        let lens: Vec<usize> = items.iter().map(|item| item.len as usize).collect();
+        let answer = self.call(&Request::Read { items })?;
+        let Response::Read { statuses } = answer else {
+            return Err(PeerError::Unexpected { addr: self.addr, answer: format!("{answer:?}") });
+        };
+        if statuses.len() != lens.len() {
+            return Err(PeerError::Unexpected { addr: self.addr, answer: format!("{} statuses", statuses.len()) });
+        }
+        let mut chunks = Vec::with_capacity(lens.len());
+        for (status, len) in statuses.into_iter().zip(lens) {
+            if status == ItemStatus::Ok {
+                // `len` was bounded by CHUNK_BYTES_MAX when the request was built and checked.
+                let mut bytes = vec![0u8; len];
+                self.stream.read_exact(&mut bytes).map_err(|source| PeerError::Io { addr: self.addr, source })?;
+                chunks.push(Some(bytes));
+            } else {
+                chunks.push(None);
+            }
+        }
+        Ok(chunks)
+    }
+
+    fn send(&mut self, request: &Request) -> Result<(), PeerError> {
+        let addr = self.addr;
+        let frame = proto::encode_sealed_frame(FrameKind::Request, request, &mut self.outbound)
+            .map_err(|source| PeerError::Proto { addr, source })?;
+        self.stream.write_all(&frame).map_err(|source| PeerError::Io { addr, source })
+    }
+
+    fn read_response(&mut self) -> Result<Response, PeerError> {
+        let addr = self.addr;
+        let io = |source| PeerError::Io { addr, source };
+        let proto_err = |source| PeerError::Proto { addr, source };
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        self.stream.read_exact(&mut header).map_err(io)?;
+        let decoded = FrameHeader::decode(&header).map_err(proto_err)?;
+        if decoded.kind != FrameKind::Response {
+            return Err(PeerError::Unexpected { addr, answer: format!("a {:?} frame", decoded.kind) });
+        }
+        // FrameHeader::decode bounded body_len by CONTROL_BODY_BYTES_MAX.
+        let mut body = vec![0u8; decoded.body_len];
+        self.stream.read_exact(&mut body).map_err(io)?;
+        let mut tag = [0u8; FRAME_TAG_BYTES];
+        self.stream.read_exact(&mut tag).map_err(io)?;
+        self.inbound.open(&header, &body, &tag).map_err(proto_err)?;
+        proto::decode_response(&body).map_err(proto_err)
+    }
+}

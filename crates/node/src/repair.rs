@@ -1,0 +1,448 @@
+//! Background repair: drains each drive's repair queue by rebuilding the chunks other drives of
+//! an erasure set lack. Runs on a node that holds the version (push): it reads k healthy chunks
+//! of each stripe (its own and its peers', checksums verified), decodes only the missing chunks,
+//! and writes them to their drives through the same staging + commit path as a PUT. Paced by a
+//! byte budget; paused, resumed and re-rated by admins on the running cluster.
+//!
+//! Off the read path: readers never wait for this, and only this module calls `ec` on a node.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use chunkstore::Drive;
+use cluster::{DriveRef, Placement};
+use proto::{ObjectMeta, ReadItem, RepairRecord, Request, Response, VersionId};
+
+use crate::State;
+use crate::peer::{Peer, PeerError};
+
+/// The default repair budget per node: 100 MiB/s, about 40% of this machine's fsync'd
+/// sequential write bandwidth (262 MB/s, FACTS.md), so foreground writes keep the rest and a
+/// wiped 1 TB drive is rebuilt from its peers in about 3 hours.
+pub const REPAIR_BYTES_PER_S_DEFAULT: u64 = 100 << 20;
+/// Most queue entries a drive hands the worker per round.
+const REPAIRS_PER_ROUND_MAX: usize = 16;
+/// Pause between rounds that found nothing to do.
+const IDLE_PAUSE: Duration = Duration::from_millis(500);
+/// Only the holder at the lowest healthy position repairs a fresh entry; the others wait this
+/// long (their entry stays queued) in case it is down.
+const DESIGNATED_WAIT_MS: u64 = 30_000;
+/// Back-off after a failed attempt: doubles per attempt up to the maximum.
+const RETRY_BASE_MS: u64 = 1_000;
+const RETRY_MAX_MS: u64 = 5 * 60_000;
+
+/// Whether the worker runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Running,
+    Paused,
+}
+
+/// Settings an admin changes at run time; persisted on the node's first drive.
+#[derive(Debug)]
+pub(crate) struct Control {
+    inner: Mutex<(Mode, u64)>,
+    changed: Condvar,
+}
+
+impl Control {
+    pub(crate) fn new(mode: Mode, bytes_per_s: u64) -> Self {
+        assert!(bytes_per_s > 0, "a repair budget is positive");
+        Self { inner: Mutex::new((mode, bytes_per_s)), changed: Condvar::new() }
+    }
+
+    pub(crate) fn get(&self) -> (Mode, u64) {
+        *self.inner.lock().expect("repair control lock poisoned")
+    }
+
+    pub(crate) fn set(&self, mode: Mode, bytes_per_s: u64) {
+        assert!(bytes_per_s > 0, "a repair budget is positive");
+        *self.inner.lock().expect("repair control lock poisoned") = (mode, bytes_per_s);
+        self.changed.notify_all();
+    }
+
+    /// Sleeps up to `timeout`, waking early when the settings change.
+    fn wait(&self, timeout: Duration) {
+        let guard = self.inner.lock().expect("repair control lock poisoned");
+        // Either way the caller re-reads the settings.
+        let _ = self.changed.wait_timeout(guard, timeout);
+    }
+}
+
+/// Counters of one drive's repairs since the node started.
+#[derive(Debug, Default)]
+pub(crate) struct DriveStats {
+    pub(crate) bytes_repaired: AtomicU64,
+    pub(crate) versions_repaired: AtomicU64,
+    pub(crate) failed_attempts: AtomicU64,
+}
+
+/// Why one repair did not complete.
+#[derive(Debug, thiserror::Error)]
+enum RepairError {
+    #[error("peer: {0}")]
+    Peer(#[from] PeerError),
+    #[error("drive: {0}")]
+    Drive(#[from] chunkstore::Error),
+    #[error("stripe {stripe}: {found} healthy chunks found, {needed} needed (the object is at risk)")]
+    TooFewChunks { stripe: u64, found: usize, needed: usize },
+    #[error("{0}")]
+    Refused(String),
+    #[error("paused")]
+    Paused,
+}
+
+/// A token bucket over repair bytes (read and written).
+struct Pacer {
+    started: Instant,
+    bytes: u64,
+}
+
+impl Pacer {
+    fn new() -> Self {
+        Self { started: Instant::now(), bytes: 0 }
+    }
+
+    /// Accounts `bytes` and sleeps until the budget allows them; fails if repair was paused.
+    fn take(&mut self, control: &Control, bytes: u64) -> Result<(), RepairError> {
+        self.bytes += bytes;
+        loop {
+            let (mode, rate) = control.get();
+            if mode == Mode::Paused {
+                return Err(RepairError::Paused);
+            }
+            let due = Duration::from_secs_f64(self.bytes as f64 / rate as f64);
+            let elapsed = self.started.elapsed();
+            if elapsed >= due {
+                // Idle time does not bank a burst larger than one second of budget.
+                if elapsed > due + Duration::from_secs(1) {
+                    self.started = Instant::now() - Duration::from_secs(1);
+                    self.bytes = rate;
+                }
+                return Ok(());
+            }
+            control.wait((due - elapsed).min(Duration::from_millis(200)));
+        }
+    }
+}
+
+/// Runs until the process exits.
+pub(crate) fn worker(state: &State) {
+    let mut pacer = Pacer::new();
+    loop {
+        if state.repair.get().0 == Mode::Paused {
+            state.repair.wait(Duration::from_secs(1));
+            continue;
+        }
+        let mut worked = false;
+        for drive_idx in 0..state.drives.len() {
+            let due = match state.drives[drive_idx].repairs(now_ms(), REPAIRS_PER_ROUND_MAX) {
+                Ok(due) => due,
+                Err(e) => {
+                    tracing::error!(drive = drive_idx, error = %e, "cannot read the repair queue; skipping the drive this round");
+                    continue;
+                }
+            };
+            for (version, record) in due {
+                worked |= repair_entry(state, drive_idx, version, &record, &mut pacer);
+            }
+        }
+        if !worked {
+            state.repair.wait(IDLE_PAUSE);
+        }
+    }
+}
+
+/// Tries one queue entry; returns whether it did any work.
+fn repair_entry(state: &State, drive_idx: usize, version: VersionId, record: &RepairRecord, pacer: &mut Pacer) -> bool {
+    let drive = &state.drives[drive_idx];
+    let result = plan_and_repair(state, drive_idx, version, record, pacer);
+    let stats = &state.repair_stats[drive_idx];
+    let outcome = match result {
+        Ok(Outcome::Done { positions, bytes }) => {
+            stats.bytes_repaired.fetch_add(bytes, Ordering::Relaxed);
+            stats.versions_repaired.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(version = %version.to_hex(), key = %record.key, ?positions, bytes, "repaired");
+            drive.repair_done(version, &positions)
+        }
+        Ok(Outcome::Dropped { positions, why }) => {
+            tracing::debug!(version = %version.to_hex(), ?positions, why, "repair not needed");
+            drive.repair_done(version, &positions)
+        }
+        Ok(Outcome::Later { not_before_ms }) => {
+            if let Err(e) = drive.repair_defer(version, not_before_ms) {
+                tracing::error!(error = %e, "cannot update the repair queue");
+            }
+            return false;
+        }
+        Err(RepairError::Paused) => return false,
+        Err(e) => {
+            stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
+            let delay = RETRY_BASE_MS.saturating_mul(1 << record.attempts.min(16)).min(RETRY_MAX_MS);
+            tracing::warn!(version = %version.to_hex(), key = %record.key, attempts = record.attempts + 1, retry_in_ms = delay, error = %e, "repair failed; will retry");
+            drive.repair_later(version, now_ms() + delay)
+        }
+    };
+    if let Err(e) = outcome {
+        tracing::error!(error = %e, "cannot update the repair queue");
+    }
+    true
+}
+
+enum Outcome {
+    Done { positions: Vec<u32>, bytes: u64 },
+    Dropped { positions: Vec<u32>, why: &'static str },
+    Later { not_before_ms: u64 },
+}
+
+fn plan_and_repair(
+    state: &State,
+    drive_idx: usize,
+    version: VersionId,
+    record: &RepairRecord,
+    pacer: &mut Pacer,
+) -> Result<Outcome, RepairError> {
+    let drive = &state.drives[drive_idx];
+    let versions = drive.get_versions(&record.bucket, &record.key)?;
+    let all = record.positions.clone();
+    let Some(meta) = versions.all().find(|m| m.version == version).cloned() else {
+        return Ok(Outcome::Dropped { positions: all, why: "this drive no longer holds the version" });
+    };
+    if versions.finalized.is_some_and(|f| f > version) {
+        return Ok(Outcome::Dropped { positions: all, why: "a newer version is acknowledged" });
+    }
+    let set = state.map.sets.get(meta.set_idx as usize).ok_or_else(|| RepairError::Refused("unknown set".into()))?;
+    let me = DriveRef { node_idx: state.node_idx, drive_idx };
+    let Some(my_position) = set.drives.iter().position(|d| *d == me) else {
+        return Ok(Outcome::Dropped { positions: all, why: "this drive is not in the version's set" });
+    };
+    let holders: Vec<u32> = (0..set.drives.len() as u32).filter(|p| !record.positions.contains(p)).collect();
+    let designated = holders.first().is_some_and(|p| *p as usize == my_position);
+    if !designated && now_ms() < record.queued_ms + DESIGNATED_WAIT_MS {
+        return Ok(Outcome::Later { not_before_ms: record.queued_ms + DESIGNATED_WAIT_MS });
+    }
+    let mut peers = Peers::new(state);
+    let mut missing = Vec::new();
+    let mut settled = Vec::new();
+    for &position in &record.positions {
+        let target = set.drives[position as usize];
+        // A damaged chunk sits beside metadata that looks fine: rebuild it regardless.
+        if record.kind == proto::RepairKind::Missing && target_has(state, &mut peers, target, &meta)? {
+            settled.push(position);
+        } else {
+            missing.push(position);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(Outcome::Dropped { positions: settled, why: "every target already holds the version" });
+    }
+    let bytes = rebuild(state, &mut peers, &meta, set.drives.as_slice(), my_position, &missing, pacer)?;
+    settled.extend(missing);
+    Ok(Outcome::Done { positions: settled, bytes })
+}
+
+/// Connections to peer nodes, opened on first use.
+struct Peers<'a> {
+    state: &'a State,
+    open: HashMap<usize, Peer>,
+}
+
+impl<'a> Peers<'a> {
+    fn new(state: &'a State) -> Self {
+        Self { state, open: HashMap::new() }
+    }
+
+    fn get(&mut self, node_idx: usize) -> Result<&mut Peer, RepairError> {
+        if !self.open.contains_key(&node_idx) {
+            let addr = self.state.map.nodes[node_idx].addr;
+            let peer = Peer::open(addr, &self.state.map.secret)?;
+            self.open.insert(node_idx, peer);
+        }
+        Ok(self.open.get_mut(&node_idx).expect("just inserted"))
+    }
+}
+
+/// Whether `target` already holds `meta`'s version (or knows a newer one acknowledged).
+fn target_has(state: &State, peers: &mut Peers<'_>, target: DriveRef, meta: &ObjectMeta) -> Result<bool, RepairError> {
+    let versions = if target.node_idx == state.node_idx {
+        state.drives[target.drive_idx].get_versions(&meta.bucket, &meta.key)?
+    } else {
+        let item =
+            proto::MetaKey { drive: target.drive_idx as u32, bucket: meta.bucket.clone(), key: meta.key.clone() };
+        match peers.get(target.node_idx)?.call(&Request::MetaGet { items: vec![item] })? {
+            Response::Versions { mut keys } if keys.len() == 1 => keys.pop().expect("one key"),
+            other => return Err(RepairError::Refused(format!("metadata answer {other:?}"))),
+        }
+    };
+    Ok(versions.all().any(|m| m.version == meta.version) || versions.finalized.is_some_and(|f| f > meta.version))
+}
+
+/// Rebuilds the chunks of `missing` positions stripe by stripe and commits the version there.
+/// Returns the bytes read and written.
+fn rebuild(
+    state: &State,
+    peers: &mut Peers<'_>,
+    meta: &ObjectMeta,
+    set: &[DriveRef],
+    my_position: usize,
+    missing: &[u32],
+    pacer: &mut Pacer,
+) -> Result<u64, RepairError> {
+    let (k, n) = (usize::from(meta.k), meta.n());
+    let codec = ec::Codec::new(k, n - k).map_err(|e| RepairError::Refused(e.to_string()))?;
+    let placement = Placement { set_idx: meta.set_idx as usize, rotation: usize::from(meta.rotation), n };
+    let geometry = meta.geometry();
+    let mut moved = 0u64;
+    // Sources: this drive first, then the other healthy positions in order.
+    let mut sources: Vec<usize> = vec![my_position];
+    sources.extend((0..n).filter(|p| *p != my_position && !missing.contains(&(*p as u32))));
+    for stripe in 0..geometry.stripes {
+        let chunk_len = geometry.chunk_len(stripe);
+        let offset = geometry.file_offset(stripe);
+        let mut chunks: Vec<Vec<u8>> = vec![vec![0u8; chunk_len]; n];
+        let mut present = vec![false; n];
+        let mut found = 0;
+        for &position in &sources {
+            if found == k {
+                break;
+            }
+            let chunk_idx = placement.chunk_at(stripe, position);
+            let bytes = read_source(state, peers, set[position], meta.version, offset, chunk_len);
+            let Some(bytes) = bytes else { continue };
+            let good = bytes
+                .chunks(meta.block_bytes as usize)
+                .zip(meta.block_crcs(stripe, chunk_idx))
+                .all(|(b, c)| crc32c::crc32c(b) == *c);
+            if !good {
+                tracing::warn!(version = %meta.version.to_hex(), stripe, position, "a repair source failed its checksum; using another");
+                continue;
+            }
+            chunks[chunk_idx] = bytes;
+            present[chunk_idx] = true;
+            found += 1;
+            moved += chunk_len as u64;
+        }
+        if found < k {
+            return Err(RepairError::TooFewChunks { stripe, found, needed: k });
+        }
+        let mut refs: Vec<&mut [u8]> = chunks.iter_mut().map(|c| c.as_mut_slice()).collect();
+        codec.reconstruct(&mut refs, &present).map_err(|e| RepairError::Refused(e.to_string()))?;
+        for &position in missing {
+            let chunk_idx = placement.chunk_at(stripe, position as usize);
+            let chunk = &chunks[chunk_idx];
+            let crcs: Vec<u32> = chunk.chunks(meta.block_bytes as usize).map(crc32c::crc32c).collect();
+            // Decoded from verified chunks: the result must be what the writer recorded.
+            assert_eq!(crcs, meta.block_crcs(stripe, chunk_idx), "a decoded chunk matches its recorded checksums");
+            write_target(state, peers, set[position as usize], meta, offset, chunk, crcs)?;
+            moved += chunk_len as u64;
+        }
+        pacer.take(&state.repair, chunk_len as u64 * (k + missing.len()) as u64)?;
+    }
+    for &position in missing {
+        commit_target(state, peers, set[position as usize], meta)?;
+    }
+    Ok(moved)
+}
+
+/// One chunk from a source drive, `None` if it cannot serve it.
+fn read_source(
+    state: &State,
+    peers: &mut Peers<'_>,
+    source: DriveRef,
+    version: VersionId,
+    offset: u64,
+    len: usize,
+) -> Option<Vec<u8>> {
+    if source.node_idx == state.node_idx {
+        return state.drives[source.drive_idx].read_chunk(version, offset, len).ok().flatten();
+    }
+    let item = ReadItem { drive: source.drive_idx as u32, version, offset, len: len as u32 };
+    let peer = peers.get(source.node_idx).ok()?;
+    match peer.read(vec![item]) {
+        Ok(mut chunks) => chunks.pop().flatten(),
+        Err(e) => {
+            tracing::debug!(error = %e, "a repair source did not answer");
+            peers.open.remove(&source.node_idx);
+            None
+        }
+    }
+}
+
+fn write_target(
+    state: &State,
+    peers: &mut Peers<'_>,
+    target: DriveRef,
+    meta: &ObjectMeta,
+    offset: u64,
+    chunk: &[u8],
+    crcs: Vec<u32>,
+) -> Result<(), RepairError> {
+    if target.node_idx == state.node_idx {
+        state.drives[target.drive_idx].write_chunk(&meta.bucket, meta.version, offset, chunk)?;
+        return Ok(());
+    }
+    let request = Request::ChunkWrite {
+        drive: target.drive_idx as u32,
+        bucket: meta.bucket.clone(),
+        version: meta.version,
+        offset,
+        len: chunk.len() as u32,
+        block_bytes: meta.block_bytes,
+        crcs,
+    };
+    match peers.get(target.node_idx)?.call_with_data(&request, chunk)? {
+        Response::Ok => Ok(()),
+        other => Err(RepairError::Refused(format!("chunk write answered {other:?}"))),
+    }
+}
+
+fn commit_target(state: &State, peers: &mut Peers<'_>, target: DriveRef, meta: &ObjectMeta) -> Result<(), RepairError> {
+    if target.node_idx == state.node_idx {
+        state.drives[target.drive_idx].commit_repair(meta)?;
+        return Ok(());
+    }
+    let request = Request::RepairCommit { drive: target.drive_idx as u32, meta: meta.clone() };
+    match peers.get(target.node_idx)?.call(&request)? {
+        Response::Ok => Ok(()),
+        other => Err(RepairError::Refused(format!("repair commit answered {other:?}"))),
+    }
+}
+
+/// Every drive's repair state, for `tessera repair status`.
+pub(crate) fn status(state: &State) -> proto::RepairStatus {
+    let (mode, bytes_per_s) = state.repair.get();
+    let m = state.map.erasure.m;
+    let drives =
+        state.drives.iter().zip(&state.repair_stats).map(|(drive, stats)| drive_status(drive, stats, m)).collect();
+    proto::RepairStatus { paused: mode == Mode::Paused, bytes_per_s, drives }
+}
+
+fn drive_status(drive: &Drive, stats: &DriveStats, m: usize) -> proto::DriveRepairStatus {
+    let queue = drive.repair_queue().unwrap_or_else(|e| {
+        tracing::error!(error = %e, "cannot read the repair queue");
+        Vec::new()
+    });
+    let mut queued_bytes = 0u64;
+    for (version, record) in &queue {
+        if let Ok(versions) = drive.get_versions(&record.bucket, &record.key)
+            && let Some(meta) = versions.all().find(|meta| meta.version == *version)
+        {
+            queued_bytes += meta.size.div_ceil(u64::from(meta.k).max(1)) * record.positions.len() as u64;
+        }
+    }
+    proto::DriveRepairStatus {
+        queued_versions: queue.len() as u64,
+        queued_bytes,
+        // Fewer than k+1 healthy chunks: one more failure loses the object.
+        at_risk: queue.iter().filter(|(_, r)| r.positions.len() >= m).count() as u64,
+        bytes_repaired: stats.bytes_repaired.load(Ordering::Relaxed),
+        versions_repaired: stats.versions_repaired.load(Ordering::Relaxed),
+        failed_attempts: stats.failed_attempts.load(Ordering::Relaxed),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
