@@ -584,7 +584,16 @@ impl Drive {
         Ok(gone.len())
     }
 
-    /// Every version this drive holds of `bucket/key`: the current one and the retained ones.
+    /// The newest version of `bucket/key` this drive was told is acknowledged.
+    pub fn finalized(&self, bucket: &str, key: &str) -> Result<Option<VersionId>, Error> {
+        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let table = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+        let value = table.get(object_key(bucket, key).as_slice()).map_err(|e| self.db_err(e))?;
+        Ok(value.map(|v| version_of_bytes(v.value())))
+    }
+
+    /// Every version this drive holds of `bucket/key`: the current one and the retained ones
+    /// (`finalized` is left `None`: see [`Drive::finalized`]).
     pub fn get_versions(&self, bucket: &str, key: &str) -> Result<KeyVersions, Error> {
         let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
         let objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
@@ -598,10 +607,7 @@ impl Drive {
             let (_, value) = entry.map_err(|e| self.db_err(e))?;
             retained.push(self.decode_meta(value.value())?);
         }
-        let finalized_table = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
-        let finalized = finalized_table.get(object_key.as_slice()).map_err(|e| self.db_err(e))?;
-        let finalized = finalized.map(|v| version_of_bytes(v.value()));
-        Ok(KeyVersions { current, retained, finalized })
+        Ok(KeyVersions { current, retained, finalized: None })
     }
 
     /// The drive's current metadata of `bucket/key` (a delete marker counts).

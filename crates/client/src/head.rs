@@ -1,13 +1,25 @@
 //! Metadata reads: ask every drive of each key's erasure set, one request per node for all the
 //! keys, and pick the version readers agree on.
 
-use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaKey, Request, Response, VersionId};
+use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, Request, Response, VersionId};
 
 use crate::{Client, Error, ObjectInfo, choose_version};
 
 /// Metadata of `keys` (names already validated), in order.
 pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
-    let replies = versions_many(client, keys).await;
+    let mut replies = versions_many(client, keys, MetaDetail::Versions).await;
+    // Keys whose newest version is not readable (a write in flight, or failures) need each
+    // drive's acknowledged floor before a version is chosen: ask again for those only.
+    let erasure = client.inner.map.erasure;
+    let unsure: Vec<usize> = (0..keys.len())
+        .filter(|&i| !crate::newest_is_readable(&replies[i], erasure.k, marker_quorum(erasure)))
+        .collect();
+    if !unsure.is_empty() {
+        let again: Vec<(String, String)> = unsure.iter().map(|&i| keys[i].clone()).collect();
+        for (i, reply) in unsure.into_iter().zip(versions_many(client, &again, MetaDetail::WithFloor).await) {
+            replies[i] = reply;
+        }
+    }
     keys.iter()
         .zip(replies)
         .map(|((bucket, key), replies)| {
@@ -22,7 +34,7 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
 /// acknowledged before this call is among the answers (write quorums intersect).
 pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str) -> Result<Option<VersionId>, Error> {
     let keys = [(bucket.to_owned(), key.to_owned())];
-    let mut replies = versions_many(client, &keys).await.pop().expect("one result per key");
+    let mut replies = versions_many(client, &keys, MetaDetail::Versions).await.pop().expect("one result per key");
     let erasure = client.inner.map.erasure;
     let placement = client.inner.map.placement(bucket, key);
     let drives = client.set_drives(&placement);
@@ -32,8 +44,8 @@ pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str
         for position in silent {
             let drive = &drives[position];
             let item = MetaKey { drive: drive.drive_idx as u32, bucket: bucket.to_owned(), key: key.to_owned() };
-            if let Ok(Response::Versions { mut keys }) =
-                client.call_now(drive.node_idx, &Request::MetaGet { items: vec![item] }).await
+            let request = Request::MetaGet { items: vec![item], detail: MetaDetail::Versions };
+            if let Ok(Response::Versions { mut keys }) = client.call_now(drive.node_idx, &request).await
                 && keys.len() == 1
             {
                 replies[position] = keys.pop();
@@ -62,7 +74,11 @@ pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str
 
 /// Every version each key has on each drive of its set: `replies[key][position]`, `None` when
 /// the drive did not answer.
-async fn versions_many(client: &Client, keys: &[(String, String)]) -> Vec<Vec<Option<KeyVersions>>> {
+async fn versions_many(
+    client: &Client,
+    keys: &[(String, String)],
+    detail: MetaDetail,
+) -> Vec<Vec<Option<KeyVersions>>> {
     let n = client.inner.map.erasure.n();
     // (key index, set position) of every item each node is asked for.
     let mut asked: Vec<Vec<(usize, usize)>> = vec![Vec::new(); client.inner.pools.len()];
@@ -81,7 +97,7 @@ async fn versions_many(client: &Client, keys: &[(String, String)]) -> Vec<Vec<Op
     let calls = items.into_iter().enumerate().map(|(node_idx, items)| async move {
         let mut metas = Vec::with_capacity(items.len());
         for batch in items.chunks(BATCH_ITEMS_MAX) {
-            let request = Request::MetaGet { items: batch.to_vec() };
+            let request = Request::MetaGet { items: batch.to_vec(), detail };
             match client.call(node_idx, &request).await {
                 Ok(Response::Versions { keys: got }) if got.len() == batch.len() => {
                     metas.extend(got.into_iter().map(Some))

@@ -480,6 +480,18 @@ fn choose_version(replies: &[Option<proto::KeyVersions>], k: usize, marker_quoru
     readable.or(newest).map(|(meta, _)| (*meta).clone())
 }
 
+/// Whether the newest version any reply holds is held by enough drives to be read (then no
+/// acknowledged floor can change the choice); also true when no drive has the key.
+fn newest_is_readable(replies: &[Option<proto::KeyVersions>], k: usize, marker_quorum: usize) -> bool {
+    let newest = replies.iter().flatten().flat_map(proto::KeyVersions::all).max_by_key(|m| m.version);
+    let Some(newest) = newest else {
+        return true;
+    };
+    let held = replies.iter().flatten().filter(|v| v.all().any(|m| m.version == newest.version)).count();
+    let needed = if newest.has_data_file() || !newest.parts.is_empty() { k } else { marker_quorum };
+    held >= needed
+}
+
 /// Renders which chunks of `info` are on which node, for `tessera stat`.
 pub fn describe_layout(info: &ObjectInfo) -> String {
     let geometry = info.meta.geometry();

@@ -132,16 +132,27 @@ pub(crate) async fn put(
     let (k, n) = (map.erasure.k, map.erasure.n());
     let chunk_bytes = map.chunk_bytes as usize;
     let placement = map.placement(bucket, key);
-    let version = client.write_version(bucket, key).await?;
-    let mut fanout = Fanout::open(client, bucket, key, version, &placement).await?;
     let mut md5 = Md5::new();
     let mut crcs = Vec::new();
     let mut size = 0u64;
     let mut current = StripeBuffer::take(client, n * chunk_bytes);
+    // The version read (a round trip to the set) overlaps reading and encoding the first stripe.
+    let (version, filled) =
+        tokio::join!(client.write_version(bucket, key), fill_stripe(client, source, &mut current, &mut md5));
+    let opened = match (version, filled) {
+        (Ok(version), Ok(())) => Fanout::open(client, bucket, key, version, &placement).await,
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    let mut fanout = match opened {
+        Ok(fanout) => fanout,
+        Err(e) => {
+            current.give_back(client);
+            return Err(e);
+        }
+    };
     // Taken only once a full stripe shows the object may go on: small objects use one buffer.
     let mut next: Option<StripeBuffer> = None;
     let result: Result<(), Error> = async {
-        fill_stripe(client, source, &mut current, &mut md5).await?;
         let mut stripe_idx = 0u64;
         while current.data_len > 0 {
             let offset = stripe_idx * chunk_bytes as u64;

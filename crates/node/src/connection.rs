@@ -226,14 +226,20 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
         Request::BucketCreate { bucket } => all_drives(state, |d| d.create_bucket(&bucket)),
         Request::BucketDelete { bucket } => delete_bucket(state, &bucket),
         Request::BucketList => list_buckets(state),
-        Request::MetaGet { items } => {
+        Request::MetaGet { items, detail } => {
             let keys = items
                 .iter()
                 .map(|item| {
                     let Some(drive) = state.drives.get(item.drive as usize) else {
                         return proto::KeyVersions::default();
                     };
-                    drive.get_versions(&item.bucket, &item.key).unwrap_or_else(|e| {
+                    let versions = drive.get_versions(&item.bucket, &item.key).and_then(|mut versions| {
+                        if detail == proto::MetaDetail::WithFloor {
+                            versions.finalized = drive.finalized(&item.bucket, &item.key)?;
+                        }
+                        Ok(versions)
+                    });
+                    versions.unwrap_or_else(|e| {
                         tracing::error!(error = %e, "metadata read failed; reporting the key absent on this drive");
                         proto::KeyVersions::default()
                     })

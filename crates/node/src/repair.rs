@@ -205,7 +205,8 @@ fn plan_and_repair(
     pacer: &mut Pacer,
 ) -> Result<Outcome, RepairError> {
     let drive = &state.drives[drive_idx];
-    let versions = drive.get_versions(&record.bucket, &record.key)?;
+    let mut versions = drive.get_versions(&record.bucket, &record.key)?;
+    versions.finalized = drive.finalized(&record.bucket, &record.key)?;
     let all = record.positions.clone();
     let Some(meta) = versions.all().find(|m| m.version == version).cloned() else {
         return Ok(Outcome::Dropped { positions: all, why: "this drive no longer holds the version" });
@@ -267,11 +268,15 @@ impl<'a> Peers<'a> {
 /// Whether `target` already holds `meta`'s version (or knows a newer one acknowledged).
 fn target_has(state: &State, peers: &mut Peers<'_>, target: DriveRef, meta: &ObjectMeta) -> Result<bool, RepairError> {
     let versions = if target.node_idx == state.node_idx {
-        state.drives[target.drive_idx].get_versions(&meta.bucket, &meta.key)?
+        let drive = &state.drives[target.drive_idx];
+        let mut versions = drive.get_versions(&meta.bucket, &meta.key)?;
+        versions.finalized = drive.finalized(&meta.bucket, &meta.key)?;
+        versions
     } else {
         let item =
             proto::MetaKey { drive: target.drive_idx as u32, bucket: meta.bucket.clone(), key: meta.key.clone() };
-        match peers.get(target.node_idx)?.call(&Request::MetaGet { items: vec![item] })? {
+        let request = Request::MetaGet { items: vec![item], detail: proto::MetaDetail::WithFloor };
+        match peers.get(target.node_idx)?.call(&request)? {
             Response::Versions { mut keys } if keys.len() == 1 => keys.pop().expect("one key"),
             other => return Err(RepairError::Refused(format!("metadata answer {other:?}"))),
         }

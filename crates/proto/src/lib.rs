@@ -466,8 +466,9 @@ pub enum Request {
     BucketDelete { bucket: String },
     /// Buckets on any of the node's drives.
     BucketList,
-    /// Every version each key has on its drive: the current one and the retained older ones.
-    MetaGet { items: Vec<MetaKey> },
+    /// Every version each key has on its drive: the current one and the retained older ones,
+    /// and with [`MetaDetail::WithFloor`] the newest version the drive knows acknowledged.
+    MetaGet { items: Vec<MetaKey>, detail: MetaDetail },
     /// Write `len` raw bytes (following this frame) at `offset` of the staging file of `version`.
     /// `crcs` are the CRC32C of each `block_bytes` block of those bytes (the last may be short):
     /// the node checks them before writing, so bytes damaged in transit are refused.
@@ -507,6 +508,16 @@ pub enum Request {
     Read { items: Vec<ReadItem> },
     /// Keys of `bucket` after `start_after` that start with `prefix`, sorted, at most `limit`.
     List { drive: u32, bucket: String, prefix: String, start_after: String, limit: u32 },
+}
+
+/// How much a [`Request::MetaGet`] answers per key.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum MetaDetail {
+    /// Current and retained versions (`KeyVersions::finalized` is `None`): what a read needs
+    /// when the newest version is readable, the common case.
+    Versions,
+    /// Also the acknowledged floor: for reads whose newest version is not readable.
+    WithFloor,
 }
 
 /// An admin's change to a node's background repair.
@@ -609,7 +620,7 @@ impl Request {
     fn validate(&self) -> Result<(), Error> {
         let too_many = |what, found| Error::TooManyItems { what, found, max: BATCH_ITEMS_MAX };
         match self {
-            Request::MetaGet { items } if items.len() > BATCH_ITEMS_MAX => {
+            Request::MetaGet { items, .. } if items.len() > BATCH_ITEMS_MAX => {
                 Err(too_many("metadata request", items.len()))
             }
             Request::Read { items } if items.len() > BATCH_ITEMS_MAX => Err(too_many("read batch", items.len())),
