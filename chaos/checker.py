@@ -4,7 +4,8 @@
 A real cluster (one `tessera node` per network namespace, joined to the test's bridge by veth
 pairs that this script creates) serves a randomized workload of PUT, overwrite, DELETE, GET and
 ranged GET from several clients, some with skewed clocks (libfaketime), while faults strike:
-SIGKILL and restart, SIGSTOP and SIGCONT, partitions (link down), lossy links (nftables random
+SIGKILL and restart, SIGSTOP and SIGCONT, partitions (link down, or node-to-node only:
+nftables drops a node's traffic with its peers, so repair loses them), lossy links (nftables random
 drop: this kernel has no netem), slow links (tbf rate limits) and a full disk (a small tmpfs
 drive). Clients are `tessera` CLI processes, so the checker runs against any build of the
 binary (`--tessera PATH`): that is how a bug is reproduced on the build before its fix.
@@ -140,6 +141,12 @@ class Topology:
         for hook in ("input", "output"):
             run("ip", "netns", "exec", self.ns(i), "nft", "add", "rule", "inet", "chaos", hook,
                 "numgen", "random", "mod", "100", "<", str(percent), "drop")
+
+    def cut_peer(self, i: int, peer: int) -> None:
+        """Drops traffic between node i and node `peer` only (clients still reach both)."""
+        for hook, field in (("input", "saddr"), ("output", "daddr")):
+            run("ip", "netns", "exec", self.ns(i), "nft", "add", "rule", "inet", "chaos", hook,
+                "ip", field, self.ip(peer), "drop")
 
     def clear_loss(self, i: int) -> None:
         for hook in ("input", "output"):
@@ -386,7 +393,7 @@ class Faults:
     """A seeded schedule: at most M nodes impaired at any moment (what Tessera promises to
     survive); a full drive counts as one impairment for the whole run."""
 
-    KINDS = ("kill", "stop", "partition", "loss", "slow")
+    KINDS = ("kill", "stop", "partition", "loss", "slow", "peer-cut")
 
     def __init__(self, cluster: Cluster, topo: Topology, seed: int, deadline: float, start: float):
         self.cluster = cluster
@@ -414,6 +421,11 @@ class Faults:
             self.topo.loss(node, self.rng.choice((20, 40, 70)))
         elif kind == "slow":
             self.topo.slow(node, self.rng.choice((2, 8, 30)))
+        elif kind == "peer-cut":
+            # Node-to-node only: repair traffic between this node and the others is dropped.
+            for peer in range(1, NODES + 1):
+                if peer != node:
+                    self.topo.cut_peer(node, peer)
 
     def heal(self, node: int, kind: str) -> None:
         if kind == "kill":
@@ -423,7 +435,7 @@ class Faults:
             self.cluster.signal(node, signal.SIGCONT)
         elif kind == "partition":
             self.topo.link(node, up=True)
-        elif kind == "loss":
+        elif kind in ("loss", "peer-cut"):
             self.topo.clear_loss(node)
         elif kind == "slow":
             self.topo.clear_slow(node)

@@ -101,7 +101,9 @@ pub(crate) fn run(op: Op) -> anyhow::Result<()> {
             Op::List(args) => list(&args).await?,
             Op::Remove(args) => {
                 let (bucket, key) = split_path(&args.path)?;
-                connect(&args.config)?.delete(bucket, key).await?;
+                let client = connect(&args.config)?;
+                client.delete(bucket, key).await?;
+                client.settle().await;
             }
             Op::Stat(args) => stat(&args).await?,
         }
@@ -178,6 +180,7 @@ async fn put(args: &PutArgs) -> anyhow::Result<()> {
         }
         info
     };
+    client.settle().await;
     eprintln!("put {bucket}/{key}: {} ({}), etag {}", format_bytes(info.meta.size), info.meta.size, info.meta.etag);
     Ok(())
 }

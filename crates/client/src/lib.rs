@@ -196,6 +196,9 @@ struct Inner {
     /// Repair hints sent recently, `(version, position)`, so one bad chunk read many times is
     /// reported once; cleared when full. Bounds the hints in flight too.
     hinted: std::sync::Mutex<std::collections::HashSet<(VersionId, usize)>>,
+    /// Finalizes sent in the background and not finished yet; `finalized` wakes `settle`.
+    finalizing: std::sync::atomic::AtomicUsize,
+    finalized: tokio::sync::Notify,
 }
 
 /// Repair hints remembered (and so in flight) at most.
@@ -218,6 +221,8 @@ impl Client {
             last_version_ns: AtomicU64::new(0),
             stripe_buffers: std::sync::Mutex::new(Vec::new()),
             hinted: std::sync::Mutex::new(std::collections::HashSet::new()),
+            finalizing: std::sync::atomic::AtomicUsize::new(0),
+            finalized: tokio::sync::Notify::new(),
         };
         Ok(Self { inner: Arc::new(inner) })
     }
@@ -340,6 +345,25 @@ impl Client {
     async fn write_version(&self, bucket: &str, key: &str) -> Result<VersionId, Error> {
         let seen = head::newest_version_seen(self, bucket, key).await?;
         Ok(self.next_version(seen))
+    }
+
+    /// Waits (at most the request timeout) until the finalizes of acknowledged writes have
+    /// reached the nodes. A process about to exit calls it: a lost finalize keeps replaced
+    /// versions on the drives longer and leaves drives that failed during a commit out of the
+    /// repair queue until the scrubber finds them.
+    pub async fn settle(&self) {
+        let deadline = tokio::time::Instant::now() + self.inner.options.request_timeout;
+        while self.inner.finalizing.load(Ordering::SeqCst) > 0 {
+            let mut notified = std::pin::pin!(self.inner.finalized.notified());
+            // Registered before the count is read again, so a wake-up in between is not lost.
+            notified.as_mut().enable();
+            if self.inner.finalizing.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break;
+            }
+        }
     }
 
     /// A fresh, strictly increasing version id for this client, later than `after`.

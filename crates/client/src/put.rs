@@ -10,8 +10,13 @@ use proto::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use std::sync::atomic::Ordering;
+
 use crate::conn::Conn;
 use crate::{Client, Error, ObjectInfo, PutOptions};
+
+/// Finalizes sent in the background at once, per client; past it a writer sends its own inline.
+const FINALIZES_IN_FLIGHT_MAX: usize = 256;
 
 /// Bytes per checksum block (`ObjectMeta::block_bytes`): a ranged read fetches and verifies
 /// whole blocks, so smaller blocks mean less read amplification and more metadata (4 bytes per
@@ -596,22 +601,43 @@ impl<'a> Fanout<'a> {
     async fn finalize(&self, applied: &[usize]) {
         let n = self.drives.len();
         let missing: Vec<u32> = (0..n).filter(|p| !applied.contains(p)).map(|p| p as u32).collect();
-        let calls = applied.iter().map(|&position| {
-            let drive = self.drives[position];
-            let request = Request::Finalize {
-                drive: drive.drive_idx as u32,
-                bucket: self.bucket.to_owned(),
-                key: self.key.to_owned(),
-                version: self.version,
-                missing_positions: missing.clone(),
-            };
-            async move {
-                if let Err(e) = self.client.call(drive.node_idx, &request).await {
+        let calls: Vec<(usize, Request)> = applied
+            .iter()
+            .map(|&position| {
+                let drive = self.drives[position];
+                let request = Request::Finalize {
+                    drive: drive.drive_idx as u32,
+                    bucket: self.bucket.to_owned(),
+                    key: self.key.to_owned(),
+                    version: self.version,
+                    missing_positions: missing.clone(),
+                };
+                (drive.node_idx, request)
+            })
+            .collect();
+        let client = self.client.clone();
+        let work = async move {
+            let sends = calls.iter().map(|(node_idx, request)| client.call(*node_idx, request));
+            for result in futures_util::future::join_all(sends).await {
+                if let Err(e) = result {
                     tracing::debug!(error = %e, "finalize not delivered; the drive keeps the replaced version longer");
                 }
             }
+        };
+        // In the background, so the acknowledgement does not wait for it; a process that
+        // exits soon after waits with `Client::settle`. Past the bound, inline (back-pressure).
+        let inner = &self.client.inner;
+        if inner.finalizing.load(Ordering::SeqCst) >= FINALIZES_IN_FLIGHT_MAX {
+            work.await;
+            return;
+        }
+        inner.finalizing.fetch_add(1, Ordering::SeqCst);
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            work.await;
+            client.inner.finalizing.fetch_sub(1, Ordering::SeqCst);
+            client.inner.finalized.notify_waiters();
         });
-        futures_util::future::join_all(calls).await;
     }
 
     async fn rollback(&mut self, applied: &[usize]) {

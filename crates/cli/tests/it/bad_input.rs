@@ -79,3 +79,17 @@ fn client_commands_without_config_say_how_to_get_one() {
     assert_one_line_error(&["get", "nokey", "-", "--config", "/nonexistent/cluster.toml"], "expected BUCKET/KEY");
     assert_one_line_error(&["ls", "--config", "/nonexistent/cluster.toml"], "No such file or directory");
 }
+
+#[test]
+fn a_cluster_toml_readable_by_others_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = Cluster::init(Shape::default());
+    let config = cluster.config.to_str().unwrap();
+    let mode = |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&cluster.config), 0o600, "init writes the secret readable by its owner only");
+    let (_, quiet) = run(&["ls", "--config", config]);
+    assert!(!quiet.contains("readable by other users"), "{quiet}");
+    std::fs::set_permissions(&cluster.config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (_, warned) = run(&["ls", "--config", config]);
+    assert!(warned.contains("readable by other users (mode 644)") && warned.contains("chmod 600"), "{warned}");
+}

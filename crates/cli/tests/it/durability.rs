@@ -217,10 +217,14 @@ fn a_drive_that_fails_during_the_commit_is_queued_for_repair() {
     let stray = hand_meta(&map, "bkt", "k", VersionId { unix_ns: 1, writer: 1 }, 10);
     assert!(matches!(hand_commit(&cluster, 5, &stray, CommitCondition::None), Response::Committed { .. }));
     let options = client::PutOptions { condition: client::CommitCondition::IfAbsent, ..Default::default() };
-    let info = block_on(client.put_bytes("bkt", "k", &payload(200_000, 3), &options)).unwrap();
+    let info = block_on(async {
+        let info = client.put_bytes("bkt", "k", &payload(200_000, 3), &options).await.unwrap();
+        client.settle().await;
+        info
+    });
     assert_eq!(info.meta_positions, [0, 1, 2, 3, 4], "five drives applied it, position 5 refused");
     let version = info.meta.version;
-    // Finalize went out (and, listing missing positions, was fsynced) before the PUT returned.
+    // Finalize went out (and, listing missing positions, was fsynced) before settle returned.
     for idx in 0..cluster.addrs.len() {
         cluster.kill_node(idx);
     }

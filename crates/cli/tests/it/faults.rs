@@ -78,11 +78,13 @@ fn node_killed_during_puts_loses_no_acknowledged_object() {
         let (client, acked, stop, timeline) = (cluster.client(), acked.clone(), stop.clone(), timeline.clone());
         std::thread::spawn(move || {
             block_on(async {
+                // Made up front, so the PUTs follow each other with no gap for the kill to fall in.
+                let values: Vec<Vec<u8>> = (0..8).map(|i| payload(300_000, i)).collect();
                 for i in 0..400u64 {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
-                    let data = payload(300_000, i);
+                    let data = values[i as usize % values.len()].clone();
                     let start = Instant::now();
                     if client.put_bytes("bkt", &format!("p-{i}"), &data, &Default::default()).await.is_ok() {
                         acked.lock().unwrap().push((i, data));
