@@ -43,12 +43,13 @@ const VERSIONS: TableDefinition<'_, &str, u8> = TableDefinition::new("versions")
 /// Versions whose chunks some set positions lack: `version (16 bytes, big-endian)` -> postcard
 /// [`proto::RepairRecord`]. (Format 1 drives had a `repair_queue` table nothing read; it is left.)
 const REPAIR: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("repair");
-/// Older versions a drive keeps beside the current one: `bucket NUL key NUL version (16 bytes,
-/// big-endian)` -> postcard [`ObjectMeta`]. A replaced version stays here (data file and all)
+/// Older versions a drive keeps beside the current one live in `OBJECTS` too, under
+/// `bucket NUL key NUL version (16 bytes, big-endian)` -> postcard [`ObjectMeta`]: right after
+/// the key's own row (keys have no NUL), so one range read finds a key's every version. A replaced version stays here (data file and all)
 /// until a newer version of the key is known acknowledged and the grace has passed, so a failed
 /// overwrite can be rolled back to it and readers that chose it can finish.
-const RETAINED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("retained");
-/// When a retained version may be deleted (ms since the epoch); same keys as `RETAINED`.
+
+/// When a retained version may be deleted (ms since the epoch); keyed like its `OBJECTS` row.
 const RETIRE_AT: TableDefinition<'_, &[u8], u64> = TableDefinition::new("retire_at");
 /// `bucket NUL key` -> the newest version of the key known acknowledged (16 bytes, big-endian).
 const FINALIZED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("finalized");
@@ -162,6 +163,9 @@ impl Drive {
             let mut markers = Vec::new();
             for entry in objects.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
                 let (key, value) = entry.map_err(|e| self.db_err(e))?;
+                if is_retained_row(key.value(), bucket.len()) {
+                    continue;
+                }
                 let meta = self.decode_meta(value.value())?;
                 if !meta.deleted {
                     return Err(Error::BucketNotEmpty { bucket: bucket.to_owned() });
@@ -172,12 +176,14 @@ impl Drive {
                 objects.remove(key.as_slice()).map_err(|e| self.db_err(e))?;
             }
             // Versions the markers replaced, kept for readers: the bucket takes them along.
-            let mut retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
             let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
             let mut rows = Vec::new();
-            for entry in retained.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
-                rows.push(entry.map_err(|e| self.db_err(e))?.0.value().to_vec());
+            for entry in objects.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+                let row = entry.map_err(|e| self.db_err(e))?.0.value().to_vec();
+                if is_retained_row(&row, bucket.len()) {
+                    rows.push(row);
+                }
             }
             let mut finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
             let mut finalized_rows = Vec::new();
@@ -188,7 +194,7 @@ impl Drive {
                 finalized.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
             }
             for row in rows {
-                retained.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
+                objects.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
                 retire.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
                 let version = version_of_retained_key(&row);
                 versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
@@ -290,7 +296,6 @@ impl Drive {
         let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
         let removed = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
-            let mut retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
             let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
             let object_key = object_key(bucket, key);
@@ -300,10 +305,10 @@ impl Drive {
             };
             let own_key = retained_key(&object_key, version);
             if current.as_ref().is_some_and(|c| c.version == version) {
-                match self.newest_retained(&retained, &object_key)? {
+                match self.newest_retained(&objects, &object_key)? {
                     Some(previous) => {
                         let previous_key = retained_key(&object_key, previous.version);
-                        retained.remove(previous_key.as_slice()).map_err(|e| self.db_err(e))?;
+                        objects.remove(previous_key.as_slice()).map_err(|e| self.db_err(e))?;
                         retire.remove(previous_key.as_slice()).map_err(|e| self.db_err(e))?;
                         let encoded = proto::encode_body(&previous);
                         objects.insert(object_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
@@ -314,7 +319,7 @@ impl Drive {
                 }
                 versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
                 true
-            } else if retained.remove(own_key.as_slice()).map_err(|e| self.db_err(e))?.is_some() {
+            } else if objects.remove(own_key.as_slice()).map_err(|e| self.db_err(e))?.is_some() {
                 retire.remove(own_key.as_slice()).map_err(|e| self.db_err(e))?;
                 versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
                 true
@@ -348,7 +353,7 @@ impl Drive {
             self.unsynced.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         {
-            let retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
+            let retained = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
             let mut finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
             let object_key = object_key(bucket, key);
@@ -558,7 +563,7 @@ impl Drive {
         let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
         let mut gone = Vec::new();
         {
-            let mut retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
+            let mut retained = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
             let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
             let mut due = Vec::new();
@@ -598,14 +603,15 @@ impl Drive {
         let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
         let objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
         let object_key = object_key(bucket, key);
-        let current = objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))?;
-        let current = current.map(|v| self.decode_meta(v.value())).transpose()?;
-        let retained_table = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
-        let (start, end) = retained_bounds(&object_key);
+        // The key's row, then its retained rows (`object_key NUL version`), in one range.
+        let mut end = object_key.clone();
+        end.push(1);
+        let mut current = None;
         let mut retained = Vec::new();
-        for entry in retained_table.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
-            let (_, value) = entry.map_err(|e| self.db_err(e))?;
-            retained.push(self.decode_meta(value.value())?);
+        for entry in objects.range(object_key.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+            let (row, value) = entry.map_err(|e| self.db_err(e))?;
+            let meta = self.decode_meta(value.value())?;
+            if row.value() == object_key.as_slice() { current = Some(meta) } else { retained.push(meta) }
         }
         Ok(KeyVersions { current, retained, finalized: None })
     }
@@ -643,7 +649,10 @@ impl Drive {
             if entries.len() >= limit {
                 break;
             }
-            let (_, value) = entry.map_err(|e| self.db_err(e))?;
+            let (row, value) = entry.map_err(|e| self.db_err(e))?;
+            if is_retained_row(row.value(), bucket.len()) {
+                continue;
+            }
             let meta = self.decode_meta(value.value())?;
             if meta.key.as_str() <= start_after {
                 continue;
@@ -687,7 +696,6 @@ impl Drive {
         txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
         txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
         txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
-        txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
         txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
         txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
         txn.open_table(SETTINGS).map_err(|e| self.db_err(e))?;
@@ -760,7 +768,6 @@ impl Drive {
         let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
         let result = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
-            let mut retained = txn.open_table(RETAINED).map_err(|e| self.db_err(e))?;
             let object_key = object_key(&meta.bucket, &meta.key);
             let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
                 Some(value) => Some(self.decode_meta(value.value())?),
@@ -783,7 +790,7 @@ impl Drive {
                     // A newer version is current: keep ours beside it (it is still durable, and
                     // the newer one may yet be rolled back).
                     let own_key = retained_key(&object_key, meta.version);
-                    retained.insert(own_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
+                    objects.insert(own_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
                     ReplaceResult::Superseded { current: current.version, dropped: Vec::new() }
                 }
                 current => {
@@ -793,12 +800,12 @@ impl Drive {
                     if let Some(current) = current {
                         let previous_key = retained_key(&object_key, current.version);
                         let previous = proto::encode_body(&current);
-                        retained.insert(previous_key.as_slice(), previous.as_slice()).map_err(|e| self.db_err(e))?;
+                        objects.insert(previous_key.as_slice(), previous.as_slice()).map_err(|e| self.db_err(e))?;
                     }
                     ReplaceResult::Applied { replaced_parts, dropped: Vec::new() }
                 }
             };
-            let dropped = self.bound_retained(&txn, &mut retained, &mut versions, &object_key)?;
+            let dropped = self.bound_retained(&txn, &mut objects, &mut versions, &object_key)?;
             if !missing_positions.is_empty() {
                 self.queue_repair_in(&txn, &meta.bucket, &meta.key, meta.version, missing_positions)?;
             }
@@ -930,6 +937,12 @@ fn retained_key(object_key: &[u8], version: VersionId) -> Vec<u8> {
     bytes.push(0);
     bytes.extend_from_slice(&version_bytes(version));
     bytes
+}
+
+/// Whether a row of `OBJECTS` in bucket `bucket_len` bytes long is a retained version (its key
+/// part has a NUL: real keys never do).
+fn is_retained_row(row: &[u8], bucket_len: usize) -> bool {
+    row.get(bucket_len + 1..).is_some_and(|rest| rest.contains(&0))
 }
 
 /// `[object_key NUL, object_key 0x01)`: every retained version of one key.

@@ -255,3 +255,24 @@ fn repair_queue_records_missing_positions() {
     drive.repair_done(version(1), &[4]).unwrap();
     assert!(drive.repair_queue().unwrap().is_empty());
 }
+
+#[test]
+fn retained_versions_stay_out_of_listings_and_go_with_their_bucket() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(1), 100);
+    put(&drive, "a", version(2), 100);
+    put(&drive, "ab", version(3), 100);
+    let keys: Vec<String> = drive.list("bkt", "", "", 10).unwrap().into_iter().map(|e| e.key).collect();
+    assert_eq!(keys, ["a", "ab"], "a key's retained rows sit between it and the next key, unlisted");
+    assert_eq!(drive.get_versions("bkt", "a").unwrap().retained.len(), 1);
+    assert!(drive.get_versions("bkt", "ab").unwrap().retained.is_empty(), "a prefix's rows are not its");
+    for (key, v) in [("a", 4), ("ab", 5)] {
+        let mut marker = meta(key, version(v), 0);
+        marker.deleted = true;
+        marker.crcs.clear();
+        drive.commit(&marker, &[], CommitCondition::None).unwrap();
+    }
+    // Only markers are current: the retained live versions do not keep the bucket.
+    drive.delete_bucket("bkt").unwrap();
+    assert!(drive.open_version(version(1)).unwrap().is_none(), "retained data went with the bucket");
+}
