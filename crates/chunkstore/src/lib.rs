@@ -37,18 +37,18 @@ use redb::{Database, ReadableTable, TableDefinition};
 
 const BUCKETS: TableDefinition<'_, &str, u64> = TableDefinition::new("buckets");
 /// `bucket NUL key` -> postcard [`ObjectMeta`] of the drive's current version (maybe a marker).
+///
+/// Older versions the drive keeps beside the current one (*retained*) live here too, under
+/// `bucket NUL key NUL version (16 bytes, big-endian)`: right after the key's own row (keys have
+/// no NUL), so one range read finds a key's every version. A replaced version stays (data file
+/// and all) until a newer version of the key is known acknowledged and the grace has passed, so
+/// a failed overwrite can be rolled back to it and readers that chose it can finish.
 const OBJECTS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("objects");
 /// Version ids (hex) whose data file is referenced by `OBJECTS`; the sweep keeps only these.
 const VERSIONS: TableDefinition<'_, &str, u8> = TableDefinition::new("versions");
 /// Versions whose chunks some set positions lack: `version (16 bytes, big-endian)` -> postcard
 /// [`proto::RepairRecord`]. (Format 1 drives had a `repair_queue` table nothing read; it is left.)
 const REPAIR: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("repair");
-/// Older versions a drive keeps beside the current one live in `OBJECTS` too, under
-/// `bucket NUL key NUL version (16 bytes, big-endian)` -> postcard [`ObjectMeta`]: right after
-/// the key's own row (keys have no NUL), so one range read finds a key's every version. A replaced version stays here (data file and all)
-/// until a newer version of the key is known acknowledged and the grace has passed, so a failed
-/// overwrite can be rolled back to it and readers that chose it can finish.
-
 /// When a retained version may be deleted (ms since the epoch); keyed like its `OBJECTS` row.
 const RETIRE_AT: TableDefinition<'_, &[u8], u64> = TableDefinition::new("retire_at");
 /// `bucket NUL key` -> the newest version of the key known acknowledged (16 bytes, big-endian).
