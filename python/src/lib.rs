@@ -152,7 +152,7 @@ fn options() -> client::ClientOptions {
 }
 
 fn put_options(content_type: Option<String>, user_meta: Vec<(String, String)>) -> client::PutOptions {
-    client::PutOptions { content_type, user_meta, headers: Vec::new() }
+    client::PutOptions { content_type, user_meta, ..Default::default() }
 }
 
 impl RawClient {
