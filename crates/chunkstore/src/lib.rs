@@ -89,6 +89,8 @@ pub enum Error {
     CorruptMeta { path: PathBuf, source: proto::Error },
     #[error("{bucket}/{key} already exists (the commit asked for an absent key)")]
     PreconditionFailed { bucket: String, key: String },
+    #[error("staged data for version {version} does not match its checksums at stripe {stripe}")]
+    StagedChecksumMismatch { version: String, stripe: u64 },
 }
 
 /// One drive directory.
@@ -402,15 +404,57 @@ impl Drive {
     }
 
     /// Repair's commit: the staged data of `meta` becomes this drive's data file of the
-    /// version. If the drive holds the version already, the file is replaced (fsync, atomic
-    /// rename) and the metadata is left as it is; otherwise this is an ordinary commit.
-    pub fn commit_repair(&self, meta: &ObjectMeta) -> Result<(), Error> {
+    /// version, once every block of the staged file matches `crcs` (stripe by stripe: a staging
+    /// file that another repair published in between and that was then partly rewritten has
+    /// holes, and is refused). If the drive holds the version already, the data file is
+    /// replaced (fsync, atomic rename) and the metadata is left as it is; otherwise this is an
+    /// ordinary commit.
+    pub fn commit_repair(&self, meta: &ObjectMeta, crcs: &[u32]) -> Result<(), Error> {
+        if meta.has_data_file() {
+            self.check_staged(meta, crcs)?;
+        }
         let versions = self.get_versions(&meta.bucket, &meta.key)?;
         if !versions.all().any(|m| m.version == meta.version) {
             return self.commit(meta, &[], CommitCondition::None).map(|_| ());
         }
         if meta.has_data_file() {
             self.publish_staged(meta)?;
+        }
+        Ok(())
+    }
+
+    /// Checks every block of `meta`'s staged file against `crcs`.
+    fn check_staged(&self, meta: &ObjectMeta, crcs: &[u32]) -> Result<(), Error> {
+        let staging = self.staging_path(meta.version);
+        let file = match File::open(&staging) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::NoStagedData { version: meta.version.to_hex() });
+            }
+            Err(e) => return Err(self.io_err(&staging, e)),
+        };
+        let geometry = meta.geometry();
+        let block_bytes = meta.block_bytes as usize;
+        let mut expected = crcs.iter();
+        let mut buf = Vec::new();
+        for stripe in 0..geometry.stripes {
+            let chunk_len = geometry.chunk_len(stripe);
+            buf.resize(chunk_len, 0);
+            match file.read_exact_at(&mut buf, geometry.file_offset(stripe)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    return Err(Error::StagedChecksumMismatch { version: meta.version.to_hex(), stripe });
+                }
+                Err(e) => return Err(self.io_err(&staging, e)),
+            }
+            for block in buf.chunks(block_bytes) {
+                if expected.next() != Some(&crc32c::crc32c(block)) {
+                    return Err(Error::StagedChecksumMismatch { version: meta.version.to_hex(), stripe });
+                }
+            }
+        }
+        if expected.next().is_some() {
+            return Err(Error::StagedChecksumMismatch { version: meta.version.to_hex(), stripe: geometry.stripes });
         }
         Ok(())
     }

@@ -276,3 +276,25 @@ fn retained_versions_stay_out_of_listings_and_go_with_their_bucket() {
     drive.delete_bucket("bkt").unwrap();
     assert!(drive.open_version(version(1)).unwrap().is_none(), "retained data went with the bucket");
 }
+
+#[test]
+fn a_repair_commit_refuses_a_staged_file_with_holes_and_replaces_a_damaged_one() {
+    let (dir, drive) = drive();
+    put(&drive, "a", version(1), 10_000);
+    let meta = meta("a", version(1), 10_000);
+    let geometry = meta.geometry();
+    let good: Vec<Vec<u8>> = (0..geometry.stripes).map(|s| vec![7u8 + s as u8; geometry.chunk_len(s)]).collect();
+    let crcs: Vec<u32> = good.iter().flat_map(|c| c.chunks(4096).map(crc32c::crc32c).collect::<Vec<_>>()).collect();
+    // Only the last stripe staged (another repair published the rest): holes, refused.
+    let last = geometry.stripes - 1;
+    drive.write_chunk("bkt", version(1), geometry.file_offset(last), &good[last as usize]).unwrap();
+    assert!(matches!(drive.commit_repair(&meta, &crcs), Err(Error::StagedChecksumMismatch { stripe: 0, .. })));
+    // Fully staged: the damaged data file is replaced, the metadata left alone.
+    for stripe in 0..geometry.stripes {
+        drive.write_chunk("bkt", version(1), geometry.file_offset(stripe), &good[stripe as usize]).unwrap();
+    }
+    drive.commit_repair(&meta, &crcs).unwrap();
+    let data = fs::read(dir.path().join("data").join(&version(1).to_hex()[30..]).join(version(1).to_hex())).unwrap();
+    assert_eq!(data, good.concat());
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1));
+}

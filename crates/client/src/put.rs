@@ -588,6 +588,9 @@ impl<'a> Fanout<'a> {
         if applied.len() >= quorum {
             self.release();
             self.finalize(&applied).await;
+            // A retried Complete replaces an earlier commit of the same pieces: those are the new
+            // version's own, never garbage.
+            replaced.retain(|key| !meta.parts.iter().any(|part| part.piece_key == *key));
             return Ok(Committed { positions: applied, replaced_parts: replaced.into_iter().collect() });
         }
         let error = self.quorum_error(applied.len());

@@ -227,6 +227,10 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
         Request::BucketDelete { bucket } => delete_bucket(state, &bucket),
         Request::BucketList => list_buckets(state),
         Request::MetaGet { items, detail } => {
+            // Retained versions ride along while the answer stays well inside one frame; past
+            // that they are left out (readers then see only current versions, as before
+            // retention), never the whole answer.
+            let mut retained_budget = proto::CONTROL_BODY_BYTES_MAX / 2;
             let keys = items
                 .iter()
                 .map(|item| {
@@ -239,10 +243,20 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
                         }
                         Ok(versions)
                     });
-                    versions.unwrap_or_else(|e| {
+                    let mut versions = versions.unwrap_or_else(|e| {
                         tracing::error!(error = %e, "metadata read failed; reporting the key absent on this drive");
                         proto::KeyVersions::default()
-                    })
+                    });
+                    if !versions.retained.is_empty() {
+                        let bytes: usize = versions.retained.iter().map(|m| proto::encode_body(m).len()).sum();
+                        if bytes > retained_budget {
+                            tracing::debug!(key = %item.key, bytes, "retained versions left out of a metadata answer");
+                            versions.retained.clear();
+                        } else {
+                            retained_budget -= bytes;
+                        }
+                    }
+                    versions
                 })
                 .collect();
             Response::Versions { keys }
@@ -271,9 +285,14 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
             tracing::info!(version = %version.to_hex(), key, ?positions, "a reader found chunks missing or corrupt; queued for repair");
             d.queue_repair(&bucket, &key, version, &positions, proto::RepairKind::Damaged).map(|()| Response::Ok)
         }),
-        Request::RepairCommit { drive, meta } => with_drive(state, drive, |d| {
+        Request::RepairCommit { drive, meta, crcs } => with_drive(state, drive, |d| {
             staged.remove(&(drive as usize, meta.version));
-            d.commit_repair(&meta).map(|()| Response::Ok)
+            let result = d.commit_repair(&meta, &crcs);
+            if result.is_err() {
+                // Nothing half-repaired stays behind; the repairer tries again.
+                let _ = d.abort(meta.version); // best effort: the sweep at the next start removes it too
+            }
+            result.map(|()| Response::Ok)
         }),
         Request::RepairControl { action } => {
             state.control_repair(action).map(|()| Response::Ok).unwrap_or_else(|e| error_response(&e))
@@ -349,7 +368,7 @@ fn error_response(error: &chunkstore::Error) -> Response {
         E::BucketNotEmpty { .. } => ErrorKind::BucketNotEmpty,
         E::DiskFull { .. } => ErrorKind::DiskFull,
         E::NoStagedData { .. } => ErrorKind::NoSuchUpload,
-        E::StagedLengthMismatch { .. } => ErrorKind::BadRequest,
+        E::StagedLengthMismatch { .. } | E::StagedChecksumMismatch { .. } => ErrorKind::BadRequest,
         E::PreconditionFailed { .. } => ErrorKind::PreconditionFailed,
         E::DriveMissing { .. } | E::DriveUnusable { .. } | E::Io { .. } | E::Db { .. } | E::CorruptMeta { .. } => {
             // A drive that fails or holds corrupt metadata needs a human; clients read around it.

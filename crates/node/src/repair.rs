@@ -146,7 +146,16 @@ pub(crate) fn worker(state: &State) {
                 }
             };
             for (version, record) in due {
-                worked |= repair_entry(state, drive_idx, version, &record, &mut pacer);
+                let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    repair_entry(state, drive_idx, version, &record, &mut pacer)
+                }));
+                worked |= attempt.unwrap_or_else(|_| {
+                    // A bug, not an operating error: keep the worker alive for the other entries
+                    // and put this one off for the longest back-off so it cannot loop hot.
+                    tracing::error!(version = %version.to_hex(), key = %record.key, "repair panicked; entry put off");
+                    let _ = state.drives[drive_idx].repair_later(version, now_ms() + RETRY_MAX_MS); // logged above
+                    true
+                });
             }
         }
         if !worked {
@@ -219,7 +228,12 @@ fn plan_and_repair(
     let Some(my_position) = set.drives.iter().position(|d| *d == me) else {
         return Ok(Outcome::Dropped { positions: all, why: "this drive is not in the version's set" });
     };
-    let holders: Vec<u32> = (0..set.drives.len() as u32).filter(|p| !record.positions.contains(p)).collect();
+    let n = set.drives.len() as u32;
+    if let Some(bad) = record.positions.iter().find(|p| **p >= n) {
+        tracing::error!(version = %version.to_hex(), position = bad, n, "a repair entry names a position outside the set; dropped");
+        return Ok(Outcome::Dropped { positions: all, why: "a position outside the set" });
+    }
+    let holders: Vec<u32> = (0..n).filter(|p| !record.positions.contains(p)).collect();
     let designated = holders.first().is_some_and(|p| *p as usize == my_position);
     if !designated && now_ms() < record.queued_ms + DESIGNATED_WAIT_MS {
         return Ok(Outcome::Later { not_before_ms: record.queued_ms + DESIGNATED_WAIT_MS });
@@ -240,6 +254,15 @@ fn plan_and_repair(
         return Ok(Outcome::Dropped { positions: settled, why: "every target already holds the version" });
     }
     let bytes = rebuild(state, &mut peers, &meta, set.drives.as_slice(), my_position, &missing, pacer)?;
+    if record.kind == proto::RepairKind::Missing {
+        // Queued from a Finalize: the version is acknowledged, so the targets may retire what
+        // it replaced there too (a failed finalize only keeps those longer).
+        for &position in &missing {
+            if let Err(e) = finalize_target(state, &mut peers, set.drives[position as usize], &meta) {
+                tracing::debug!(error = %e, "finalize after repair not delivered");
+            }
+        }
+    }
     settled.extend(missing);
     Ok(Outcome::Done { positions: settled, bytes })
 }
@@ -300,6 +323,14 @@ fn rebuild(
     let placement = Placement { set_idx: meta.set_idx as usize, rotation: usize::from(meta.rotation), n };
     let geometry = meta.geometry();
     let mut moved = 0u64;
+    if !meta.has_data_file() {
+        // A delete marker or a multipart object: metadata only.
+        for &position in missing {
+            commit_target(state, peers, set[position as usize], meta, &[])?;
+        }
+        return Ok(0);
+    }
+    let mut target_crcs: Vec<Vec<u32>> = vec![Vec::new(); missing.len()];
     // Sources: this drive first, then the other healthy positions in order.
     let mut sources: Vec<usize> = vec![my_position];
     sources.extend((0..n).filter(|p| *p != my_position && !missing.contains(&(*p as u32))));
@@ -334,19 +365,25 @@ fn rebuild(
         }
         let mut refs: Vec<&mut [u8]> = chunks.iter_mut().map(|c| c.as_mut_slice()).collect();
         codec.reconstruct(&mut refs, &present).map_err(|e| RepairError::Refused(e.to_string()))?;
-        for &position in missing {
+        for (target_idx, &position) in missing.iter().enumerate() {
             let chunk_idx = placement.chunk_at(stripe, position as usize);
             let chunk = &chunks[chunk_idx];
             let crcs: Vec<u32> = chunk.chunks(meta.block_bytes as usize).map(crc32c::crc32c).collect();
-            // Decoded from verified chunks: the result must be what the writer recorded.
-            assert_eq!(crcs, meta.block_crcs(stripe, chunk_idx), "a decoded chunk matches its recorded checksums");
+            // Decoded from k chunks that matched their checksums: the result must match the
+            // checksums the writer recorded (a mismatch is a codec or layout bug, not bad input).
+            if crcs != meta.block_crcs(stripe, chunk_idx) {
+                return Err(RepairError::Refused(format!(
+                    "stripe {stripe}: the decoded chunk does not match its checksums"
+                )));
+            }
+            target_crcs[target_idx].extend_from_slice(&crcs);
             write_target(state, peers, set[position as usize], meta, offset, chunk, crcs)?;
             moved += chunk_len as u64;
         }
         pacer.take(&state.repair, chunk_len as u64 * (k + missing.len()) as u64)?;
     }
-    for &position in missing {
-        commit_target(state, peers, set[position as usize], meta)?;
+    for (&position, crcs) in missing.iter().zip(&target_crcs) {
+        commit_target(state, peers, set[position as usize], meta, crcs)?;
     }
     Ok(moved)
 }
@@ -385,7 +422,11 @@ fn write_target(
     crcs: Vec<u32>,
 ) -> Result<(), RepairError> {
     if target.node_idx == state.node_idx {
-        state.drives[target.drive_idx].write_chunk(&meta.bucket, meta.version, offset, chunk)?;
+        let drive = &state.drives[target.drive_idx];
+        if offset == 0 {
+            drive.create_bucket(&meta.bucket)?;
+        }
+        drive.write_chunk(&meta.bucket, meta.version, offset, chunk)?;
         return Ok(());
     }
     let request = Request::ChunkWrite {
@@ -397,18 +438,62 @@ fn write_target(
         block_bytes: meta.block_bytes,
         crcs,
     };
+    if offset == 0 {
+        ensure_bucket(peers, target, meta)?;
+    }
     match peers.get(target.node_idx)?.call_with_data(&request, chunk)? {
         Response::Ok => Ok(()),
         other => Err(RepairError::Refused(format!("chunk write answered {other:?}"))),
     }
 }
 
-fn commit_target(state: &State, peers: &mut Peers<'_>, target: DriveRef, meta: &ObjectMeta) -> Result<(), RepairError> {
+fn finalize_target(
+    state: &State,
+    peers: &mut Peers<'_>,
+    target: DriveRef,
+    meta: &ObjectMeta,
+) -> Result<(), RepairError> {
     if target.node_idx == state.node_idx {
-        state.drives[target.drive_idx].commit_repair(meta)?;
+        let retire_at = SystemTime::now() + state.retire_grace;
+        let retire_at_ms = retire_at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
+        state.drives[target.drive_idx].finalize(&meta.bucket, &meta.key, meta.version, &[], retire_at_ms)?;
         return Ok(());
     }
-    let request = Request::RepairCommit { drive: target.drive_idx as u32, meta: meta.clone() };
+    let request = Request::Finalize {
+        drive: target.drive_idx as u32,
+        bucket: meta.bucket.clone(),
+        key: meta.key.clone(),
+        version: meta.version,
+        missing_positions: Vec::new(),
+    };
+    match peers.get(target.node_idx)?.call(&request)? {
+        Response::Ok => Ok(()),
+        other => Err(RepairError::Refused(format!("finalize answered {other:?}"))),
+    }
+}
+
+/// Creates the version's bucket on the target's node (idempotent): a node that was down when
+/// the bucket was made, or whose drive was replaced, would refuse the chunks otherwise.
+fn ensure_bucket(peers: &mut Peers<'_>, target: DriveRef, meta: &ObjectMeta) -> Result<(), RepairError> {
+    match peers.get(target.node_idx)?.call(&Request::BucketCreate { bucket: meta.bucket.clone() })? {
+        Response::Ok => Ok(()),
+        other => Err(RepairError::Refused(format!("bucket create answered {other:?}"))),
+    }
+}
+
+fn commit_target(
+    state: &State,
+    peers: &mut Peers<'_>,
+    target: DriveRef,
+    meta: &ObjectMeta,
+    crcs: &[u32],
+) -> Result<(), RepairError> {
+    if target.node_idx == state.node_idx {
+        state.drives[target.drive_idx].commit_repair(meta, crcs)?;
+        return Ok(());
+    }
+    ensure_bucket(peers, target, meta)?;
+    let request = Request::RepairCommit { drive: target.drive_idx as u32, meta: meta.clone(), crcs: crcs.to_vec() };
     match peers.get(target.node_idx)?.call(&request)? {
         Response::Ok => Ok(()),
         other => Err(RepairError::Refused(format!("repair commit answered {other:?}"))),

@@ -498,8 +498,9 @@ pub enum Request {
     /// `drive`, which holds the version (read repair).
     RepairHint { drive: u32, bucket: String, key: String, version: VersionId, positions: Vec<u32> },
     /// Repair's commit: the staged chunks of `meta` (sent with `ChunkWrite`) become this drive's
-    /// data file of the version, replacing a damaged one if the drive has the version already.
-    RepairCommit { drive: u32, meta: ObjectMeta },
+    /// data file of the version, replacing a damaged one if the drive has the version already,
+    /// once the whole staged file matches `crcs` (its blocks, stripe by stripe).
+    RepairCommit { drive: u32, meta: ObjectMeta, crcs: Vec<u32> },
     /// Change the node's background repair.
     RepairControl { action: RepairAction },
     /// The node's repair state ([`Response::RepairStatus`]).
@@ -645,18 +646,40 @@ impl Request {
             Request::List { limit, .. } if *limit > LIST_LIMIT_MAX => {
                 Err(Error::Invalid { what: "list", reason: format!("limit {limit} exceeds {LIST_LIMIT_MAX}") })
             }
-            Request::Commit { meta, .. } | Request::RepairCommit { meta, .. } => meta.validate(),
+            Request::Commit { meta, missing_positions, .. } => {
+                check_positions(missing_positions)?;
+                meta.validate()
+            }
+            Request::RepairCommit { meta, crcs, .. } => {
+                meta.validate()?;
+                if crcs.len() > meta.crcs.len() {
+                    return Err(Error::TooManyItems {
+                        what: "repair checksums",
+                        found: crcs.len(),
+                        max: meta.crcs.len(),
+                    });
+                }
+                Ok(())
+            }
             Request::RepairControl { action: RepairAction::SetRate { bytes_per_s: 0 } } => {
                 Err(Error::Invalid { what: "repair rate", reason: "0 bytes/s (pause instead)".into() })
             }
-            Request::RepairHint { positions, .. } | Request::Finalize { missing_positions: positions, .. }
-                if positions.len() > cluster::N_MAX =>
-            {
-                Err(Error::TooManyItems { what: "positions", found: positions.len(), max: cluster::N_MAX })
+            Request::RepairHint { positions, .. } | Request::Finalize { missing_positions: positions, .. } => {
+                check_positions(positions)
             }
             _ => Ok(()),
         }
     }
+}
+
+/// Set positions from a peer: at most `N_MAX` of them, each below `N_MAX` (a node checks them
+/// against the version's own n before use).
+fn check_positions(positions: &[u32]) -> Result<(), Error> {
+    if positions.len() > cluster::N_MAX || positions.iter().any(|p| *p as usize >= cluster::N_MAX) {
+        let reason = format!("{} positions, each must be below {}", positions.len(), cluster::N_MAX);
+        return Err(Error::Invalid { what: "set positions", reason });
+    }
+    Ok(())
 }
 
 impl Response {

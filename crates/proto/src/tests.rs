@@ -261,3 +261,17 @@ proptest! {
         prop_assert!(record.validate().is_err());
     }
 }
+
+#[test]
+fn positions_outside_any_set_are_refused() {
+    let finalize = |positions: Vec<u32>| Request::Finalize {
+        drive: 0,
+        bucket: "b".into(),
+        key: "k".into(),
+        version: VersionId { unix_ns: 1, writer: 1 },
+        missing_positions: positions,
+    };
+    assert!(decode_request(&encode_body(&finalize(vec![0, 5]))).is_ok());
+    assert!(matches!(decode_request(&encode_body(&finalize(vec![cluster::N_MAX as u32]))), Err(Error::Invalid { .. })));
+    assert!(matches!(decode_request(&encode_body(&finalize(vec![1; cluster::N_MAX + 1]))), Err(Error::Invalid { .. })));
+}

@@ -84,7 +84,8 @@ fn retried_complete_succeeds_and_abort_after_complete_keeps_the_object() {
 fn abort_after_a_complete_whose_marker_delete_failed_keeps_the_object() {
     // Two erasure sets: the object in one, the upload's marker in the other, whose nodes go
     // down so that Complete commits the object but cannot delete the marker.
-    let mut cluster = Cluster::start(Shape { nodes: 12, ..Shape::default() });
+    // A short retire grace: pieces deleted by mistake would be gone within the test.
+    let mut cluster = Cluster::start(Shape { nodes: 12, retire_grace: "1s", ..Shape::default() });
     let client = cluster.client();
     let map = client.map().clone();
     let object_set = map.placement("bkt", "obj").set_idx;
@@ -126,6 +127,16 @@ fn abort_after_a_complete_whose_marker_delete_failed_keeps_the_object() {
     block_on(async {
         let uploads = client.list_multipart_uploads("bkt", "").await.unwrap();
         assert_eq!(uploads.len(), 1, "the marker survived the failed delete: the fault happened");
+        // A client retrying the Complete (its answer was lost) commits the same pieces again:
+        // they replace themselves, and must not be deleted as the replaced object's garbage.
+        let again = client.complete_multipart("bkt", "obj", &upload, &[(1, one.etag.clone())]).await.unwrap();
+        assert_eq!(again.meta.parts[0].piece_key, client.head("bkt", "obj").await.unwrap().meta.parts[0].piece_key);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
+        while std::time::Instant::now() < until {
+            assert!(client.get("bkt", "obj").await.unwrap() == part, "pieces survive the retire grace");
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        // The retried Complete dropped the marker; an Abort now finds no upload.
         let err = client.abort_multipart("bkt", "obj", &upload).await.unwrap_err();
         assert!(matches!(err, client::Error::NoSuchUpload { .. }), "{err}");
         assert!(client.list_multipart_uploads("bkt", "").await.unwrap().is_empty(), "the marker is gone now");

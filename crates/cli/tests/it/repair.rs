@@ -132,3 +132,59 @@ fn repair_is_paused_resumed_and_rerated_on_the_running_cluster() {
     let err = cluster.cli_err(&["repair", "status"]);
     assert!(err.contains("1 of 6 nodes did not answer: n4"), "{err}");
 }
+
+#[test]
+fn delete_markers_and_multipart_objects_written_while_a_node_was_down_are_repaired() {
+    let mut cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let part = payload(client::PART_BYTES_MIN as usize, 5);
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        client.put_bytes("bkt", "doomed", b"to be deleted", &Default::default()).await.unwrap();
+    });
+    cluster.kill_node(3);
+    let client = cluster.client();
+    block_on(async {
+        client.delete("bkt", "doomed").await.unwrap();
+        let upload = client.create_multipart("bkt", "mp", &client::PutOptions::default()).await.unwrap();
+        let one = client.put_part("bkt", "mp", &upload, 1, &mut part.as_slice()).await.unwrap();
+        let info = client.complete_multipart("bkt", "mp", &upload, &[(1, one.etag)]).await.unwrap();
+        assert_eq!(info.meta_positions.len(), 5, "written short of n: the fault happened");
+    });
+    cluster.start_node(3);
+    cluster.wait_ready();
+    // Metadata-only versions come back on n4 too: the marker and the multipart record.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answered = block_on(async {
+            let mp = client.head("bkt", "mp").await.map(|i| i.meta_positions.len()).unwrap_or(0);
+            (mp, repair_queued(&cluster))
+        });
+        if answered.0 == 6 && answered.1 == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not repaired in 60 s (multipart on {} drives, {} queued)",
+            answered.0,
+            answered.1
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // With two other nodes down, n4's copies are needed: the marker still hides the key and
+    // the multipart object still reads back.
+    cluster.kill_node(0);
+    cluster.kill_node(1);
+    let reader = cluster.client();
+    block_on(async {
+        assert!(matches!(reader.head("bkt", "doomed").await, Err(client::Error::NotFound { .. })));
+        assert!(reader.get("bkt", "mp").await.unwrap() == part);
+    });
+}
+
+/// Versions queued for repair on every node that answers.
+fn repair_queued(cluster: &Cluster) -> u64 {
+    let output = cluster.cli(&["repair", "status", "--json"]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.split("\"queued_versions\":").skip(1).filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok()).sum()
+}
