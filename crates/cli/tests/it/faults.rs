@@ -85,7 +85,7 @@ fn node_killed_during_puts_loses_no_acknowledged_object() {
                         break;
                     }
                     let data = values[i as usize % values.len()].clone();
-                    let start = Instant::now();
+                    let start = timeline.begin();
                     if client.put_bytes("bkt", &format!("p-{i}"), &data, &Default::default()).await.is_ok() {
                         acked.lock().unwrap().push((i, data));
                     }
@@ -95,6 +95,8 @@ fn node_killed_during_puts_loses_no_acknowledged_object() {
         })
     };
     wait_for("five acknowledged PUTs", || acked.lock().unwrap().len() >= 5);
+    let begun = timeline.begun.load(Ordering::SeqCst);
+    timeline.wait_begun(begun + 1);
     let killed_at = Instant::now();
     cluster.kill_node(2);
     wait_for("five PUTs after the kill", || timeline.started_after(killed_at) >= 5);
@@ -116,9 +118,29 @@ fn node_killed_during_puts_loses_no_acknowledged_object() {
 #[derive(Default)]
 struct Timeline {
     spans: Mutex<Vec<(Instant, Instant)>>,
+    /// Operations begun so far (set just before each one starts).
+    begun: std::sync::atomic::AtomicUsize,
 }
 
 impl Timeline {
+    /// Marks the start of an operation; returns its start time.
+    fn begin(&self) -> Instant {
+        let start = Instant::now();
+        self.begun.fetch_add(1, Ordering::SeqCst);
+        start
+    }
+
+    /// Waits (bounded) until `count` operations have begun: the last one is then in flight for
+    /// as long as it takes, so a fault injected right away strikes during it.
+    fn wait_begun(&self, count: usize) {
+        // Spins rather than sleeps: the fault must follow the start within microseconds.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.begun.load(Ordering::SeqCst) < count {
+            assert!(Instant::now() < deadline, "timed out waiting for an operation to begin");
+            std::thread::yield_now();
+        }
+    }
+
     fn record(&self, start: Instant) {
         self.spans.lock().unwrap().push((start, Instant::now()));
     }
@@ -158,7 +180,7 @@ fn node_killed_during_gets_every_read_is_byte_exact() {
                     if stop.load(Ordering::SeqCst) {
                         break;
                     }
-                    let start = Instant::now();
+                    let start = timeline.begin();
                     assert!(client.get("bkt", "obj-0").await.unwrap() == data);
                     timeline.record(start);
                 }
@@ -166,6 +188,8 @@ fn node_killed_during_gets_every_read_is_byte_exact() {
         })
     };
     wait_for("two GETs before the kill", || timeline.count() >= 2);
+    let begun = timeline.begun.load(Ordering::SeqCst);
+    timeline.wait_begun(begun + 1);
     let killed_at = Instant::now();
     cluster.kill_node(3);
     wait_for("five GETs after the kill", || timeline.started_after(killed_at) >= 5);
