@@ -196,11 +196,7 @@ impl Drive {
                 finalized.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
             }
             for row in rows {
-                objects.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
-                retire.remove(row.as_slice()).map_err(|e| self.db_err(e))?;
-                let version = version_of_retained_key(&row);
-                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
-                dropped.push(version);
+                dropped.push(self.drop_retained_row(&mut objects, &mut retire, &mut versions, &row)?);
             }
         }
         txn.commit().map_err(|e| self.db_err(e))?;
@@ -621,11 +617,7 @@ impl Drive {
                 }
             }
             for k in due {
-                retire.remove(k.as_slice()).map_err(|e| self.db_err(e))?;
-                retained.remove(k.as_slice()).map_err(|e| self.db_err(e))?;
-                let version = version_of_retained_key(&k);
-                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
-                gone.push(version);
+                gone.push(self.drop_retained_row(&mut retained, &mut retire, &mut versions, &k)?);
             }
         }
         txn.commit().map_err(|e| self.db_err(e))?;
@@ -882,15 +874,27 @@ impl Drive {
         if excess > 0 {
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
             for k in &keys[..excess] {
-                retained.remove(k.as_slice()).map_err(|e| self.db_err(e))?;
-                retire.remove(k.as_slice()).map_err(|e| self.db_err(e))?;
-                let version = version_of_retained_key(k);
-                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
-                dropped.push(version);
+                dropped.push(self.drop_retained_row(retained, &mut retire, versions, k)?);
             }
             tracing::warn!(drive = %self.root.display(), dropped = excess, "a key had more than {RETAINED_PER_KEY_MAX} retained versions; dropped the oldest");
         }
         Ok(dropped)
+    }
+
+    /// Removes a retained row, its retirement time and its data file's reference; returns the
+    /// version, whose data file the caller deletes once the transaction is durable.
+    fn drop_retained_row(
+        &self,
+        objects: &mut redb::Table<'_, &[u8], &[u8]>,
+        retire: &mut redb::Table<'_, &[u8], u64>,
+        versions: &mut redb::Table<'_, &str, u8>,
+        row: &[u8],
+    ) -> Result<VersionId, Error> {
+        objects.remove(row).map_err(|e| self.db_err(e))?;
+        retire.remove(row).map_err(|e| self.db_err(e))?;
+        let version = version_of_retained_key(row);
+        versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+        Ok(version)
     }
 
     /// The newest retained version of a key, if any.
