@@ -422,13 +422,7 @@ impl Drive {
     /// Checks every block of `meta`'s staged file against `crcs`.
     fn check_staged(&self, meta: &ObjectMeta, crcs: &[u32]) -> Result<(), Error> {
         let staging = self.staging_path(meta.version);
-        let file = match File::open(&staging) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(Error::NoStagedData { version: meta.version.to_hex() });
-            }
-            Err(e) => return Err(self.io_err(&staging, e)),
-        };
+        let file = self.open_staged(meta.version)?;
         let geometry = meta.geometry();
         let block_bytes = meta.block_bytes as usize;
         let mut expected = crcs.iter();
@@ -767,16 +761,20 @@ impl Drive {
         Ok(())
     }
 
+    /// The staging file of `version`; `NoStagedData` if nothing was staged.
+    fn open_staged(&self, version: VersionId) -> Result<File, Error> {
+        let staging = self.staging_path(version);
+        match File::open(&staging) {
+            Ok(file) => Ok(file),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(Error::NoStagedData { version: version.to_hex() }),
+            Err(e) => Err(self.io_err(&staging, e)),
+        }
+    }
+
     /// Steps (1)-(3) of a commit: fsync the staging file, rename it into place, fsync the dir.
     fn publish_staged(&self, meta: &ObjectMeta) -> Result<(), Error> {
         let staging = self.staging_path(meta.version);
-        let file = match File::open(&staging) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(Error::NoStagedData { version: meta.version.to_hex() });
-            }
-            Err(e) => return Err(self.io_err(&staging, e)),
-        };
+        let file = self.open_staged(meta.version)?;
         let found = file.metadata().map_err(|e| self.io_err(&staging, e))?.len();
         let geometry = meta.geometry();
         let last = geometry.stripes - 1;
