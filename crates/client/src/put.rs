@@ -1,6 +1,7 @@
 //! PUT: read stripes from the source, encode parity, fan chunks out to the set's drives with two
 //! stripes in flight, then commit the metadata on at least W drives (or roll back).
 
+use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cluster::DriveRef;
@@ -9,8 +10,6 @@ use proto::{
     CommitCondition, CommitOutcome, META_FORMAT_VERSION, ObjectMeta, Request, Response, StripeGeometry, VersionId,
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
-
-use std::sync::atomic::Ordering;
 
 use crate::conn::Conn;
 use crate::{Client, Error, ObjectInfo, PutOptions};

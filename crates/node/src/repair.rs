@@ -441,10 +441,7 @@ fn write_target(
     if offset == 0 {
         ensure_bucket(peers, target, meta)?;
     }
-    match peers.get(target.node_idx)?.call_with_data(&request, chunk)? {
-        Response::Ok => Ok(()),
-        other => Err(RepairError::Refused(format!("chunk write answered {other:?}"))),
-    }
+    expect_ok(peers.get(target.node_idx)?.call_with_data(&request, chunk)?, "chunk write")
 }
 
 fn finalize_target(
@@ -466,19 +463,14 @@ fn finalize_target(
         version: meta.version,
         missing_positions: Vec::new(),
     };
-    match peers.get(target.node_idx)?.call(&request)? {
-        Response::Ok => Ok(()),
-        other => Err(RepairError::Refused(format!("finalize answered {other:?}"))),
-    }
+    expect_ok(peers.get(target.node_idx)?.call(&request)?, "finalize")
 }
 
 /// Creates the version's bucket on the target's node (idempotent): a node that was down when
 /// the bucket was made, or whose drive was replaced, would refuse the chunks otherwise.
 fn ensure_bucket(peers: &mut Peers<'_>, target: DriveRef, meta: &ObjectMeta) -> Result<(), RepairError> {
-    match peers.get(target.node_idx)?.call(&Request::BucketCreate { bucket: meta.bucket.clone() })? {
-        Response::Ok => Ok(()),
-        other => Err(RepairError::Refused(format!("bucket create answered {other:?}"))),
-    }
+    let request = Request::BucketCreate { bucket: meta.bucket.clone() };
+    expect_ok(peers.get(target.node_idx)?.call(&request)?, "bucket create")
 }
 
 fn commit_target(
@@ -494,9 +486,14 @@ fn commit_target(
     }
     ensure_bucket(peers, target, meta)?;
     let request = Request::RepairCommit { drive: target.drive_idx as u32, meta: meta.clone(), crcs: crcs.to_vec() };
-    match peers.get(target.node_idx)?.call(&request)? {
+    expect_ok(peers.get(target.node_idx)?.call(&request)?, "repair commit")
+}
+
+/// `Ok` for a peer's `Response::Ok`, the answer as the error otherwise.
+fn expect_ok(answer: Response, what: &str) -> Result<(), RepairError> {
+    match answer {
         Response::Ok => Ok(()),
-        other => Err(RepairError::Refused(format!("repair commit answered {other:?}"))),
+        other => Err(RepairError::Refused(format!("{what} answered {other:?}"))),
     }
 }
 

@@ -120,7 +120,7 @@ fn repair_is_paused_resumed_and_rerated_on_the_running_cluster() {
     // Bad rates are one-line errors and change nothing.
     for bad in ["-5", "0", "fast", "12parsecs"] {
         let err = cluster.cli_err(&["repair", "rate", bad]);
-        assert!(err.starts_with("error: ") && err.contains("rate") || err.contains("size"), "{bad}: {err}");
+        assert!(err.starts_with("error: ") && (err.contains("rate") || err.contains("size")), "{bad}: {err}");
     }
     assert!(cluster.cli_ok(&["repair", "rate", "50MiB/s"]).contains("repair budget 50.0 MiB/s: 6 of 6 nodes"));
     assert!(cluster.cli_ok(&["repair", "resume"]).contains("repair resumed"));
