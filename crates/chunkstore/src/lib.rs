@@ -97,7 +97,8 @@ pub enum Error {
 #[derive(Debug)]
 pub struct Drive {
     root: PathBuf,
-    db: Database,
+    /// None while the database is being reopened after an I/O error (see [`Drive::db`]).
+    db: std::sync::RwLock<Option<std::sync::Arc<Database>>>,
     /// A finalize was committed without fsync since the last durable commit.
     unsynced: std::sync::atomic::AtomicBool,
 }
@@ -127,8 +128,12 @@ impl Drive {
         for shard in 0..=255u8 {
             fs::create_dir_all(root.join("data").join(format!("{shard:02x}"))).map_err(unusable)?;
         }
-        let db = Database::create(root.join("meta.redb")).map_err(|e| db_error(root, e))?;
-        let drive = Self { root: root.to_owned(), db, unsynced: std::sync::atomic::AtomicBool::new(false) };
+        let db = Database::create(root.join(META_FILE)).map_err(|e| db_error(root, e))?;
+        let drive = Self {
+            root: root.to_owned(),
+            db: std::sync::RwLock::new(Some(std::sync::Arc::new(db))),
+            unsynced: std::sync::atomic::AtomicBool::new(false),
+        };
         drive.create_tables()?;
         drive.sweep()?;
         Ok(drive)
@@ -141,7 +146,7 @@ impl Drive {
 
     /// Creates `bucket` (idempotent).
     pub fn create_bucket(&self, bucket: &str) -> Result<(), Error> {
-        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         {
             let mut table = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
             if table.get(bucket).map_err(|e| self.db_err(e))?.is_none() {
@@ -153,7 +158,7 @@ impl Drive {
 
     /// Removes `bucket` and its delete markers; fails if any live object remains.
     pub fn delete_bucket(&self, bucket: &str) -> Result<(), Error> {
-        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         let mut dropped = Vec::new();
         {
             let mut buckets = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
@@ -206,14 +211,14 @@ impl Drive {
 
     /// Whether `bucket` exists on this drive.
     pub fn has_bucket(&self, bucket: &str) -> Result<bool, Error> {
-        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
         Ok(table.get(bucket).map_err(|e| self.db_err(e))?.is_some())
     }
 
     /// Every bucket on this drive with its creation time, sorted by name.
     pub fn list_buckets(&self) -> Result<Vec<BucketEntry>, Error> {
-        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
         let mut buckets = Vec::new();
         for entry in table.iter().map_err(|e| self.db_err(e))? {
@@ -291,7 +296,7 @@ impl Drive {
     /// if it is current, the newest retained version becomes current again, exactly as before
     /// the commit; if it is retained, it is dropped. Its data file is deleted either way.
     pub fn rollback(&self, bucket: &str, key: &str, version: VersionId) -> Result<(), Error> {
-        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         let removed = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
@@ -345,7 +350,7 @@ impl Drive {
         missing_positions: &[u32],
         retire_at_ms: u64,
     ) -> Result<(), Error> {
-        let mut txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let mut txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         if missing_positions.is_empty() {
             txn.set_durability(redb::Durability::None);
             self.unsynced.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -391,7 +396,7 @@ impl Drive {
         positions: &[u32],
         kind: proto::RepairKind,
     ) -> Result<(), Error> {
-        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         self.queue_repair_in(&txn, bucket, key, version, positions)?;
         if kind == proto::RepairKind::Damaged {
             self.update_repair_in(&txn, version, |record| record.kind = proto::RepairKind::Damaged)?;
@@ -455,13 +460,17 @@ impl Drive {
     }
 
     /// Queued repairs that may be tried at `now_ms`, at most `max`.
+    /// Corrupt entries are skipped (see [`Drive::drop_corrupt_repairs`]).
     pub fn repairs(&self, now_ms: u64, max: usize) -> Result<Vec<(VersionId, RepairRecord)>, Error> {
-        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
         let mut due = Vec::new();
         for entry in table.iter().map_err(|e| self.db_err(e))? {
             let (version, record) = entry.map_err(|e| self.db_err(e))?;
-            let record = self.decode_repair(record.value())?;
+            if version.value().len() != 16 {
+                continue;
+            }
+            let Ok(record) = self.decode_repair(record.value()) else { continue };
             if record.not_before_ms <= now_ms {
                 due.push((version_of_bytes(version.value()), record));
                 if due.len() >= max {
@@ -470,6 +479,28 @@ impl Drive {
             }
         }
         Ok(due)
+    }
+
+    /// Deletes repair-queue entries that cannot be decoded (a crash or a bad disk damaged them);
+    /// returns how many went. What they named is found again by the scrubber.
+    pub fn drop_corrupt_repairs(&self) -> Result<usize, Error> {
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
+        let dropped = {
+            let mut table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+            let mut corrupt = Vec::new();
+            for entry in table.iter().map_err(|e| self.db_err(e))? {
+                let (version, record) = entry.map_err(|e| self.db_err(e))?;
+                if version.value().len() != 16 || self.decode_repair(record.value()).is_err() {
+                    corrupt.push(version.value().to_vec());
+                }
+            }
+            for key in &corrupt {
+                table.remove(key.as_slice()).map_err(|e| self.db_err(e))?;
+            }
+            corrupt.len()
+        };
+        txn.commit().map_err(|e| self.db_err(e))?;
+        Ok(dropped)
     }
 
     /// Removes `positions` from `version`'s repair record (the record goes when none are left).
@@ -493,20 +524,37 @@ impl Drive {
 
     /// A node setting stored on this drive (repair mode and rate), if set.
     pub fn setting(&self, name: &str) -> Result<Option<Vec<u8>>, Error> {
-        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(SETTINGS).map_err(|e| self.db_err(e))?;
         Ok(table.get(name).map_err(|e| self.db_err(e))?.map(|v| v.value().to_vec()))
     }
 
     /// Stores a node setting on this drive (durably).
     pub fn set_setting(&self, name: &str, value: &[u8]) -> Result<(), Error> {
-        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         txn.open_table(SETTINGS).map_err(|e| self.db_err(e))?.insert(name, value).map_err(|e| self.db_err(e))?;
         txn.commit().map_err(|e| self.db_err(e))
     }
 
+    /// Forgets everything the drive holds, for a drive that was replaced or is not trusted and
+    /// is rebuilt from its set next: every bucket, version, acknowledged floor, repair entry,
+    /// data file and staging file (PUTs staging here fail). Settings stay.
+    pub fn wipe(&self) -> Result<(), Error> {
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
+        txn.delete_table(BUCKETS).map_err(|e| self.db_err(e))?;
+        txn.delete_table(OBJECTS).map_err(|e| self.db_err(e))?;
+        txn.delete_table(VERSIONS).map_err(|e| self.db_err(e))?;
+        txn.delete_table(REPAIR).map_err(|e| self.db_err(e))?;
+        txn.delete_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+        txn.delete_table(FINALIZED).map_err(|e| self.db_err(e))?;
+        txn.commit().map_err(|e| self.db_err(e))?;
+        self.create_tables()?;
+        // No version is referenced any more: the sweep removes every data and staging file.
+        self.sweep()
+    }
+
     fn update_repair(&self, version: VersionId, change: impl FnOnce(&mut RepairRecord)) -> Result<(), Error> {
-        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         self.update_repair_in(&txn, version, change)?;
         txn.commit().map_err(|e| self.db_err(e))
     }
@@ -587,14 +635,14 @@ impl Drive {
         if !self.unsynced.swap(false, std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
-        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         txn.commit().map_err(|e| self.db_err(e))
     }
 
     /// Deletes up to `max` retained versions whose retirement time is before `now_ms`; returns
     /// how many went.
     pub fn retire_expired(&self, now_ms: u64, max: usize) -> Result<usize, Error> {
-        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         let mut gone = Vec::new();
         {
             let mut retained = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
@@ -621,7 +669,7 @@ impl Drive {
 
     /// The newest version of `bucket/key` this drive was told is acknowledged.
     pub fn finalized(&self, bucket: &str, key: &str) -> Result<Option<VersionId>, Error> {
-        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
         let value = table.get(object_key(bucket, key).as_slice()).map_err(|e| self.db_err(e))?;
         Ok(value.map(|v| version_of_bytes(v.value())))
@@ -630,7 +678,7 @@ impl Drive {
     /// Every version this drive holds of `bucket/key`: the current one and the retained ones
     /// (`finalized` is left `None`: see [`Drive::finalized`]).
     pub fn get_versions(&self, bucket: &str, key: &str) -> Result<KeyVersions, Error> {
-        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
         let objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
         let object_key = object_key(bucket, key);
         // The key's row, then its retained rows (`object_key NUL version`), in one range.
@@ -643,15 +691,25 @@ impl Drive {
             let meta = self.decode_meta(value.value())?;
             if row.value() == object_key.as_slice() { current = Some(meta) } else { retained.push(meta) }
         }
-        Ok(KeyVersions { current, retained, finalized: None })
+        Ok(KeyVersions { current, retained, finalized: None, unavailable: false })
     }
 
     /// The drive's current metadata of `bucket/key` (a delete marker counts).
     pub fn get_meta(&self, bucket: &str, key: &str) -> Result<Option<ObjectMeta>, Error> {
-        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
         let value = table.get(object_key(bucket, key).as_slice()).map_err(|e| self.db_err(e))?;
         value.map(|v| self.decode_meta(v.value())).transpose()
+    }
+
+    /// The length of `version`'s committed data file; `None` if the drive does not have it.
+    pub fn data_len(&self, version: VersionId) -> Result<Option<u64>, Error> {
+        let path = self.data_path(version);
+        match fs::metadata(&path) {
+            Ok(meta) => Ok(Some(meta.len())),
+            Err(source) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(self.io_err(&path, source)),
+        }
     }
 
     /// Opens the committed data file of `version`; `None` if the drive does not have it.
@@ -670,7 +728,7 @@ impl Drive {
         if !self.has_bucket(bucket)? {
             return Err(Error::NoSuchBucket { bucket: bucket.to_owned() });
         }
-        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
         let lower = if prefix > start_after { object_key(bucket, prefix) } else { object_key(bucket, start_after) };
         let (_, end) = bucket_bounds(bucket);
@@ -721,7 +779,7 @@ enum ReplaceResult {
 
 impl Drive {
     fn create_tables(&self) -> Result<(), Error> {
-        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
         txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
         txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
@@ -740,7 +798,7 @@ impl Drive {
             let path = entry.map_err(|e| self.io_err(&tmp, e))?.path();
             fs::remove_file(&path).map_err(|e| self.io_err(&path, e))?;
         }
-        let txn = self.db.begin_read().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
         let versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
         let mut removed = 0usize;
         for shard in 0..=255u8 {
@@ -799,7 +857,7 @@ impl Drive {
         missing_positions: &[u32],
         condition: CommitCondition,
     ) -> Result<ReplaceResult, Error> {
-        let txn = self.db.begin_write().map_err(|e| self.db_err(e))?;
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         let result = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let object_key = object_key(&meta.bucket, &meta.key);
@@ -949,10 +1007,35 @@ impl Drive {
         Error::Io { path: path.to_owned(), source }
     }
 
+    /// The metadata database. After an I/O error (a full disk, typically) redb refuses every
+    /// later transaction until the database is reopened; [`Drive::db_err`] then drops it and
+    /// the next call reopens it here (redb recovers to its last durable commit), so a drive
+    /// that filled up works again once space is freed, without restarting the node. The reopen
+    /// fails while transactions of the old handle are still alive; a later call retries.
+    fn db(&self) -> Result<std::sync::Arc<Database>, Error> {
+        if let Some(db) = self.db.read().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
+            return Ok(db.clone());
+        }
+        let mut slot = self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(db) = slot.as_ref() {
+            return Ok(db.clone());
+        }
+        let db = std::sync::Arc::new(Database::create(self.root.join(META_FILE)).map_err(|e| self.db_err(e))?);
+        tracing::warn!(drive = %self.root.display(), "metadata database reopened after an I/O error");
+        *slot = Some(db.clone());
+        Ok(db)
+    }
+
     fn db_err(&self, source: impl Into<redb::Error>) -> Error {
+        let source: redb::Error = source.into();
+        if matches!(source, redb::Error::Io(_) | redb::Error::PreviousIo) {
+            self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        }
         db_error(&self.root, source)
     }
 }
+
+const META_FILE: &str = "meta.redb";
 
 fn db_error(root: &Path, source: impl Into<redb::Error>) -> Error {
     let source: redb::Error = source.into();

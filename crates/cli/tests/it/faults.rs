@@ -320,21 +320,8 @@ fn full_disks_fail_the_put_cleanly_and_the_node_keeps_serving() {
     let mut cluster = Cluster::init(Shape::default());
     let mounted: Vec<std::path::PathBuf> = [0usize, 1].iter().map(|&idx| cluster.drive_dir(idx, 0)).collect();
     for dir in &mounted {
-        let status = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-            .arg(dir)
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount tmpfs");
+        mount_tmpfs(dir, "1m", false);
         std::fs::write(dir.join("tessera-drive"), "tessera drive format 1\n").unwrap();
-    }
-    struct Unmount(Vec<std::path::PathBuf>);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            for dir in &self.0 {
-                let _ = std::process::Command::new("umount").arg("-l").arg(dir).status();
-            }
-        }
     }
     let _unmount = Unmount(mounted);
     for idx in 0..6 {
@@ -357,6 +344,81 @@ fn full_disks_fail_the_put_cleanly_and_the_node_keeps_serving() {
         let tmp = cluster.drive_dir(idx, 0).join("tmp");
         assert_eq!(std::fs::read_dir(tmp).unwrap().count(), 0, "no partial staging file is left");
     }
+}
+
+struct Unmount(Vec<std::path::PathBuf>);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            let _ = std::process::Command::new("umount").arg("-l").arg(dir).status();
+        }
+    }
+}
+
+fn mount_tmpfs(dir: &std::path::Path, size: &str, remount: bool) {
+    let options = if remount { format!("remount,size={size}") } else { format!("size={size}") };
+    let mut mount = std::process::Command::new("mount");
+    if !remount {
+        mount.args(["-t", "tmpfs"]);
+    }
+    let status = mount.args(["-o", &options, "tmpfs"]).arg(dir).status().unwrap();
+    assert!(status.success(), "mount -o {options} {}", dir.display());
+}
+
+#[test]
+fn a_drive_that_filled_up_takes_writes_again_once_space_is_freed() {
+    // The chaos checker found this: once a metadata commit hits the full disk, redb refuses
+    // every later transaction ("previous I/O error"), so the drive stayed unusable after space
+    // was freed, until the node restarted.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test mounts a 4 MiB tmpfs as a drive and needs root");
+    let mut cluster = Cluster::init(Shape::default());
+    let dir = cluster.drive_dir(5, 0);
+    mount_tmpfs(&dir, "4m", false);
+    let _unmount = Unmount(vec![dir.clone()]);
+    std::fs::write(dir.join("tessera-drive"), "tessera drive format 1\n").unwrap();
+    for idx in 0..6 {
+        cluster.start_node(idx);
+    }
+    cluster.wait_ready();
+    cluster.cli_ok(&["mb", "bkt"]);
+    let client = cluster.client();
+    let on_every_drive = |key: &str, data: &[u8]| {
+        block_on(async {
+            client.put_bytes("bkt", key, data, &Default::default()).await.unwrap();
+            client.head("bkt", key).await.unwrap().meta_positions.len() == 6
+        })
+    };
+    let mut written = vec![("before".to_owned(), payload(50_000, 1))];
+    assert!(on_every_drive("before", &written[0].1));
+    // Take every free byte, then write small objects until the drive's metadata commit fails.
+    let filler = dir.join("filler");
+    {
+        let mut file = std::fs::File::create(&filler).unwrap();
+        let block = vec![0u8; 4096];
+        while file.write_all(&block).is_ok() {}
+    }
+    let refused = (0..300u64).any(|i| {
+        let data = payload(100, 10 + i);
+        let landed = on_every_drive(&format!("small-{i}"), &data);
+        written.push((format!("small-{i}"), data));
+        !landed
+    });
+    assert!(refused, "the full drive never refused a write");
+    std::fs::remove_file(&filler).unwrap();
+    let healed = (0..20u64).any(|i| {
+        let data = payload(60_000, 1000 + i);
+        let landed = on_every_drive(&format!("after-{i}"), &data);
+        written.push((format!("after-{i}"), data));
+        landed
+    });
+    assert!(healed, "writes must reach the drive again once it has room, without a restart:\n{}", cluster.log(5));
+    assert!(cluster.is_running(5));
+    block_on(async {
+        for (key, data) in &written {
+            assert_eq!(&client.get("bkt", key).await.unwrap(), data, "{key}");
+        }
+    });
 }
 
 #[test]
