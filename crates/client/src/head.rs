@@ -7,7 +7,7 @@ use crate::{Client, Error, ObjectInfo, choose_version};
 
 /// Metadata of `keys` (names already validated), in order.
 pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
-    let mut replies = versions_many(client, keys, MetaDetail::Versions).await;
+    let mut replies = readable(versions_many(client, keys, MetaDetail::Versions).await);
     // Keys whose newest version is not readable (a write in flight, or failures) need each
     // drive's acknowledged floor before a version is chosen: ask again for those only.
     let erasure = client.inner.map.erasure;
@@ -16,7 +16,7 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
         .collect();
     if !unsure.is_empty() {
         let again: Vec<(String, String)> = unsure.iter().map(|&i| keys[i].clone()).collect();
-        for (i, reply) in unsure.into_iter().zip(versions_many(client, &again, MetaDetail::WithFloor).await) {
+        for (i, reply) in unsure.into_iter().zip(readable(versions_many(client, &again, MetaDetail::WithFloor).await)) {
             replies[i] = reply;
         }
     }
@@ -29,9 +29,22 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
         .collect()
 }
 
+/// For readers, a drive that cannot answer for a key (being rebuilt) did not answer.
+fn readable(mut replies: Vec<Vec<Option<KeyVersions>>>) -> Vec<Vec<Option<KeyVersions>>> {
+    for reply in replies.iter_mut().flatten() {
+        if reply.as_ref().is_some_and(|v| v.unavailable) {
+            *reply = None;
+        }
+    }
+    replies
+}
+
 /// The newest version any reachable drive of the key's set holds (current or retained), for a
 /// writer to order its version after. Fails unless at least W drives answered: then any version
-/// acknowledged before this call is among the answers (write quorums intersect).
+/// acknowledged before this call is among the answers (write quorums intersect). A drive being
+/// rebuilt counts as answered (it takes the write) though it knows no version, as long as at
+/// least n - W + 1 other drives answered: with u drives rebuilding, an acknowledged version is
+/// on at least W - u of the n - u others, so n - W + 1 answers among them meet it.
 pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str) -> Result<Option<VersionId>, Error> {
     let keys = [(bucket.to_owned(), key.to_owned())];
     let mut replies = versions_many(client, &keys, MetaDetail::Versions).await.pop().expect("one result per key");
@@ -53,7 +66,8 @@ pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str
         }
     }
     let answered = replies.iter().flatten().count();
-    if answered < erasure.write_quorum() {
+    let knowing = replies.iter().flatten().filter(|v| !v.unavailable).count();
+    if answered < erasure.write_quorum() || knowing < erasure.n() - erasure.write_quorum() + 1 {
         let unreachable: Vec<String> = drives
             .iter()
             .zip(&replies)
@@ -129,7 +143,7 @@ fn resolve(
     let erasure = client.inner.map.erasure;
     let k = erasure.k;
     let reachable = replies.iter().filter(|r| r.is_some()).count();
-    let Some(meta) = choose_version(replies, k, marker_quorum(erasure)) else {
+    let Some(meta) = choose_version(replies, k, marker_quorum(erasure), erasure.write_quorum()) else {
         if reachable < k {
             let unreachable = drives
                 .iter()

@@ -40,7 +40,7 @@ fn check_finalized(replies: &[Reply], finalized: &[Option<u64>], expected: Optio
             })
         })
         .collect();
-    let chosen = choose_version(&replies, 2, 2);
+    let chosen = choose_version(&replies, 2, 2, 3);
     assert_eq!(
         chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
         expected
@@ -58,13 +58,14 @@ fn versions_of(reply: &Reply) -> Option<proto::KeyVersions> {
         current: current.as_ref().map(to_meta),
         retained: retained.iter().map(to_meta).collect(),
         finalized: None,
+        unavailable: false,
     })
 }
 
-/// `k` = 2 data chunks; markers need `marker_quorum` = 2 drives.
+/// `k` = 2 data chunks of 2+1; markers need `marker_quorum` = 2 drives; W = 3.
 fn check(replies: &[Reply], expected: Option<i64>) {
     let replies: Vec<_> = replies.iter().map(versions_of).collect();
-    let chosen = choose_version(&replies, 2, 2);
+    let chosen = choose_version(&replies, 2, 2, 3);
     assert_eq!(
         chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
         expected
@@ -80,6 +81,20 @@ fn readers_pick_newest_version_held_by_k_drives() {
     // Nothing reaches k: the newest seen, so the read reports what is missing.
     check(&[Some((Some(2), vec![])), None, None], Some(2));
     check(&[Some((None, vec![])), Some((None, vec![])), None], None);
+}
+
+#[test]
+fn the_first_put_of_a_key_in_flight_reads_as_absent_not_as_an_error() {
+    // Version 2 on one drive, a second drive answers without the key: 1 holder + 1 silent drive
+    // is below W = 3, so 2 cannot have been acknowledged: the key is (still) absent.
+    check(&[Some((Some(2), vec![])), Some((None, vec![])), None], None);
+    check(&[Some((Some(2), vec![])), Some((None, vec![])), Some((None, vec![]))], None);
+    // Could have been acknowledged (holders + silent drives reach W): report it unreadable.
+    check(&[Some((Some(2), vec![])), None, None], Some(2));
+    // A drive knows a version acknowledged: never absent.
+    check_finalized(&[Some((Some(2), vec![])), Some((None, vec![])), None], &[Some(2), None, None], Some(2));
+    // Markers too: one drive holds a delete marker in flight over nothing.
+    check(&[Some((Some(-2), vec![])), Some((None, vec![])), Some((None, vec![]))], None);
 }
 
 #[test]
