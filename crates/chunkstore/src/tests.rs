@@ -298,3 +298,46 @@ fn a_repair_commit_refuses_a_staged_file_with_holes_and_replaces_a_damaged_one()
     assert_eq!(data, good.concat());
     assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1));
 }
+
+#[test]
+fn corrupt_repair_queue_entries_are_skipped_and_dropped_the_rest_kept() {
+    let (_dir, drive) = drive();
+    drive.queue_repair("bkt", "a", version(1), &[2], proto::RepairKind::Missing).unwrap();
+    {
+        let txn = drive.db().unwrap().begin_write().unwrap();
+        {
+            let mut table = txn.open_table(REPAIR).unwrap();
+            table.insert(version_bytes(version(2)).as_slice(), b"\xff\xfe not a record".as_slice()).unwrap();
+            table.insert(b"short key".as_slice(), b"".as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let due = drive.repairs(u64::MAX, 100).unwrap();
+    assert_eq!(due.len(), 1, "the good entry is served, the corrupt ones skipped");
+    assert_eq!(due[0].0, version(1));
+    assert_eq!(drive.drop_corrupt_repairs().unwrap(), 2);
+    assert_eq!(drive.drop_corrupt_repairs().unwrap(), 0);
+    assert_eq!(drive.repair_queue().unwrap().len(), 1);
+}
+
+#[test]
+fn wipe_forgets_everything_but_settings_and_the_drive_takes_writes_again() {
+    let (dir, drive) = drive();
+    let v = version(5);
+    drive.write_chunk("bkt", v, 0, &[7u8; 50]).unwrap();
+    drive.commit(&meta("a", v, 100), &[1], CommitCondition::None).unwrap();
+    drive.set_setting("x", b"kept").unwrap();
+    drive.wipe().unwrap();
+    assert!(drive.list_buckets().unwrap().is_empty());
+    assert!(drive.get_meta("bkt", "a").is_err() || drive.get_meta("bkt", "a").unwrap().is_none());
+    assert!(drive.repair_queue().unwrap().is_empty());
+    assert_eq!(drive.setting("x").unwrap().as_deref(), Some(b"kept".as_slice()));
+    assert!(drive.data_len(v).unwrap().is_none(), "the data file went");
+    let files =
+        std::fs::read_dir(dir.path().join("data")).unwrap().flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap());
+    assert_eq!(files.count(), 0);
+    drive.create_bucket("bkt").unwrap();
+    drive.write_chunk("bkt", version(6), 0, &[1u8; 50]).unwrap();
+    drive.commit(&meta("a", version(6), 100), &[], CommitCondition::None).unwrap();
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(6));
+}

@@ -93,6 +93,22 @@ pub(crate) struct NodeArgs {
     /// that chose it have this long to finish).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     retire_grace: Duration,
+    /// How often the node scrubs its drives: compares every key with the other drives of its
+    /// set and checks its own data files, queueing what is missing or damaged for repair.
+    #[arg(long, default_value = "1h", value_parser = positive_duration)]
+    scrub_interval: Duration,
+    /// How often a scrub is deep: it also reads every chunk and checks its block checksums
+    /// (paced by the repair budget).
+    #[arg(long, default_value = "7d", value_parser = positive_duration)]
+    deep_scrub_interval: Duration,
+}
+
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| format!("invalid duration {text:?}: {e}"))?;
+    if duration.is_zero() {
+        return Err(format!("invalid duration {text:?}: it must be above zero"));
+    }
+    Ok(duration)
 }
 
 pub(crate) fn init(args: &InitArgs) -> anyhow::Result<()> {
@@ -169,7 +185,14 @@ fn warn_if_readable_by_others(path: &Path) {
 pub(crate) fn node(args: &NodeArgs) -> anyhow::Result<()> {
     crate::init_logging("info");
     let (map, map_text) = load_map(&args.config)?;
-    let config = node::NodeConfig { map, map_text, node_id: args.id.clone(), retire_grace: args.retire_grace };
+    let config = node::NodeConfig {
+        map,
+        map_text,
+        node_id: args.id.clone(),
+        retire_grace: args.retire_grace,
+        scrub_interval: args.scrub_interval,
+        deep_scrub_interval: args.deep_scrub_interval,
+    };
     let server = node::Server::bind(config).with_context(|| format!("start node {}", args.id))?;
     server.serve().context("serve")?;
     Ok(())

@@ -5,6 +5,7 @@
 
 mod bench;
 mod cluster_cmd;
+mod drive_cmd;
 mod object_cmd;
 mod repair_cmd;
 mod s3_load;
@@ -27,7 +28,7 @@ struct Cli {
 #[derive(Debug, clap::Args)]
 pub(crate) struct ConfigArg {
     /// Path of cluster.toml [env: TESSERA_CONFIG]
-    #[arg(long, env = "TESSERA_CONFIG", hide_env = true)]
+    #[arg(long, global = true, env = "TESSERA_CONFIG", hide_env = true)]
     pub(crate) config: Option<PathBuf>,
 }
 
@@ -59,6 +60,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Background repair on the running cluster: status, pause, resume, rate.
     Repair(repair_cmd::RepairArgs),
+    /// Drives of the running cluster: replace (wipe and rebuild) one.
+    Drive(drive_cmd::DriveArgs),
 }
 
 fn main() -> ExitCode {
@@ -112,6 +115,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stat(args) => object_cmd::run(object_cmd::Op::Stat(args)),
         Command::Bench(args) => bench::run(&args),
         Command::Repair(args) => repair_cmd::run(&args),
+        Command::Drive(args) => drive_cmd::run(&args),
     }
 }
 

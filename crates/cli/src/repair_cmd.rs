@@ -98,6 +98,7 @@ async fn status(client: &client::Client, json: bool) -> anyhow::Result<()> {
         }
         let state = if status.paused { "paused" } else { "running" };
         for (idx, drive) in status.drives.iter().enumerate() {
+            let state = if drive.rebuilding { "rebuild" } else { state };
             let eta = if drive.queued_bytes == 0 {
                 "-".to_owned()
             } else if status.paused {
@@ -119,12 +120,41 @@ async fn status(client: &client::Client, json: bool) -> anyhow::Result<()> {
                 drive.failed_attempts,
                 eta
             );
+            if drive.rebuilding || drive.rebuild_keys_checked > 0 {
+                println!(
+                    "{:<6} drive {} {}: {} keys checked, {} rebuilt",
+                    "",
+                    idx + 1,
+                    if drive.rebuilding { "rebuilding (readers skip it)" } else { "rebuilt" },
+                    drive.rebuild_keys_checked,
+                    drive.rebuild_keys_rebuilt
+                );
+            }
         }
+        println!("{:<6} {}", "", describe_scrub(&status.scrub));
     }
     if !down.is_empty() {
         bail!("{} of {} nodes did not answer: {}", down.len(), results.len(), down.join(", "));
     }
     Ok(())
+}
+
+fn describe_scrub(scrub: &client::ScrubStatus) -> String {
+    let last = if scrub.last_pass_end_ms == 0 {
+        "none finished yet".to_owned()
+    } else {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let ago = now.saturating_sub(std::time::Duration::from_millis(scrub.last_pass_end_ms));
+        format!("last ended {} ago", humantime::format_duration(std::time::Duration::from_secs(ago.as_secs())))
+    };
+    format!(
+        "scrub: {} passes ({} deep), {last}{}; {} keys checked, {} problems queued for repair",
+        scrub.passes,
+        scrub.deep_passes,
+        if scrub.running { ", one running" } else { "" },
+        scrub.keys_checked,
+        scrub.problems_found
+    )
 }
 
 fn status_json(node: &str, status: &client::RepairStatus) -> String {
@@ -133,15 +163,29 @@ fn status_json(node: &str, status: &client::RepairStatus) -> String {
         .iter()
         .map(|d| {
             format!(
-                "{{\"queued_versions\":{},\"queued_bytes\":{},\"at_risk\":{},\"bytes_repaired\":{},\"versions_repaired\":{},\"failed_attempts\":{}}}",
-                d.queued_versions, d.queued_bytes, d.at_risk, d.bytes_repaired, d.versions_repaired, d.failed_attempts
+                "{{\"queued_versions\":{},\"queued_bytes\":{},\"at_risk\":{},\"bytes_repaired\":{},\"versions_repaired\":{},\"failed_attempts\":{},\"rebuilding\":{},\"rebuild_keys_checked\":{},\"rebuild_keys_rebuilt\":{}}}",
+                d.queued_versions,
+                d.queued_bytes,
+                d.at_risk,
+                d.bytes_repaired,
+                d.versions_repaired,
+                d.failed_attempts,
+                d.rebuilding,
+                d.rebuild_keys_checked,
+                d.rebuild_keys_rebuilt
             )
         })
         .collect();
     format!(
-        "{{\"node\":\"{node}\",\"paused\":{},\"bytes_per_s\":{},\"drives\":[{}]}}",
+        "{{\"node\":\"{node}\",\"paused\":{},\"bytes_per_s\":{},\"drives\":[{}],\"scrub\":{{\"passes\":{},\"deep_passes\":{},\"keys_checked\":{},\"problems_found\":{},\"last_pass_end_ms\":{},\"running\":{}}}}}",
         status.paused,
         status.bytes_per_s,
-        drives.join(",")
+        drives.join(","),
+        status.scrub.passes,
+        status.scrub.deep_passes,
+        status.scrub.keys_checked,
+        status.scrub.problems_found,
+        status.scrub.last_pass_end_ms,
+        status.scrub.running
     )
 }

@@ -44,7 +44,7 @@ use conn::{Conn, Pool};
 
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
-pub use proto::{BucketEntry, CommitCondition, DriveRepairStatus, ListEntry, RepairAction, RepairStatus};
+pub use proto::{BucketEntry, CommitCondition, DriveRepairStatus, ListEntry, RepairAction, RepairStatus, ScrubStatus};
 
 /// Timeouts and bounds of a client. Every node call has a deadline.
 #[derive(Clone, Debug)]
@@ -158,6 +158,9 @@ pub enum Error {
     ObjectTooLarge { max_bytes: u64 },
     #[error("range starts at {offset}, past the end of the {size}-byte object")]
     RangeNotSatisfiable { offset: u64, size: u64 },
+    /// `replace_drive` named a node or drive the cluster map does not have.
+    #[error("{0}")]
+    NoSuchDrive(String),
     #[error("invalid cluster map: {0}")]
     Map(#[from] cluster::Error),
     #[error("erasure coding: {0}")]
@@ -488,8 +491,16 @@ enum Backoff {
 /// the older one it replaces is still there, so a read overlapping a commit returns the old or
 /// the new object. Failing that, the newest such version seen (reading it reports what is
 /// missing): never an older one, so a read never goes back behind an acknowledged write.
-/// `None` if no reachable drive has the key.
-fn choose_version(replies: &[Option<proto::KeyVersions>], k: usize, marker_quorum: usize) -> Option<ObjectMeta> {
+/// `None` if no reachable drive has the key, and also when no version is readable, no drive
+/// knows one acknowledged, and none can have been (its holders plus the drives that did not
+/// answer are fewer than `write_quorum`): the first PUT of a key still in flight, which the
+/// read may order before itself, rather than an error.
+fn choose_version(
+    replies: &[Option<proto::KeyVersions>],
+    k: usize,
+    marker_quorum: usize,
+    write_quorum: usize,
+) -> Option<ObjectMeta> {
     let floor = replies.iter().flatten().filter_map(|v| v.finalized).max();
     let mut held: std::collections::BTreeMap<VersionId, (&ObjectMeta, usize)> = std::collections::BTreeMap::new();
     for versions in replies.iter().flatten() {
@@ -501,6 +512,10 @@ fn choose_version(replies: &[Option<proto::KeyVersions>], k: usize, marker_quoru
     let needed = |meta: &ObjectMeta| if meta.has_data_file() || !meta.parts.is_empty() { k } else { marker_quorum };
     let readable = candidates.clone().rev().map(|(_, held)| held).find(|(meta, count)| *count >= needed(meta));
     let newest = candidates.map(|(_, held)| held).next_back().or(held.values().next_back());
+    let silent = replies.iter().filter(|r| r.is_none()).count();
+    if readable.is_none() && floor.is_none() && held.values().all(|(_, count)| count + silent < write_quorum) {
+        return None;
+    }
     readable.or(newest).map(|(meta, _)| (*meta).clone())
 }
 

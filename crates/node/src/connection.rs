@@ -234,9 +234,13 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
             let keys = items
                 .iter()
                 .map(|item| {
+                    let unavailable = proto::KeyVersions { unavailable: true, ..Default::default() };
                     let Some(drive) = state.drives.get(item.drive as usize) else {
-                        return proto::KeyVersions::default();
+                        return unavailable;
                     };
+                    if state.is_rebuilding(item.drive as usize) {
+                        return unavailable;
+                    }
                     let versions = drive.get_versions(&item.bucket, &item.key).and_then(|mut versions| {
                         if detail == proto::MetaDetail::WithFloor {
                             versions.finalized = drive.finalized(&item.bucket, &item.key)?;
@@ -244,8 +248,8 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
                         Ok(versions)
                     });
                     let mut versions = versions.unwrap_or_else(|e| {
-                        tracing::error!(error = %e, "metadata read failed; reporting the key absent on this drive");
-                        proto::KeyVersions::default()
+                        tracing::error!(error = %e, "metadata read failed; reporting the drive unavailable for the key");
+                        unavailable
                     });
                     if !versions.retained.is_empty() {
                         let bytes: usize = versions.retained.iter().map(|m| proto::encode_body(m).len()).sum();
@@ -282,9 +286,20 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
                 .map(|entries: Vec<ListEntry>| Response::Listing { entries })
         }),
         Request::RepairHint { drive, bucket, key, version, positions } => with_drive(state, drive, |d| {
+            if !d.get_versions(&bucket, &key)?.all().any(|m| m.version == version) {
+                return Ok(refuse(format!(
+                    "drive {} does not hold version {} of {bucket}/{key}",
+                    drive + 1,
+                    version.to_hex()
+                )));
+            }
             tracing::info!(version = %version.to_hex(), key, ?positions, "a reader found chunks missing or corrupt; queued for repair");
             d.queue_repair(&bucket, &key, version, &positions, proto::RepairKind::Damaged).map(|()| Response::Ok)
         }),
+        Request::RepairCommit { drive, meta, .. } if !owns(state, drive, &meta) => {
+            // Its staged chunks (if any) go when the connection ends.
+            refuse(format!("drive {} is not in the erasure set of {}/{}", drive + 1, meta.bucket, meta.key))
+        }
         Request::RepairCommit { drive, meta, crcs } => with_drive(state, drive, |d| {
             staged.remove(&(drive as usize, meta.version));
             let result = d.commit_repair(&meta, &crcs);
@@ -298,10 +313,25 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
             state.control_repair(action).map(|()| Response::Ok).unwrap_or_else(|e| error_response(&e))
         }
         Request::RepairStatus => Response::RepairStatus { status: crate::repair::status(state) },
+        Request::DriveReplace { drive } => {
+            with_drive(state, drive, |_| crate::rebuild::replace(state, drive as usize).map(|()| Response::Ok))
+        }
         Request::Read { .. } | Request::ChunkWrite { .. } => {
             unreachable!("data requests are served by serve_requests")
         }
     }
+}
+
+/// Whether `drive` of this node is one of the drives `meta`'s key is placed on.
+fn owns(state: &State, drive: u32, meta: &proto::ObjectMeta) -> bool {
+    let placement = state.map.placement(&meta.bucket, &meta.key);
+    let me = cluster::DriveRef { node_idx: state.node_idx, drive_idx: drive as usize };
+    placement.set_idx == meta.set_idx as usize && state.map.sets[placement.set_idx].drives.contains(&me)
+}
+
+fn refuse(message: String) -> Response {
+    tracing::warn!("{message}; refused");
+    Response::Error { kind: ErrorKind::BadRequest, message }
 }
 
 fn with_drive(state: &State, drive: u32, op: impl FnOnce(&Drive) -> Result<Response, chunkstore::Error>) -> Response {

@@ -18,13 +18,16 @@
 
 mod connection;
 mod peer;
+mod rebuild;
 mod repair;
+mod scrub;
 
 pub use repair::REPAIR_BYTES_PER_S_DEFAULT;
+pub use scrub::{DEEP_SCRUB_INTERVAL_DEFAULT, SCRUB_INTERVAL_DEFAULT};
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -86,6 +89,10 @@ pub struct NodeConfig {
     /// How long replaced versions stay after a newer one is acknowledged
     /// ([`RETIRE_GRACE_DEFAULT`]).
     pub retire_grace: Duration,
+    /// How often the scrubber passes over the drives ([`SCRUB_INTERVAL_DEFAULT`]), and how
+    /// often a pass is deep ([`DEEP_SCRUB_INTERVAL_DEFAULT`]).
+    pub scrub_interval: Duration,
+    pub deep_scrub_interval: Duration,
 }
 
 /// A bound node, ready to serve.
@@ -107,6 +114,17 @@ struct State {
     secret: String,
     map_text: String,
     drives: Vec<Drive>,
+    /// Per drive: being rebuilt (wiped or replaced); readers skip it meanwhile.
+    rebuilding: Vec<AtomicBool>,
+    /// Per drive: bumped by every `drive replace`, so a rebuild pass that began before it
+    /// does not clear the mark.
+    rebuild_generation: Vec<AtomicU64>,
+    rebuild_stats: Vec<rebuild::Stats>,
+    scrub_stats: scrub::Stats,
+    /// The first scrub pass starts at once (the repair queue lost entries).
+    scrub_soon: bool,
+    scrub_interval: Duration,
+    deep_scrub_interval: Duration,
     retire_grace: Duration,
     /// Authenticated connections being served.
     connections: AtomicUsize,
@@ -137,6 +155,11 @@ fn repair_settings(drive: &Drive) -> (repair::Mode, u64) {
 }
 
 impl State {
+    /// Whether drive `idx` is being rebuilt: it answers metadata requests as unavailable.
+    fn is_rebuilding(&self, idx: usize) -> bool {
+        self.rebuilding.get(idx).is_some_and(|r| r.load(Ordering::SeqCst))
+    }
+
     /// Applies and persists an admin's repair change.
     fn control_repair(&self, action: proto::RepairAction) -> Result<(), chunkstore::Error> {
         let (mode, rate) = self.repair.get();
@@ -152,6 +175,11 @@ impl State {
         tracing::info!(?mode, bytes_per_s = rate, "repair settings changed");
         Ok(())
     }
+}
+
+/// Whether `path` is a directory with nothing in it.
+fn is_empty_dir(path: &std::path::Path) -> bool {
+    std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none())
 }
 
 /// Every [`RETIRE_INTERVAL`]: makes finalizes durable and deletes the retained versions whose
@@ -229,13 +257,36 @@ impl Server {
         proto::validate_secret(&map.secret).map_err(Error::Secret)?;
         let node = &map.nodes[node_idx];
         let mut drives = Vec::with_capacity(node.drives.len());
+        let mut rebuilding = Vec::with_capacity(node.drives.len());
+        let mut scrub_soon = false;
         for drive_idx in 0..node.drives.len() {
             let path = map.drive_path(cluster::DriveRef { node_idx, drive_idx });
-            let drive = Drive::open(&path).map_err(|source| Error::Drive {
-                id: config.node_id.clone(),
-                idx: drive_idx,
-                source,
-            })?;
+            let drive_error = |source| Error::Drive { id: config.node_id.clone(), idx: drive_idx, source };
+            let fresh = is_empty_dir(&path);
+            if fresh {
+                // A wiped or replaced disk mounted where the drive was: format it and rebuild it.
+                // A missing directory stays an error (a typo in cluster.toml, an unmounted disk
+                // whose mount point is gone), and so does one with other files in it.
+                Drive::format(&path).map_err(drive_error)?;
+            }
+            let drive = Drive::open(&path).map_err(drive_error)?;
+            if fresh {
+                rebuild::mark(&drive).map_err(drive_error)?;
+                tracing::warn!(drive = drive_idx, path = %path.display(), "empty drive directory: formatted; rebuilding it from its set (readers skip it meanwhile)");
+            }
+            match drive.drop_corrupt_repairs() {
+                Ok(0) => {}
+                Ok(dropped) => {
+                    tracing::error!(
+                        drive = drive_idx,
+                        dropped,
+                        "corrupt repair-queue entries dropped; scrubbing soon to find them again"
+                    );
+                    scrub_soon = true;
+                }
+                Err(e) => tracing::error!(drive = drive_idx, error = %e, "cannot check the repair queue"),
+            }
+            rebuilding.push(AtomicBool::new(rebuild::is_marked(&drive)));
             drives.push(drive);
         }
         let listener = TcpListener::bind(node.addr).map_err(|source| Error::Bind { addr: node.addr, source })?;
@@ -249,7 +300,14 @@ impl Server {
             repair_stats,
             secret: map.secret.clone(),
             map_text: config.map_text,
+            rebuild_generation: drives.iter().map(|_| AtomicU64::new(0)).collect(),
+            rebuild_stats: drives.iter().map(|_| rebuild::Stats::default()).collect(),
             drives,
+            rebuilding,
+            scrub_stats: scrub::Stats::default(),
+            scrub_soon,
+            scrub_interval: config.scrub_interval,
+            deep_scrub_interval: config.deep_scrub_interval,
             retire_grace: config.retire_grace,
             connections: AtomicUsize::new(0),
             pending: Mutex::new(VecDeque::new()),
@@ -269,6 +327,10 @@ impl Server {
         std::thread::Builder::new().name("retire".into()).spawn(move || retire_loop(&retirer))?;
         let repairer = Arc::clone(&self.state);
         std::thread::Builder::new().name("repair".into()).spawn(move || repair::worker(&repairer))?;
+        let scrubber = Arc::clone(&self.state);
+        std::thread::Builder::new().name("scrub".into()).spawn(move || scrub::worker(&scrubber))?;
+        let rebuilder = Arc::clone(&self.state);
+        std::thread::Builder::new().name("rebuild".into()).spawn(move || rebuild::worker(&rebuilder))?;
         let mut accepted = 0u64;
         for stream in self.listener.incoming() {
             let stream = match stream {

@@ -81,7 +81,7 @@ pub(crate) struct DriveStats {
 
 /// Why one repair did not complete.
 #[derive(Debug, thiserror::Error)]
-enum RepairError {
+pub(crate) enum RepairError {
     #[error("peer: {0}")]
     Peer(#[from] PeerError),
     #[error("drive: {0}")]
@@ -95,18 +95,18 @@ enum RepairError {
 }
 
 /// A token bucket over repair bytes (read and written).
-struct Pacer {
+pub(crate) struct Pacer {
     started: Instant,
     bytes: u64,
 }
 
 impl Pacer {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self { started: Instant::now(), bytes: 0 }
     }
 
     /// Accounts `bytes` and sleeps until the budget allows them; fails if repair was paused.
-    fn take(&mut self, control: &Control, bytes: u64) -> Result<(), RepairError> {
+    pub(crate) fn take(&mut self, control: &Control, bytes: u64) -> Result<(), RepairError> {
         self.bytes += bytes;
         loop {
             let (mode, rate) = control.get();
@@ -234,7 +234,10 @@ fn plan_and_repair(
         return Ok(Outcome::Dropped { positions: all, why: "a position outside the set" });
     }
     let holders: Vec<u32> = (0..n).filter(|p| !record.positions.contains(p)).collect();
-    let designated = holders.first().is_some_and(|p| *p as usize == my_position);
+    // A drive repairing only its own chunk (found damaged by the scrubber or a reader) is the
+    // one that knows; no other holder has the entry.
+    let own_only = record.positions.iter().all(|p| *p as usize == my_position);
+    let designated = own_only || holders.first().is_some_and(|p| *p as usize == my_position);
     if !designated && now_ms() < record.queued_ms + DESIGNATED_WAIT_MS {
         return Ok(Outcome::Later { not_before_ms: record.queued_ms + DESIGNATED_WAIT_MS });
     }
@@ -268,23 +271,28 @@ fn plan_and_repair(
 }
 
 /// Connections to peer nodes, opened on first use.
-struct Peers<'a> {
+pub(crate) struct Peers<'a> {
     state: &'a State,
     open: HashMap<usize, Peer>,
 }
 
 impl<'a> Peers<'a> {
-    fn new(state: &'a State) -> Self {
+    pub(crate) fn new(state: &'a State) -> Self {
         Self { state, open: HashMap::new() }
     }
 
-    fn get(&mut self, node_idx: usize) -> Result<&mut Peer, RepairError> {
+    pub(crate) fn get(&mut self, node_idx: usize) -> Result<&mut Peer, RepairError> {
         if !self.open.contains_key(&node_idx) {
             let addr = self.state.map.nodes[node_idx].addr;
             let peer = Peer::open(addr, &self.state.map.secret)?;
             self.open.insert(node_idx, peer);
         }
         Ok(self.open.get_mut(&node_idx).expect("just inserted"))
+    }
+
+    /// Drops the connection to a peer that failed; the next call opens a new one.
+    pub(crate) fn forget(&mut self, node_idx: usize) {
+        self.open.remove(&node_idx);
     }
 }
 
@@ -309,7 +317,7 @@ fn target_has(state: &State, peers: &mut Peers<'_>, target: DriveRef, meta: &Obj
 
 /// Rebuilds the chunks of `missing` positions stripe by stripe and commits the version there.
 /// Returns the bytes read and written.
-fn rebuild(
+pub(crate) fn rebuild(
     state: &State,
     peers: &mut Peers<'_>,
     meta: &ObjectMeta,
@@ -331,8 +339,12 @@ fn rebuild(
         return Ok(0);
     }
     let mut target_crcs: Vec<Vec<u32>> = vec![Vec::new(); missing.len()];
-    // Sources: this drive first, then the other healthy positions in order.
-    let mut sources: Vec<usize> = vec![my_position];
+    // Sources: this drive first (unless it is being repaired), then the other healthy
+    // positions in order.
+    let mut sources: Vec<usize> = Vec::with_capacity(n);
+    if !missing.contains(&(my_position as u32)) {
+        sources.push(my_position);
+    }
     sources.extend((0..n).filter(|p| *p != my_position && !missing.contains(&(*p as u32))));
     for stripe in 0..geometry.stripes {
         let chunk_len = geometry.chunk_len(stripe);
@@ -444,7 +456,7 @@ fn write_target(
     expect_ok(peers.get(target.node_idx)?.call_with_data(&request, chunk)?, "chunk write")
 }
 
-fn finalize_target(
+pub(crate) fn finalize_target(
     state: &State,
     peers: &mut Peers<'_>,
     target: DriveRef,
@@ -501,9 +513,16 @@ fn expect_ok(answer: Response, what: &str) -> Result<(), RepairError> {
 pub(crate) fn status(state: &State) -> proto::RepairStatus {
     let (mode, bytes_per_s) = state.repair.get();
     let m = state.map.erasure.m;
-    let drives =
-        state.drives.iter().zip(&state.repair_stats).map(|(drive, stats)| drive_status(drive, stats, m)).collect();
-    proto::RepairStatus { paused: mode == Mode::Paused, bytes_per_s, drives }
+    let drives = (0..state.drives.len())
+        .map(|idx| {
+            let mut status = drive_status(&state.drives[idx], &state.repair_stats[idx], m);
+            status.rebuilding = state.is_rebuilding(idx);
+            status.rebuild_keys_checked = state.rebuild_stats[idx].keys_checked.load(Ordering::Relaxed);
+            status.rebuild_keys_rebuilt = state.rebuild_stats[idx].keys_rebuilt.load(Ordering::Relaxed);
+            status
+        })
+        .collect();
+    proto::RepairStatus { paused: mode == Mode::Paused, bytes_per_s, drives, scrub: crate::scrub::status(state) }
 }
 
 fn drive_status(drive: &Drive, stats: &DriveStats, m: usize) -> proto::DriveRepairStatus {
@@ -527,9 +546,10 @@ fn drive_status(drive: &Drive, stats: &DriveStats, m: usize) -> proto::DriveRepa
         bytes_repaired: stats.bytes_repaired.load(Ordering::Relaxed),
         versions_repaired: stats.versions_repaired.load(Ordering::Relaxed),
         failed_attempts: stats.failed_attempts.load(Ordering::Relaxed),
+        ..Default::default()
     }
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

@@ -427,6 +427,9 @@ pub struct KeyVersions {
     /// The newest version of the key the drive was told is acknowledged (`Finalize`): readers
     /// never return a version older than it.
     pub finalized: Option<VersionId>,
+    /// The drive cannot answer for this key (it is being rebuilt, or its metadata could not be
+    /// read): readers count it as a drive that did not answer, never as one without the key.
+    pub unavailable: bool,
 }
 
 impl KeyVersions {
@@ -505,6 +508,9 @@ pub enum Request {
     RepairControl { action: RepairAction },
     /// The node's repair state ([`Response::RepairStatus`]).
     RepairStatus,
+    /// `drive` was replaced (or is not trusted): wipe what it holds, treat it as missing for
+    /// readers, and rebuild it in full from the other drives of its set.
+    DriveReplace { drive: u32 },
     /// Batched scatter-gather read.
     Read { items: Vec<ReadItem> },
     /// Keys of `bucket` after `start_after` that start with `prefix`, sorted, at most `limit`.
@@ -539,6 +545,23 @@ pub struct RepairStatus {
     pub bytes_per_s: u64,
     /// One per drive of the node, in order.
     pub drives: Vec<DriveRepairStatus>,
+    pub scrub: ScrubStatus,
+}
+
+/// A node's background scrubber: passes over its drives' keys.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ScrubStatus {
+    /// Passes finished since the node started, and how many of them were deep (whole chunks read
+    /// and checked against their block checksums).
+    pub passes: u64,
+    pub deep_passes: u64,
+    /// Keys checked and problems queued for repair since the node started.
+    pub keys_checked: u64,
+    pub problems_found: u64,
+    /// When the last pass ended (Unix ms; 0 if none has).
+    pub last_pass_end_ms: u64,
+    /// Whether a pass is running now.
+    pub running: bool,
 }
 
 /// One drive's repair state.
@@ -554,6 +577,11 @@ pub struct DriveRepairStatus {
     pub bytes_repaired: u64,
     pub versions_repaired: u64,
     pub failed_attempts: u64,
+    /// The drive was wiped or replaced and is being rebuilt from its set: readers skip it.
+    pub rebuilding: bool,
+    /// Keys the rebuild has gone through, and of those it rebuilt (both since it began).
+    pub rebuild_keys_checked: u64,
+    pub rebuild_keys_rebuilt: u64,
 }
 
 /// What must hold on the drive for a [`Request::Commit`] to apply.

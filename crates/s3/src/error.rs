@@ -59,7 +59,8 @@ pub(crate) fn s3_error(error: client::Error) -> S3Error {
             };
             return internal(S3ErrorCode::ServiceUnavailable, None, &text);
         }
-        E::Map(_) | E::Codec(_) => {
+        // An admin call; the gateway never makes it.
+        E::Map(_) | E::Codec(_) | E::NoSuchDrive(_) => {
             tracing::error!("{message}");
             return internal(S3ErrorCode::InternalError, None, "internal error");
         }

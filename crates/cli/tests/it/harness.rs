@@ -23,11 +23,22 @@ pub(crate) struct Shape {
     /// `tessera node --retire-grace`: how long replaced versions stay after a newer one is
     /// acknowledged.
     pub(crate) retire_grace: &'static str,
+    /// `tessera node --scrub-interval` and `--deep-scrub-interval`.
+    pub(crate) scrub_interval: &'static str,
+    pub(crate) deep_scrub_interval: &'static str,
 }
 
 impl Default for Shape {
     fn default() -> Self {
-        Self { nodes: 6, drives_per_node: 1, ec: "4+2", chunk_size: "64KiB", retire_grace: "10m" }
+        Self {
+            nodes: 6,
+            drives_per_node: 1,
+            ec: "4+2",
+            chunk_size: "64KiB",
+            retire_grace: "10m",
+            scrub_interval: "1h",
+            deep_scrub_interval: "7d",
+        }
     }
 }
 
@@ -37,6 +48,8 @@ pub(crate) struct Cluster {
     pub(crate) addrs: Vec<SocketAddr>,
     nodes: Vec<Option<Child>>,
     retire_grace: &'static str,
+    scrub_interval: &'static str,
+    deep_scrub_interval: &'static str,
     /// ERROR lines containing one of these do not fail the test.
     allowed_errors: Vec<&'static str>,
 }
@@ -88,8 +101,16 @@ impl Cluster {
         assert!(output.status.success(), "init failed: {}", String::from_utf8_lossy(&output.stderr));
         let addrs = (0..shape.nodes).map(|i| SocketAddr::from(([127, 0, 0, 1], base + i as u16))).collect();
         let nodes = (0..shape.nodes).map(|_| None).collect();
-        let retire_grace = shape.retire_grace;
-        Self { config: data.join("cluster.toml"), dir, addrs, nodes, retire_grace, allowed_errors: Vec::new() }
+        Self {
+            config: data.join("cluster.toml"),
+            dir,
+            addrs,
+            nodes,
+            retire_grace: shape.retire_grace,
+            scrub_interval: shape.scrub_interval,
+            deep_scrub_interval: shape.deep_scrub_interval,
+            allowed_errors: Vec::new(),
+        }
     }
 
     pub(crate) fn data_dir(&self) -> PathBuf {
@@ -112,6 +133,7 @@ impl Cluster {
             .args(["node", "--config"])
             .arg(&self.config)
             .args(["--id", &format!("n{}", idx + 1), "--retire-grace", self.retire_grace])
+            .args(["--scrub-interval", self.scrub_interval, "--deep-scrub-interval", self.deep_scrub_interval])
             .env("TESSERA_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(log.try_clone().expect("clone log handle"))

@@ -8,3 +8,4 @@ mod harness;
 mod objects;
 mod protocol;
 mod repair;
+mod scrub;

@@ -1,0 +1,413 @@
+//! Rebuild of a drive that was wiped or replaced: an empty drive directory found at start, or
+//! `tessera drive replace` (which wipes the drive first). The drive is marked rebuilding, durably,
+//! before anything else; while marked, it answers every metadata request as unavailable, so
+//! readers count it as missing rather than trusting an empty drive, and it still takes new
+//! writes. The node then pulls: it lists the keys the other drives of its set hold (enough of
+//! them to meet every acknowledged version), picks the version readers would pick for each,
+//! and rebuilds its own chunks of it from k healthy peers through the repair path (checksums
+//! verified, staged, committed). A cursor saved after every page lets a restart or a pause go
+//! on where it stopped; the mark is cleared only after a pass with no failure.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use chunkstore::Drive;
+use cluster::{DriveRef, ErasureSet};
+use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, Request, Response, VersionId};
+
+use crate::State;
+use crate::repair::{Pacer, Peers, RepairError, now_ms};
+
+/// "1" while the drive is being rebuilt.
+const SETTING_REBUILDING: &str = "drive.rebuilding";
+/// The last key rebuilt: `set NUL bucket NUL key`.
+const SETTING_CURSOR: &str = "drive.rebuild_cursor";
+/// Keys listed from each peer per round trip.
+const KEYS_PER_PAGE: u32 = 256;
+/// Pause after a pass that could not finish (a peer down, a key without k healthy chunks).
+const RETRY: Duration = Duration::from_secs(10);
+
+/// A rebuild's progress since the node started.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub(crate) keys_checked: AtomicU64,
+    pub(crate) keys_rebuilt: AtomicU64,
+}
+
+/// Whether the drive is marked rebuilding. Settings that cannot be read count as marked:
+/// readers then skip the drive rather than trust it.
+pub(crate) fn is_marked(drive: &Drive) -> bool {
+    match drive.setting(SETTING_REBUILDING) {
+        Ok(value) => value.is_some_and(|v| v == b"1"),
+        Err(e) => {
+            tracing::error!(drive = %drive.root().display(), error = %e, "cannot read whether the drive is rebuilding; treating it as rebuilding");
+            true
+        }
+    }
+}
+
+/// Marks a drive rebuilding from its first key (durable before the caller wipes or trusts it).
+pub(crate) fn mark(drive: &Drive) -> Result<(), chunkstore::Error> {
+    drive.set_setting(SETTING_CURSOR, b"")?;
+    drive.set_setting(SETTING_REBUILDING, b"1")
+}
+
+/// `tessera drive replace`: mark, wipe, and let the worker rebuild the drive.
+pub(crate) fn replace(state: &State, drive_idx: usize) -> Result<(), chunkstore::Error> {
+    let drive = &state.drives[drive_idx];
+    state.rebuild_generation[drive_idx].fetch_add(1, Ordering::SeqCst);
+    mark(drive)?;
+    state.rebuilding[drive_idx].store(true, Ordering::SeqCst);
+    drive.wipe()?;
+    tracing::warn!(drive = drive_idx, "drive replaced: wiped; readers skip it while it is rebuilt from its set");
+    Ok(())
+}
+
+/// Runs until the process exits, rebuilding every marked drive.
+pub(crate) fn worker(state: &State) {
+    loop {
+        let mut failed = false;
+        for drive_idx in 0..state.drives.len() {
+            if !state.is_rebuilding(drive_idx) {
+                continue;
+            }
+            let generation = state.rebuild_generation[drive_idx].load(Ordering::SeqCst);
+            let attempt =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rebuild_drive(state, drive_idx, generation)))
+                    .unwrap_or_else(|_| Err(RepairError::Refused("the rebuild panicked".into())));
+            match attempt {
+                Ok(()) => finish(state, drive_idx, generation),
+                Err(RepairError::Paused) => {}
+                Err(e) => {
+                    tracing::warn!(drive = drive_idx, error = %e, retry_in_s = RETRY.as_secs(), "drive rebuild pass incomplete; will go on");
+                    failed = true;
+                }
+            }
+        }
+        std::thread::sleep(if failed { RETRY } else { Duration::from_secs(1) });
+    }
+}
+
+fn finish(state: &State, drive_idx: usize, generation: u64) {
+    if state.rebuild_generation[drive_idx].load(Ordering::SeqCst) != generation {
+        return; // replaced again meanwhile: start over
+    }
+    match state.drives[drive_idx].set_setting(SETTING_REBUILDING, b"0") {
+        Ok(()) => {
+            state.rebuilding[drive_idx].store(false, Ordering::SeqCst);
+            let stats = &state.rebuild_stats[drive_idx];
+            tracing::info!(
+                drive = drive_idx,
+                keys_checked = stats.keys_checked.load(Ordering::Relaxed),
+                keys_rebuilt = stats.keys_rebuilt.load(Ordering::Relaxed),
+                "drive rebuilt; readers use it again"
+            );
+        }
+        Err(e) => tracing::error!(drive = drive_idx, error = %e, "cannot clear the rebuilding mark; will retry"),
+    }
+}
+
+/// Where the last pass stopped: (set, bucket, key). A corrupt cursor is logged and the rebuild
+/// starts over (it skips what the drive already holds).
+fn cursor(drive: &Drive) -> Option<(usize, String, String)> {
+    let value = match drive.setting(SETTING_CURSOR) {
+        Ok(value) => value?,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the rebuild cursor; starting over");
+            return None;
+        }
+    };
+    if value.is_empty() {
+        return None;
+    }
+    let parsed = String::from_utf8(value).ok().and_then(|text| {
+        let mut parts = text.splitn(3, '\0');
+        let set = parts.next()?.parse().ok()?;
+        Some((set, parts.next()?.to_owned(), parts.next()?.to_owned()))
+    });
+    if parsed.is_none() {
+        tracing::error!(drive = %drive.root().display(), "the rebuild cursor is corrupt; starting over");
+    }
+    parsed
+}
+
+fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(), RepairError> {
+    let drive = &state.drives[drive_idx];
+    let me = DriveRef { node_idx: state.node_idx, drive_idx };
+    let mut pacer = Pacer::new();
+    let mut peers = Peers::new(state);
+    let start = cursor(drive);
+    let mut failures = 0usize;
+    for (set_idx, set) in state.map.sets.iter().enumerate() {
+        let Some(position) = set.drives.iter().position(|d| *d == me) else { continue };
+        if start.as_ref().is_some_and(|(s, _, _)| *s > set_idx) {
+            continue;
+        }
+        for bucket in bucket_union(state, &mut peers, set, position)? {
+            let mut after = String::new();
+            if let Some((s, b, k)) = &start
+                && *s == set_idx
+            {
+                if *b > bucket {
+                    continue;
+                }
+                if *b == bucket {
+                    after = k.clone();
+                }
+            }
+            drive.create_bucket(&bucket)?;
+            loop {
+                let (keys, more) = key_page(state, &mut peers, set, position, &bucket, &after)?;
+                failures += rebuild_keys(state, &mut peers, &mut pacer, drive_idx, set, position, &bucket, &keys)?;
+                let Some(last) = keys.last() else { break };
+                after = last.clone();
+                if state.rebuild_generation[drive_idx].load(Ordering::SeqCst) != generation {
+                    return Err(RepairError::Refused("the drive was replaced again".into()));
+                }
+                drive.set_setting(SETTING_CURSOR, format!("{set_idx}\0{bucket}\0{after}").as_bytes())?;
+                if !more {
+                    break;
+                }
+            }
+        }
+    }
+    // The next pass (or the next rebuild) starts from the first key.
+    drive.set_setting(SETTING_CURSOR, b"")?;
+    if failures > 0 {
+        return Err(RepairError::Refused(format!("{failures} keys could not be rebuilt yet")));
+    }
+    Ok(())
+}
+
+/// The other drives of `set` (position, drive).
+fn others(set: &ErasureSet, position: usize) -> impl Iterator<Item = (usize, DriveRef)> + '_ {
+    set.drives.iter().copied().enumerate().filter(move |(p, _)| *p != position)
+}
+
+/// How many of the other drives must answer a listing for it to include every acknowledged
+/// key: n - W + 1 (an acknowledged key is on at least W - 1 of the n - 1 others).
+fn listing_quorum(state: &State) -> usize {
+    let erasure = state.map.erasure;
+    erasure.n() - erasure.write_quorum() + 1
+}
+
+/// Buckets on the other drives' nodes, sorted.
+fn bucket_union(
+    state: &State,
+    peers: &mut Peers<'_>,
+    set: &ErasureSet,
+    position: usize,
+) -> Result<Vec<String>, RepairError> {
+    let mut names = BTreeSet::new();
+    let mut answered = 0;
+    for (_, drive) in others(set, position) {
+        let buckets = if drive.node_idx == state.node_idx {
+            state.drives[drive.drive_idx].list_buckets().ok()
+        } else {
+            match peers.get(drive.node_idx).and_then(|p| p.call(&Request::BucketList).map_err(Into::into)) {
+                Ok(Response::Buckets { buckets }) => Some(buckets),
+                _ => {
+                    peers.forget(drive.node_idx);
+                    None
+                }
+            }
+        };
+        if let Some(buckets) = buckets {
+            answered += 1;
+            names.extend(buckets.into_iter().map(|b| b.name));
+        }
+    }
+    if answered < listing_quorum(state) {
+        return Err(RepairError::Refused(format!("{answered} peers listed buckets, {} needed", listing_quorum(state))));
+    }
+    Ok(names.into_iter().collect())
+}
+
+/// The next keys after `after` that any answering peer holds, sorted, and whether more follow.
+fn key_page(
+    state: &State,
+    peers: &mut Peers<'_>,
+    set: &ErasureSet,
+    position: usize,
+    bucket: &str,
+    after: &str,
+) -> Result<(Vec<String>, bool), RepairError> {
+    let mut keys = BTreeSet::new();
+    let mut answered = 0;
+    // Keys up to the smallest last key of a full page are complete across the answers.
+    let mut cutoff: Option<String> = None;
+    for (_, drive) in others(set, position) {
+        let listed = if drive.node_idx == state.node_idx {
+            match state.drives[drive.drive_idx].list(bucket, "", after, KEYS_PER_PAGE as usize) {
+                Ok(entries) => Some(entries),
+                Err(chunkstore::Error::NoSuchBucket { .. }) => Some(Vec::new()),
+                Err(_) => None,
+            }
+        } else {
+            let request = Request::List {
+                drive: drive.drive_idx as u32,
+                bucket: bucket.to_owned(),
+                prefix: String::new(),
+                start_after: after.to_owned(),
+                limit: KEYS_PER_PAGE,
+            };
+            match peers.get(drive.node_idx).and_then(|p| p.call(&request).map_err(Into::into)) {
+                Ok(Response::Listing { entries }) => Some(entries),
+                Ok(Response::Error { kind: proto::ErrorKind::NoSuchBucket, .. }) => Some(Vec::new()),
+                _ => {
+                    peers.forget(drive.node_idx);
+                    None
+                }
+            }
+        };
+        let Some(entries) = listed else { continue };
+        answered += 1;
+        if entries.len() >= KEYS_PER_PAGE as usize
+            && let Some(last) = entries.last()
+            && cutoff.as_ref().is_none_or(|c| last.key < *c)
+        {
+            cutoff = Some(last.key.clone());
+        }
+        keys.extend(entries.into_iter().map(|e| e.key));
+    }
+    if answered < listing_quorum(state) {
+        return Err(RepairError::Refused(format!(
+            "{answered} peers listed {bucket}, {} needed",
+            listing_quorum(state)
+        )));
+    }
+    let more = cutoff.is_some();
+    let keys = match cutoff {
+        Some(cutoff) => keys.into_iter().filter(|k| *k <= cutoff).collect(),
+        None => keys.into_iter().collect(),
+    };
+    Ok((keys, more))
+}
+
+/// Rebuilds this drive's chunks of each key's readable version; returns how many keys failed.
+#[allow(clippy::too_many_arguments)]
+fn rebuild_keys(
+    state: &State,
+    peers: &mut Peers<'_>,
+    pacer: &mut Pacer,
+    drive_idx: usize,
+    set: &ErasureSet,
+    position: usize,
+    bucket: &str,
+    keys: &[String],
+) -> Result<usize, RepairError> {
+    let drive = &state.drives[drive_idx];
+    let replies = set_versions(state, peers, set, position, bucket, keys);
+    let mut failures = 0;
+    for (key, replies) in keys.iter().zip(replies) {
+        state.rebuild_stats[drive_idx].keys_checked.fetch_add(1, Ordering::Relaxed);
+        let Some((meta, acknowledged)) = readable_version(state, &replies) else {
+            tracing::debug!(key, "no readable version on the set (a write in flight, or lost); nothing to rebuild");
+            continue;
+        };
+        let local = drive.get_versions(bucket, key)?;
+        if local.all().any(|m| m.version >= meta.version) {
+            continue; // repaired or written here already
+        }
+        match crate::repair::rebuild(state, peers, &meta, &set.drives, position, &[position as u32], pacer) {
+            Ok(_) => {
+                state.rebuild_stats[drive_idx].keys_rebuilt.fetch_add(1, Ordering::Relaxed);
+                if acknowledged {
+                    let retire_at_ms = now_ms().saturating_add(state.retire_grace.as_millis() as u64);
+                    drive.finalize(bucket, key, meta.version, &[], retire_at_ms)?;
+                }
+            }
+            Err(RepairError::Paused) => return Err(RepairError::Paused),
+            Err(e) => {
+                tracing::warn!(key, version = %meta.version.to_hex(), error = %e, "could not rebuild a key onto the drive yet");
+                failures += 1;
+            }
+        }
+    }
+    Ok(failures)
+}
+
+/// What the other drives of the set hold of each key: `[key][position]`.
+fn set_versions(
+    state: &State,
+    peers: &mut Peers<'_>,
+    set: &ErasureSet,
+    position: usize,
+    bucket: &str,
+    keys: &[String],
+) -> Vec<Vec<Option<KeyVersions>>> {
+    let mut replies = vec![vec![None; set.drives.len()]; keys.len()];
+    let mut by_node: HashMap<usize, Vec<(usize, u32)>> = HashMap::new();
+    for (p, drive) in others(set, position) {
+        if drive.node_idx == state.node_idx {
+            if state.is_rebuilding(drive.drive_idx) {
+                continue;
+            }
+            let local = &state.drives[drive.drive_idx];
+            for (i, key) in keys.iter().enumerate() {
+                replies[i][p] = local.get_versions(bucket, key).ok().and_then(|mut v| {
+                    v.finalized = local.finalized(bucket, key).ok()?;
+                    Some(v)
+                });
+            }
+        } else {
+            by_node.entry(drive.node_idx).or_default().push((p, drive.drive_idx as u32));
+        }
+    }
+    for (node_idx, drives) in by_node {
+        let items: Vec<(usize, usize, MetaKey)> = keys
+            .iter()
+            .enumerate()
+            .flat_map(|(i, key)| {
+                drives
+                    .iter()
+                    .map(move |(p, d)| (i, *p, MetaKey { drive: *d, bucket: bucket.to_owned(), key: key.clone() }))
+            })
+            .collect();
+        for batch in items.chunks(BATCH_ITEMS_MAX) {
+            let request = Request::MetaGet {
+                items: batch.iter().map(|(_, _, m)| m.clone()).collect(),
+                detail: MetaDetail::WithFloor,
+            };
+            match peers.get(node_idx).and_then(|peer| peer.call(&request).map_err(Into::into)) {
+                Ok(Response::Versions { keys: got }) if got.len() == batch.len() => {
+                    for ((i, p, _), versions) in batch.iter().zip(got) {
+                        if !versions.unavailable {
+                            replies[*i][*p] = Some(versions);
+                        }
+                    }
+                }
+                _ => {
+                    peers.forget(node_idx);
+                    break;
+                }
+            }
+        }
+    }
+    replies
+}
+
+/// The version a reader would take from these replies (see the client's `choose_version`): the
+/// newest no older than any drive's acknowledged floor that enough drives hold to be read; and
+/// whether it is acknowledged. `None` when no version is readable.
+fn readable_version(state: &State, replies: &[Option<KeyVersions>]) -> Option<(ObjectMeta, bool)> {
+    let erasure = state.map.erasure;
+    let marker_quorum = erasure.write_quorum().saturating_sub(erasure.m).max(1);
+    let floor = replies.iter().flatten().filter_map(|v| v.finalized).max();
+    let mut held: BTreeMap<VersionId, (&ObjectMeta, usize)> = BTreeMap::new();
+    for versions in replies.iter().flatten() {
+        for meta in versions.all() {
+            held.entry(meta.version).or_insert((meta, 0)).1 += 1;
+        }
+    }
+    let needed = |meta: &ObjectMeta| {
+        if meta.has_data_file() || !meta.parts.is_empty() { usize::from(meta.k) } else { marker_quorum }
+    };
+    let (meta, _) = held
+        .range(floor.unwrap_or(VersionId { unix_ns: 0, writer: 0 })..)
+        .rev()
+        .map(|(_, held)| held)
+        .find(|(meta, count)| *count >= needed(meta))?;
+    Some(((*meta).clone(), floor.is_some_and(|f| f >= meta.version)))
+}
