@@ -134,7 +134,7 @@ struct State {
 
 /// Setting names on the node's first drive.
 const SETTING_REPAIR_PAUSED: &str = "repair.paused";
-const SETTING_REPAIR_RATE: &str = "repair.bytes_per_s";
+pub(crate) const SETTING_REPAIR_RATE: &str = "repair.bytes_per_s";
 
 /// The repair mode and budget an admin last set (defaults otherwise). Unreadable settings are
 /// logged and replaced by the defaults: the node starts either way.

@@ -9,7 +9,7 @@
 //! on where it stopped; the mark is cleared only after a pass with no failure.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chunkstore::Drive;
@@ -17,7 +17,7 @@ use cluster::{DriveRef, ErasureSet};
 use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, Request, Response, VersionId};
 
 use crate::State;
-use crate::repair::{Pacer, Peers, RepairError, now_ms};
+use crate::repair::{Peers, RepairError, now_ms};
 
 /// "1" while the drive is being rebuilt.
 const SETTING_REBUILDING: &str = "drive.rebuilding";
@@ -27,6 +27,9 @@ const SETTING_CURSOR: &str = "drive.rebuild_cursor";
 const KEYS_PER_PAGE: u32 = 256;
 /// Pause after a pass that could not finish (a peer down, a key without k healthy chunks).
 const RETRY: Duration = Duration::from_secs(10);
+/// Keys rebuilt at once, each by its own thread with its own peer connections, so that round
+/// trips, decoding and fsyncs overlap; the node's repair budget still bounds them together.
+const REBUILD_THREADS: usize = 4;
 
 /// A rebuild's progress since the node started.
 #[derive(Debug, Default)]
@@ -66,6 +69,9 @@ pub(crate) fn replace(state: &State, drive_idx: usize) -> Result<(), chunkstore:
 
 /// Runs until the process exits, rebuilding every marked drive.
 pub(crate) fn worker(state: &State) {
+    if state.is_rebuilding(0) && state.drives[0].setting(crate::SETTING_REPAIR_RATE).ok().flatten().is_none() {
+        adopt_repair_settings(state);
+    }
     loop {
         let mut failed = false;
         for drive_idx in 0..state.drives.len() {
@@ -87,6 +93,31 @@ pub(crate) fn worker(state: &State) {
         }
         std::thread::sleep(if failed { RETRY } else { Duration::from_secs(1) });
     }
+}
+
+/// The node's first drive (which holds the repair settings) is new: take the mode and budget
+/// the admin set from the first peer that answers, so a replaced disk does not start repairing
+/// on a cluster whose repair was paused.
+fn adopt_repair_settings(state: &State) {
+    let mut peers = Peers::new(state);
+    for node_idx in (0..state.map.nodes.len()).filter(|&i| i != state.node_idx) {
+        let answer = peers.get(node_idx).and_then(|p| p.call(&Request::RepairStatus).map_err(Into::into));
+        if let Ok(Response::RepairStatus { status }) = answer {
+            let mut result = state.control_repair(proto::RepairAction::SetRate { bytes_per_s: status.bytes_per_s });
+            if result.is_ok() {
+                let action = if status.paused { proto::RepairAction::Pause } else { proto::RepairAction::Resume };
+                result = state.control_repair(action);
+            }
+            match result {
+                Ok(()) => {
+                    tracing::info!(from = %state.map.nodes[node_idx].id, paused = status.paused, bytes_per_s = status.bytes_per_s, "repair settings taken from a peer (the first drive is new)")
+                }
+                Err(e) => tracing::error!(error = %e, "cannot store the repair settings taken from a peer"),
+            }
+            return;
+        }
+    }
+    tracing::warn!("no peer answered; repair runs with the default settings");
 }
 
 fn finish(state: &State, drive_idx: usize, generation: u64) {
@@ -135,7 +166,6 @@ fn cursor(drive: &Drive) -> Option<(usize, String, String)> {
 fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(), RepairError> {
     let drive = &state.drives[drive_idx];
     let me = DriveRef { node_idx: state.node_idx, drive_idx };
-    let mut pacer = Pacer::new();
     let mut peers = Peers::new(state);
     let start = cursor(drive);
     let mut failures = 0usize;
@@ -159,7 +189,7 @@ fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(),
             drive.create_bucket(&bucket)?;
             loop {
                 let (keys, more) = key_page(state, &mut peers, set, position, &bucket, &after)?;
-                failures += rebuild_keys(state, &mut peers, &mut pacer, drive_idx, set, position, &bucket, &keys)?;
+                failures += rebuild_keys(state, &mut peers, drive_idx, set, position, &bucket, &keys)?;
                 let Some(last) = keys.last() else { break };
                 after = last.clone();
                 if state.rebuild_generation[drive_idx].load(Ordering::SeqCst) != generation {
@@ -285,47 +315,76 @@ fn key_page(
     Ok((keys, more))
 }
 
-/// Rebuilds this drive's chunks of each key's readable version; returns how many keys failed.
-#[allow(clippy::too_many_arguments)]
+/// Rebuilds this drive's chunks of each key's readable version, [`REBUILD_THREADS`] keys at a
+/// time; returns how many keys failed.
 fn rebuild_keys(
     state: &State,
     peers: &mut Peers<'_>,
-    pacer: &mut Pacer,
     drive_idx: usize,
     set: &ErasureSet,
     position: usize,
     bucket: &str,
     keys: &[String],
 ) -> Result<usize, RepairError> {
-    let drive = &state.drives[drive_idx];
     let replies = set_versions(state, peers, set, position, bucket, keys);
-    let mut failures = 0;
-    for (key, replies) in keys.iter().zip(replies) {
-        state.rebuild_stats[drive_idx].keys_checked.fetch_add(1, Ordering::Relaxed);
-        let Some((meta, acknowledged)) = readable_version(state, &replies) else {
-            tracing::debug!(key, "no readable version on the set (a write in flight, or lost); nothing to rebuild");
-            continue;
-        };
-        let local = drive.get_versions(bucket, key)?;
-        if local.all().any(|m| m.version >= meta.version) {
-            continue; // repaired or written here already
-        }
-        match crate::repair::rebuild(state, peers, &meta, &set.drives, position, &[position as u32], pacer) {
-            Ok(_) => {
-                state.rebuild_stats[drive_idx].keys_rebuilt.fetch_add(1, Ordering::Relaxed);
-                if acknowledged {
-                    let retire_at_ms = now_ms().saturating_add(state.retire_grace.as_millis() as u64);
-                    drive.finalize(bucket, key, meta.version, &[], retire_at_ms)?;
+    let next = AtomicUsize::new(0);
+    let failures = AtomicUsize::new(0);
+    let paused = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..REBUILD_THREADS.min(keys.len()) {
+            scope.spawn(|| {
+                let mut peers = Peers::new(state);
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= keys.len() || paused.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    match rebuild_key(state, &mut peers, drive_idx, set, position, bucket, &keys[i], &replies[i]) {
+                        Ok(()) => {}
+                        Err(RepairError::Paused) => paused.store(true, Ordering::SeqCst),
+                        Err(e) => {
+                            tracing::warn!(key = %keys[i], error = %e, "could not rebuild a key onto the drive yet");
+                            failures.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
                 }
-            }
-            Err(RepairError::Paused) => return Err(RepairError::Paused),
-            Err(e) => {
-                tracing::warn!(key, version = %meta.version.to_hex(), error = %e, "could not rebuild a key onto the drive yet");
-                failures += 1;
-            }
+            });
         }
+    });
+    if paused.load(Ordering::SeqCst) {
+        return Err(RepairError::Paused);
     }
-    Ok(failures)
+    Ok(failures.load(Ordering::SeqCst))
+}
+
+/// Rebuilds one key's readable version onto the drive, unless it holds it (or newer) already.
+#[allow(clippy::too_many_arguments)]
+fn rebuild_key(
+    state: &State,
+    peers: &mut Peers<'_>,
+    drive_idx: usize,
+    set: &ErasureSet,
+    position: usize,
+    bucket: &str,
+    key: &str,
+    replies: &[Option<KeyVersions>],
+) -> Result<(), RepairError> {
+    let drive = &state.drives[drive_idx];
+    state.rebuild_stats[drive_idx].keys_checked.fetch_add(1, Ordering::Relaxed);
+    let Some((meta, acknowledged)) = readable_version(state, replies) else {
+        tracing::debug!(key, "no readable version on the set (a write in flight, or lost); nothing to rebuild");
+        return Ok(());
+    };
+    if drive.get_versions(bucket, key)?.all().any(|m| m.version >= meta.version) {
+        return Ok(()); // repaired or written here already
+    }
+    crate::repair::rebuild(state, peers, &meta, &set.drives, position, &[position as u32])?;
+    state.rebuild_stats[drive_idx].keys_rebuilt.fetch_add(1, Ordering::Relaxed);
+    if acknowledged {
+        let retire_at_ms = now_ms().saturating_add(state.retire_grace.as_millis() as u64);
+        drive.finalize(bucket, key, meta.version, &[], retire_at_ms)?;
+    }
+    Ok(())
 }
 
 /// What the other drives of the set hold of each key: `[key][position]`.

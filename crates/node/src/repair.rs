@@ -18,9 +18,10 @@ use proto::{ObjectMeta, ReadItem, RepairRecord, Request, Response, VersionId};
 use crate::State;
 use crate::peer::{Peer, PeerError};
 
-/// The default repair budget per node: 100 MiB/s, about 40% of this machine's fsync'd
-/// sequential write bandwidth (262 MB/s, FACTS.md), so foreground writes keep the rest and a
-/// wiped 1 TB drive is rebuilt from its peers in about 3 hours.
+/// The default repair budget per node, in bytes it writes per second (rebuilt chunks; each of
+/// the k source disks reads as much, and a deep scrub draws what it reads): 100 MiB/s, about
+/// 40% of this machine's fsync'd sequential write bandwidth (262 MB/s, FACTS.md), so
+/// foreground writes keep the rest and a wiped 1 TB drive is rebuilt in about 3 hours.
 pub const REPAIR_BYTES_PER_S_DEFAULT: u64 = 100 << 20;
 /// Most queue entries a drive hands the worker per round.
 const REPAIRS_PER_ROUND_MAX: usize = 16;
@@ -40,17 +41,25 @@ pub(crate) enum Mode {
     Paused,
 }
 
-/// Settings an admin changes at run time; persisted on the node's first drive.
+/// Settings an admin changes at run time (persisted on the node's first drive), and the node's
+/// one token bucket over them: every repair, rebuild and deep-scrub thread draws from it, so the
+/// budget holds per node however many threads work.
 #[derive(Debug)]
 pub(crate) struct Control {
     inner: Mutex<(Mode, u64)>,
     changed: Condvar,
+    /// When the bucket started counting, and the bytes drawn since.
+    bucket: Mutex<(Instant, u64)>,
 }
 
 impl Control {
     pub(crate) fn new(mode: Mode, bytes_per_s: u64) -> Self {
         assert!(bytes_per_s > 0, "a repair budget is positive");
-        Self { inner: Mutex::new((mode, bytes_per_s)), changed: Condvar::new() }
+        Self {
+            inner: Mutex::new((mode, bytes_per_s)),
+            changed: Condvar::new(),
+            bucket: Mutex::new((Instant::now(), 0)),
+        }
     }
 
     pub(crate) fn get(&self) -> (Mode, u64) {
@@ -68,6 +77,35 @@ impl Control {
         let guard = self.inner.lock().expect("repair control lock poisoned");
         // Either way the caller re-reads the settings.
         let _ = self.changed.wait_timeout(guard, timeout);
+    }
+
+    /// Draws `bytes` from the budget, sleeping until it allows them; fails if repair is paused.
+    pub(crate) fn take(&self, bytes: u64) -> Result<(), RepairError> {
+        let due = {
+            let (mode, rate) = self.get();
+            if mode == Mode::Paused {
+                return Err(RepairError::Paused);
+            }
+            let mut bucket = self.bucket.lock().expect("repair bucket lock poisoned");
+            // Idle time does not bank a burst larger than one second of budget.
+            if bucket.0.elapsed() > Duration::from_secs_f64(bucket.1 as f64 / rate as f64) + Duration::from_secs(1) {
+                *bucket = (Instant::now() - Duration::from_secs(1), rate);
+            }
+            bucket.1 += bytes;
+            (bucket.0, bucket.1)
+        };
+        loop {
+            let (mode, rate) = self.get();
+            if mode == Mode::Paused {
+                return Err(RepairError::Paused);
+            }
+            let wanted = Duration::from_secs_f64(due.1 as f64 / rate as f64);
+            let elapsed = due.0.elapsed();
+            if elapsed >= wanted {
+                return Ok(());
+            }
+            self.wait((wanted - elapsed).min(Duration::from_millis(200)));
+        }
     }
 }
 
@@ -94,43 +132,8 @@ pub(crate) enum RepairError {
     Paused,
 }
 
-/// A token bucket over repair bytes (read and written).
-pub(crate) struct Pacer {
-    started: Instant,
-    bytes: u64,
-}
-
-impl Pacer {
-    pub(crate) fn new() -> Self {
-        Self { started: Instant::now(), bytes: 0 }
-    }
-
-    /// Accounts `bytes` and sleeps until the budget allows them; fails if repair was paused.
-    pub(crate) fn take(&mut self, control: &Control, bytes: u64) -> Result<(), RepairError> {
-        self.bytes += bytes;
-        loop {
-            let (mode, rate) = control.get();
-            if mode == Mode::Paused {
-                return Err(RepairError::Paused);
-            }
-            let due = Duration::from_secs_f64(self.bytes as f64 / rate as f64);
-            let elapsed = self.started.elapsed();
-            if elapsed >= due {
-                // Idle time does not bank a burst larger than one second of budget.
-                if elapsed > due + Duration::from_secs(1) {
-                    self.started = Instant::now() - Duration::from_secs(1);
-                    self.bytes = rate;
-                }
-                return Ok(());
-            }
-            control.wait((due - elapsed).min(Duration::from_millis(200)));
-        }
-    }
-}
-
 /// Runs until the process exits.
 pub(crate) fn worker(state: &State) {
-    let mut pacer = Pacer::new();
     loop {
         if state.repair.get().0 == Mode::Paused {
             state.repair.wait(Duration::from_secs(1));
@@ -147,7 +150,7 @@ pub(crate) fn worker(state: &State) {
             };
             for (version, record) in due {
                 let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    repair_entry(state, drive_idx, version, &record, &mut pacer)
+                    repair_entry(state, drive_idx, version, &record)
                 }));
                 worked |= attempt.unwrap_or_else(|_| {
                     // A bug, not an operating error: keep the worker alive for the other entries
@@ -165,9 +168,9 @@ pub(crate) fn worker(state: &State) {
 }
 
 /// Tries one queue entry; returns whether it did any work.
-fn repair_entry(state: &State, drive_idx: usize, version: VersionId, record: &RepairRecord, pacer: &mut Pacer) -> bool {
+fn repair_entry(state: &State, drive_idx: usize, version: VersionId, record: &RepairRecord) -> bool {
     let drive = &state.drives[drive_idx];
-    let result = plan_and_repair(state, drive_idx, version, record, pacer);
+    let result = plan_and_repair(state, drive_idx, version, record);
     let stats = &state.repair_stats[drive_idx];
     let outcome = match result {
         Ok(Outcome::Done { positions, bytes }) => {
@@ -211,7 +214,6 @@ fn plan_and_repair(
     drive_idx: usize,
     version: VersionId,
     record: &RepairRecord,
-    pacer: &mut Pacer,
 ) -> Result<Outcome, RepairError> {
     let drive = &state.drives[drive_idx];
     let mut versions = drive.get_versions(&record.bucket, &record.key)?;
@@ -256,7 +258,7 @@ fn plan_and_repair(
     if missing.is_empty() {
         return Ok(Outcome::Dropped { positions: settled, why: "every target already holds the version" });
     }
-    let bytes = rebuild(state, &mut peers, &meta, set.drives.as_slice(), my_position, &missing, pacer)?;
+    let bytes = rebuild(state, &mut peers, &meta, set.drives.as_slice(), my_position, &missing)?;
     if record.kind == proto::RepairKind::Missing {
         // Queued from a Finalize: the version is acknowledged, so the targets may retire what
         // it replaced there too (a failed finalize only keeps those longer).
@@ -312,11 +314,15 @@ fn target_has(state: &State, peers: &mut Peers<'_>, target: DriveRef, meta: &Obj
             other => return Err(RepairError::Refused(format!("metadata answer {other:?}"))),
         }
     };
-    Ok(versions.all().any(|m| m.version == meta.version) || versions.finalized.is_some_and(|f| f > meta.version))
+    // A drive that collected a delete marker keeps its floor: it holds the delete.
+    let collected = meta.deleted && versions.current.is_none() && versions.finalized.is_some_and(|f| f >= meta.version);
+    Ok(versions.all().any(|m| m.version == meta.version)
+        || versions.finalized.is_some_and(|f| f > meta.version)
+        || collected)
 }
 
 /// Rebuilds the chunks of `missing` positions stripe by stripe and commits the version there.
-/// Returns the bytes read and written.
+/// Returns the bytes written (rebuilt chunks).
 pub(crate) fn rebuild(
     state: &State,
     peers: &mut Peers<'_>,
@@ -324,7 +330,6 @@ pub(crate) fn rebuild(
     set: &[DriveRef],
     my_position: usize,
     missing: &[u32],
-    pacer: &mut Pacer,
 ) -> Result<u64, RepairError> {
     let (k, n) = (usize::from(meta.k), meta.n());
     let codec = ec::Codec::new(k, n - k).map_err(|e| RepairError::Refused(e.to_string()))?;
@@ -370,7 +375,6 @@ pub(crate) fn rebuild(
             chunks[chunk_idx] = bytes;
             present[chunk_idx] = true;
             found += 1;
-            moved += chunk_len as u64;
         }
         if found < k {
             return Err(RepairError::TooFewChunks { stripe, found, needed: k });
@@ -392,7 +396,8 @@ pub(crate) fn rebuild(
             write_target(state, peers, set[position as usize], meta, offset, chunk, crcs)?;
             moved += chunk_len as u64;
         }
-        pacer.take(&state.repair, chunk_len as u64 * (k + missing.len()) as u64)?;
+        // The budget counts bytes written: each source disk reads as much as the target writes.
+        state.repair.take(chunk_len as u64 * missing.len() as u64)?;
     }
     for (&position, crcs) in missing.iter().zip(&target_crcs) {
         commit_target(state, peers, set[position as usize], meta, crcs)?;
