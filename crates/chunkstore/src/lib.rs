@@ -386,6 +386,43 @@ impl Drive {
         txn.commit().map_err(|e| self.db_err(e))
     }
 
+    /// Garbage-collects a delete marker that every drive of the key's set holds (the caller
+    /// checked): removes the key's row if `version` is still its current version, a delete
+    /// marker, with no retained version beside it. The acknowledged floor stays (at least
+    /// `version`), so readers and writers still order after the delete and other drives do not
+    /// see this one as lacking it. Returns whether the marker went.
+    pub fn collect_marker(&self, bucket: &str, key: &str, version: VersionId) -> Result<bool, Error> {
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
+        let collected = {
+            let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+            let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+            let mut finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+            let object_key = object_key(bucket, key);
+            let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
+                Some(value) => Some(self.decode_meta(value.value())?),
+                None => None,
+            };
+            let is_marker = current.is_some_and(|c| c.version == version && c.deleted);
+            if !is_marker || self.newest_retained(&objects, &object_key)?.is_some() {
+                false
+            } else {
+                objects.remove(object_key.as_slice()).map_err(|e| self.db_err(e))?;
+                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                let known = finalized
+                    .get(object_key.as_slice())
+                    .map_err(|e| self.db_err(e))?
+                    .map(|v| version_of_bytes(v.value()));
+                if known.is_none_or(|known| known < version) {
+                    let bytes = version_bytes(version);
+                    finalized.insert(object_key.as_slice(), bytes.as_slice()).map_err(|e| self.db_err(e))?;
+                }
+                true
+            }
+        };
+        txn.commit().map_err(|e| self.db_err(e))?;
+        Ok(collected)
+    }
+
     /// Records that set `positions` lack a good copy of `version` of `bucket/key` (merged with
     /// what is queued).
     pub fn queue_repair(

@@ -341,3 +341,24 @@ fn wipe_forgets_everything_but_settings_and_the_drive_takes_writes_again() {
     drive.commit(&meta("a", version(6), 100), &[], CommitCondition::None).unwrap();
     assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(6));
 }
+
+#[test]
+fn a_delete_marker_is_collected_only_while_current_and_alone_and_its_floor_stays() {
+    let (_dir, drive) = drive();
+    let data = version(1);
+    drive.write_chunk("bkt", data, 0, &[7u8; 50]).unwrap();
+    drive.commit(&meta("a", data, 100), &[], CommitCondition::None).unwrap();
+    let mut marker = meta("a", version(2), 0);
+    marker.deleted = true;
+    marker.crcs.clear();
+    drive.commit(&marker, &[], CommitCondition::None).unwrap();
+    assert!(!drive.collect_marker("bkt", "a", version(2)).unwrap(), "the replaced data version is still retained");
+    drive.finalize("bkt", "a", version(2), &[], 0).unwrap();
+    drive.retire_expired(u64::MAX, 100).unwrap();
+    assert!(!drive.collect_marker("bkt", "a", version(3)).unwrap(), "not the current version");
+    assert!(drive.collect_marker("bkt", "a", version(2)).unwrap());
+    assert!(drive.get_versions("bkt", "a").unwrap().all().next().is_none());
+    assert_eq!(drive.finalized("bkt", "a").unwrap(), Some(version(2)), "the floor stays");
+    assert!(drive.list("bkt", "", "", 10).unwrap().is_empty());
+    assert!(!drive.collect_marker("bkt", "a", version(2)).unwrap(), "gone already");
+}

@@ -79,6 +79,12 @@ pub(crate) struct GatewayArgs {
     /// header checked against replays. Off by default: SigV4 only.
     #[arg(long)]
     allow_sigv2: bool,
+    /// Multipart uploads initiated longer ago than this are aborted, pieces included
+    /// (checked every `--multipart-check-interval`).
+    #[arg(long, default_value = "7d", value_parser = positive_duration)]
+    multipart_expiry: Duration,
+    #[arg(long, default_value = "1h", value_parser = positive_duration)]
+    multipart_check_interval: Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -398,11 +404,28 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         let client = client::Client::new(map, client::ClientOptions::default()).context("create the cluster client")?;
         let sigv2 = if args.allow_sigv2 { s3::SigV2::Allowed } else { s3::SigV2::Refused };
         let config = s3::GatewayConfig { listen: args.listen, access_key, secret_key, sigv2 };
+        tokio::spawn(expire_uploads(client.clone(), args.multipart_expiry, args.multipart_check_interval));
         let gateway = s3::Gateway::bind(client, config).await.context("start the S3 gateway")?;
         tracing::info!("S3 gateway listening on http://{}", gateway.local_addr()?);
         gateway.serve(shutdown_signal()).await;
         Ok(())
     })
+}
+
+/// Every `interval`, aborts multipart uploads initiated more than `expiry` ago (S3's
+/// AbortIncompleteMultipartUpload, for every bucket). Several gateways doing it is harmless:
+/// aborts are idempotent.
+async fn expire_uploads(client: client::Client, expiry: Duration, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let cutoff = now.saturating_sub(expiry).as_millis() as u64;
+        match client.expire_multipart_uploads(cutoff).await {
+            Ok(0) => {}
+            Ok(aborted) => tracing::info!(aborted, "abandoned multipart uploads aborted"),
+            Err(e) => tracing::warn!(error = %e, "could not check for abandoned multipart uploads; will retry"),
+        }
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.

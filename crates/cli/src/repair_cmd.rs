@@ -148,12 +148,13 @@ fn describe_scrub(scrub: &client::ScrubStatus) -> String {
         format!("last ended {} ago", humantime::format_duration(std::time::Duration::from_secs(ago.as_secs())))
     };
     format!(
-        "scrub: {} passes ({} deep), {last}{}; {} keys checked, {} problems queued for repair",
+        "scrub: {} passes ({} deep), {last}{}; {} keys checked, {} problems queued for repair, {} delete markers collected",
         scrub.passes,
         scrub.deep_passes,
         if scrub.running { ", one running" } else { "" },
         scrub.keys_checked,
-        scrub.problems_found
+        scrub.problems_found,
+        scrub.markers_collected
     )
 }
 
@@ -177,7 +178,7 @@ fn status_json(node: &str, status: &client::RepairStatus) -> String {
         })
         .collect();
     format!(
-        "{{\"node\":\"{node}\",\"paused\":{},\"bytes_per_s\":{},\"drives\":[{}],\"scrub\":{{\"passes\":{},\"deep_passes\":{},\"keys_checked\":{},\"problems_found\":{},\"last_pass_end_ms\":{},\"running\":{}}}}}",
+        "{{\"node\":\"{node}\",\"paused\":{},\"bytes_per_s\":{},\"drives\":[{}],\"scrub\":{{\"passes\":{},\"deep_passes\":{},\"keys_checked\":{},\"problems_found\":{},\"markers_collected\":{},\"last_pass_end_ms\":{},\"running\":{}}}}}",
         status.paused,
         status.bytes_per_s,
         drives.join(","),
@@ -185,6 +186,7 @@ fn status_json(node: &str, status: &client::RepairStatus) -> String {
         status.scrub.deep_passes,
         status.scrub.keys_checked,
         status.scrub.problems_found,
+        status.scrub.markers_collected,
         status.scrub.last_pass_end_ms,
         status.scrub.running
     )

@@ -39,15 +39,15 @@ fn readable(mut replies: Vec<Vec<Option<KeyVersions>>>) -> Vec<Vec<Option<KeyVer
     replies
 }
 
-/// The newest version any reachable drive of the key's set holds (current or retained), for a
-/// writer to order its version after. Fails unless at least W drives answered: then any version
+/// The newest version any reachable drive of the key's set holds (current or retained) or
+/// knows acknowledged, for a writer to order its version after. Fails unless at least W drives answered: then any version
 /// acknowledged before this call is among the answers (write quorums intersect). A drive being
 /// rebuilt counts as answered (it takes the write) though it knows no version, as long as at
 /// least n - W + 1 other drives answered: with u drives rebuilding, an acknowledged version is
 /// on at least W - u of the n - u others, so n - W + 1 answers among them meet it.
 pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str) -> Result<Option<VersionId>, Error> {
     let keys = [(bucket.to_owned(), key.to_owned())];
-    let mut replies = versions_many(client, &keys, MetaDetail::Versions).await.pop().expect("one result per key");
+    let mut replies = versions_many(client, &keys, MetaDetail::WithFloor).await.pop().expect("one result per key");
     let erasure = client.inner.map.erasure;
     let placement = client.inner.map.placement(bucket, key);
     let drives = client.set_drives(&placement);
@@ -57,7 +57,7 @@ pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str
         for position in silent {
             let drive = &drives[position];
             let item = MetaKey { drive: drive.drive_idx as u32, bucket: bucket.to_owned(), key: key.to_owned() };
-            let request = Request::MetaGet { items: vec![item], detail: MetaDetail::Versions };
+            let request = Request::MetaGet { items: vec![item], detail: MetaDetail::WithFloor };
             if let Ok(Response::Versions { mut keys }) = client.call_now(drive.node_idx, &request).await
                 && keys.len() == 1
             {
@@ -83,7 +83,10 @@ pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str
             reasons: format!("unreachable nodes: {}", unreachable.join(", ")),
         });
     }
-    Ok(replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).max())
+    // Floors too: a collected delete marker leaves only its floor, and a write after it must
+    // be newer.
+    let floors = replies.iter().flatten().filter_map(|v| v.finalized);
+    Ok(replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).chain(floors).max())
 }
 
 /// Every version each key has on each drive of its set: `replies[key][position]`, `None` when

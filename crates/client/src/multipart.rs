@@ -262,6 +262,31 @@ impl Client {
         if used.is_empty() { Ok(()) } else { Err(Error::NoSuchUpload { upload_id: upload_id.to_owned() }) }
     }
 
+    /// Aborts every upload, in every bucket, initiated before `initiated_before_ms` (Unix ms):
+    /// abandoned uploads and their pieces go (pieces a completed object uses stay, as with
+    /// [`Client::abort_multipart`]). Returns how many uploads were aborted; an upload that
+    /// fails to abort is logged and left for the next call.
+    pub async fn expire_multipart_uploads(&self, initiated_before_ms: u64) -> Result<usize, Error> {
+        let mut aborted = 0;
+        for bucket in self.list_buckets().await? {
+            for upload in self.list_multipart_uploads(&bucket, "").await? {
+                if upload.initiated_ms >= initiated_before_ms {
+                    continue;
+                }
+                match self.abort_multipart(&bucket, &upload.key, &upload.upload_id).await {
+                    Ok(()) | Err(Error::NoSuchUpload { .. }) => {
+                        aborted += 1;
+                        tracing::info!(bucket, key = %upload.key, upload_id = %upload.upload_id, initiated_ms = upload.initiated_ms, "abandoned multipart upload aborted");
+                    }
+                    Err(e) => {
+                        tracing::warn!(bucket, key = %upload.key, error = %e, "could not abort an expired multipart upload; will retry")
+                    }
+                }
+            }
+        }
+        Ok(aborted)
+    }
+
     /// Every upload in progress in `bucket` whose key starts with `prefix`, by key then
     /// initiation time. Reads every page of markers (finished uploads leave delete markers that
     /// fill pages without live entries), up to [`UPLOAD_MARKERS_SCANNED_MAX`].

@@ -10,7 +10,9 @@
 //! W - m for one without chunks, or acknowledged), so the scrubber never spreads a failed
 //! write that readers cannot see; only the lowest holder that answered queues the repair, so
 //! one node does each. A version held by W drives is finalized here if the writer's finalize
-//! never arrived, so the versions it replaced can retire.
+//! never arrived, so the versions it replaced can retire. A delete marker that every drive of
+//! the set holds, older than the retire grace and alone on its drive, is collected (garbage):
+//! its key's row goes, its acknowledged floor stays.
 //!
 //! Bounded: [`KEYS_PER_BATCH`] keys per metadata round trip to each peer, at most
 //! [`KEYS_PER_S_MAX`] keys a second, and deep reads paced by the repair byte budget (a paused
@@ -24,7 +26,7 @@ use cluster::{DriveRef, Placement};
 use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, RepairKind, Request, Response};
 
 use crate::State;
-use crate::repair::{Pacer, Peers, now_ms};
+use crate::repair::{Peers, now_ms};
 
 /// How often a node scrubs its drives, by default: a pass over a drive's key index costs one
 /// metadata lookup per key here and one batched request per peer per 256 keys.
@@ -51,6 +53,7 @@ pub(crate) struct Stats {
     deep_passes: AtomicU64,
     keys_checked: AtomicU64,
     problems_found: AtomicU64,
+    markers_collected: AtomicU64,
     last_pass_end_ms: AtomicU64,
     running: AtomicBool,
 }
@@ -63,6 +66,7 @@ pub(crate) fn status(state: &State) -> proto::ScrubStatus {
         deep_passes: stats.deep_passes.load(Ordering::Relaxed),
         keys_checked: stats.keys_checked.load(Ordering::Relaxed),
         problems_found: stats.problems_found.load(Ordering::Relaxed),
+        markers_collected: stats.markers_collected.load(Ordering::Relaxed),
         last_pass_end_ms: stats.last_pass_end_ms.load(Ordering::Relaxed),
         running: stats.running.load(Ordering::Relaxed),
     }
@@ -120,7 +124,6 @@ fn deep_last_ms(state: &State) -> u64 {
 }
 
 fn pass(state: &State, deep: bool) {
-    let mut pacer = Pacer::new();
     let mut peers = Peers::new(state);
     let mut batch_started = Instant::now();
     for drive_idx in 0..state.drives.len() {
@@ -149,7 +152,7 @@ fn pass(state: &State, deep: bool) {
                 let Some(last) = entries.last() else { break };
                 after = last.key.clone();
                 let keys: Vec<String> = entries.iter().map(|e| e.key.clone()).collect();
-                check_batch(state, drive_idx, &bucket.name, &keys, deep, &mut pacer, &mut peers);
+                check_batch(state, drive_idx, &bucket.name, &keys, deep, &mut peers);
                 // At most KEYS_PER_S_MAX keys a second.
                 let due = Duration::from_secs_f64(keys.len() as f64 / KEYS_PER_S_MAX as f64);
                 std::thread::sleep(due.saturating_sub(batch_started.elapsed()));
@@ -163,25 +166,19 @@ fn pass(state: &State, deep: bool) {
 }
 
 /// Checks one batch of keys of one drive: its own chunks, then what its peers hold.
-fn check_batch(
-    state: &State,
-    drive_idx: usize,
-    bucket: &str,
-    keys: &[String],
-    deep: bool,
-    pacer: &mut Pacer,
-    peers: &mut Peers<'_>,
-) {
+fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], deep: bool, peers: &mut Peers<'_>) {
     let drive = &state.drives[drive_idx];
     let me = DriveRef { node_idx: state.node_idx, drive_idx };
     let settled_before = now_ms().saturating_sub(SETTLE_MS);
-    // (meta, this drive's position in its set, its floor)
-    let mut checked: Vec<(ObjectMeta, usize, Option<proto::VersionId>)> = Vec::with_capacity(keys.len());
+    // (meta, this drive's position in its set, its floor, whether it retains older versions)
+    let mut checked: Vec<(ObjectMeta, usize, Option<proto::VersionId>, bool)> = Vec::with_capacity(keys.len());
     for key in keys {
-        let current = drive.get_versions(bucket, key).and_then(|v| Ok((v.current, drive.finalized(bucket, key)?)));
-        let (meta, floor) = match current {
-            Ok((Some(meta), floor)) => (meta, floor),
-            Ok((None, _)) => continue,
+        let current = drive
+            .get_versions(bucket, key)
+            .and_then(|v| Ok((v.current, !v.retained.is_empty(), drive.finalized(bucket, key)?)));
+        let (meta, retains, floor) = match current {
+            Ok((Some(meta), retains, floor)) => (meta, retains, floor),
+            Ok((None, ..)) => continue,
             Err(e) => {
                 tracing::error!(drive = drive_idx, key, error = %e, "scrub cannot read a key's metadata");
                 continue;
@@ -197,17 +194,21 @@ fn check_batch(
             continue;
         };
         state.scrub_stats.keys_checked.fetch_add(1, Ordering::Relaxed);
-        if let Some(problem) = own_chunk_problem(state, drive_idx, &meta, position, deep, pacer) {
+        if let Some(problem) = own_chunk_problem(state, drive_idx, &meta, position, deep) {
             tracing::warn!(drive = drive_idx, key, version = %meta.version.to_hex(), problem, "scrub found a damaged chunk; queued for repair");
             queue(state, drive_idx, &meta, &[position as u32], RepairKind::Damaged);
         }
-        checked.push((meta, position, floor));
+        checked.push((meta, position, floor, retains));
     }
     let replies = peer_versions(state, peers, &checked);
     let erasure = state.map.erasure;
     let marker_quorum = erasure.write_quorum().saturating_sub(erasure.m).max(1);
-    for ((meta, position, floor), replies) in checked.iter().zip(replies) {
-        let holds = |v: &KeyVersions| v.all().any(|m| m.version == meta.version);
+    for ((meta, position, floor, retains), replies) in checked.iter().zip(replies) {
+        // A drive that collected this delete marker holds it as far as anyone can tell.
+        let holds = |v: &KeyVersions| {
+            v.all().any(|m| m.version == meta.version)
+                || (meta.deleted && v.current.is_none() && v.finalized.is_some_and(|f| f >= meta.version))
+        };
         let holders: Vec<usize> =
             (0..replies.len()).filter(|&p| p == *position || replies[p].as_ref().is_some_and(&holds)).collect();
         let acknowledged = floor.is_some_and(|f| f >= meta.version)
@@ -216,8 +217,14 @@ fn check_batch(
         if holders.len() < needed && !acknowledged {
             continue; // not something readers can see: a write in flight, or a failed one
         }
-        if holders.len() >= erasure.write_quorum() && !floor.is_some_and(|f| f >= meta.version) {
+        let finalized_here = floor.is_some_and(|f| f >= meta.version);
+        // Held by W drives but never finalized here (the writer's finalize was lost), or
+        // finalized with replaced versions that arrived later and have no retirement time yet.
+        if (holders.len() >= erasure.write_quorum() && !finalized_here) || (finalized_here && *retains) {
             finalize_here(state, drive_idx, meta);
+        }
+        if meta.deleted && finalized_here && !*retains && holders.len() == replies.len() {
+            collect_marker(state, drive_idx, meta, settled_before);
         }
         let lacking: Vec<u32> = (0..replies.len())
             .filter(|&p| {
@@ -233,6 +240,23 @@ fn check_batch(
             tracing::info!(key = %meta.key, version = %meta.version.to_hex(), ?lacking, "scrub found drives without the current version; queued for repair");
             queue(state, drive_idx, meta, &lacking, RepairKind::Missing);
         }
+    }
+}
+
+/// Removes a delete marker every drive of its set holds, once it is older than the retire
+/// grace (its floor stays: see `chunkstore::Drive::collect_marker`).
+fn collect_marker(state: &State, drive_idx: usize, meta: &ObjectMeta, settled_before_ms: u64) {
+    let old_enough = meta.version.unix_ns / 1_000_000 + state.retire_grace.as_millis() as u64 <= settled_before_ms;
+    if !old_enough {
+        return;
+    }
+    match state.drives[drive_idx].collect_marker(&meta.bucket, &meta.key, meta.version) {
+        Ok(true) => {
+            state.scrub_stats.markers_collected.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(key = %meta.key, version = %meta.version.to_hex(), "delete marker collected");
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "could not collect a delete marker"),
     }
 }
 
@@ -261,7 +285,6 @@ fn own_chunk_problem(
     meta: &ObjectMeta,
     position: usize,
     deep: bool,
-    pacer: &mut Pacer,
 ) -> Option<&'static str> {
     if !meta.has_data_file() {
         return None;
@@ -288,7 +311,7 @@ fn own_chunk_problem(
     let placement = Placement { set_idx: meta.set_idx as usize, rotation: usize::from(meta.rotation), n: meta.n() };
     for stripe in 0..geometry.stripes {
         let len = geometry.chunk_len(stripe);
-        if pacer.take(&state.repair, len as u64).is_err() {
+        if state.repair.take(len as u64).is_err() {
             return None; // repair paused: deep reads wait for the next pass
         }
         let chunk = match drive.read_chunk(meta.version, geometry.file_offset(stripe), len) {
@@ -312,12 +335,12 @@ fn own_chunk_problem(
 fn peer_versions(
     state: &State,
     peers: &mut Peers<'_>,
-    checked: &[(ObjectMeta, usize, Option<proto::VersionId>)],
+    checked: &[(ObjectMeta, usize, Option<proto::VersionId>, bool)],
 ) -> Vec<Vec<Option<KeyVersions>>> {
     let mut replies: Vec<Vec<Option<KeyVersions>>> = Vec::with_capacity(checked.len());
     // Per node: (key index, position) and the items asked.
     let mut asked: HashMap<usize, Vec<(usize, usize, MetaKey)>> = HashMap::new();
-    for (i, (meta, position, _)) in checked.iter().enumerate() {
+    for (i, (meta, position, ..)) in checked.iter().enumerate() {
         let set = &state.map.sets[meta.set_idx as usize];
         replies.push(vec![None; set.drives.len()]);
         for (p, drive) in set.drives.iter().enumerate() {

@@ -558,6 +558,8 @@ pub struct ScrubStatus {
     /// Keys checked and problems queued for repair since the node started.
     pub keys_checked: u64,
     pub problems_found: u64,
+    /// Delete markers collected since the node started (held by every drive of their set).
+    pub markers_collected: u64,
     /// When the last pass ended (Unix ms; 0 if none has).
     pub last_pass_end_ms: u64,
     /// Whether a pass is running now.

@@ -242,3 +242,62 @@ fn concurrent_if_absent_puts_have_exactly_one_winner() {
         }
     });
 }
+
+#[test]
+fn the_gateway_aborts_multipart_uploads_older_than_its_expiry_with_their_pieces() {
+    let shape = Shape { retire_grace: "1s", ..Shape::default() };
+    let cluster = Cluster::start(shape);
+    let client = cluster.client();
+    let part = payload(client::PART_BYTES_MIN as usize, 3);
+    let (old, done) = block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        let old = client.create_multipart("bkt", "old", &client::PutOptions::default()).await.unwrap();
+        client.put_part("bkt", "old", &old, 1, &mut part.as_slice()).await.unwrap();
+        // A completed upload's pieces belong to its object: they stay.
+        let done = client.create_multipart("bkt", "done", &client::PutOptions::default()).await.unwrap();
+        let info = client.put_part("bkt", "done", &done, 1, &mut part.as_slice()).await.unwrap();
+        client.complete_multipart("bkt", "done", &done, &[(1, info.etag)]).await.unwrap();
+        (old, done)
+    });
+    let pieces_before = (0..6).map(|i| cluster.data_files(i).len()).sum::<usize>();
+    let port = crate::harness::free_ports(1);
+    let mut gateway = std::process::Command::new(crate::harness::TESSERA)
+        .args(["gateway", "--config"])
+        .arg(&cluster.config)
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--multipart-expiry",
+            "3s",
+            "--multipart-check-interval",
+            "1s",
+        ])
+        .env("TESSERA_ACCESS_KEY", "gc-test-access")
+        .env("TESSERA_SECRET_KEY", "gc-test-secret-key")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let gone = loop {
+        let uploads = block_on(client.list_multipart_uploads("bkt", "")).unwrap();
+        if uploads.is_empty() || std::time::Instant::now() > deadline {
+            break uploads.is_empty();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let _ = gateway.kill();
+    let _ = gateway.wait();
+    assert!(gone, "the abandoned upload was not aborted within 60 s");
+    block_on(async {
+        assert!(matches!(client.list_parts("bkt", "old", &old).await, Err(client::Error::NoSuchUpload { .. })));
+        assert!(client.get("bkt", "done").await.unwrap() == part, "a completed upload's object keeps its pieces");
+        let _ = done;
+    });
+    // The abandoned piece's chunks go once its delete is acknowledged and the grace passed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while (0..6).map(|i| cluster.data_files(i).len()).sum::<usize>() >= pieces_before {
+        assert!(std::time::Instant::now() < deadline, "the abandoned piece's chunk files were not deleted");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

@@ -12,7 +12,7 @@ use crate::harness::{Cluster, Shape, block_on, payload};
 use crate::protocol::{RawSession, secret_of};
 
 /// A client of `cluster` whose clock is off by `skew_s` seconds.
-fn skewed_client(cluster: &Cluster, skew_s: i64) -> client::Client {
+pub(crate) fn skewed_client(cluster: &Cluster, skew_s: i64) -> client::Client {
     let text = std::fs::read_to_string(&cluster.config).unwrap();
     let map = cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap();
     let options = client::ClientOptions {

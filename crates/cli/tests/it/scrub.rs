@@ -145,6 +145,10 @@ fn a_wiped_drive_is_rebuilt_from_its_set_and_readers_skip_it_meanwhile() {
     cluster.start_node(1);
     cluster.wait_ready();
     assert!(cluster.log(1).contains("empty drive directory: formatted"), "{}", cluster.log(1));
+    // Its first drive held the repair settings: it takes "paused" from a peer.
+    wait_for(&cluster, "n2 takes the repair settings from a peer", || {
+        cluster.log(1).contains("repair settings taken from a peer")
+    });
     let status = cluster.cli_ok(&["repair", "status", "--json"]);
     assert!(status.lines().any(|l| l.contains("\"node\":\"n2\"") && l.contains("\"rebuilding\":true")), "{status}");
     // Readers skip n2: it is not counted as a drive without the objects, and with n3 down too
@@ -233,4 +237,36 @@ fn repair_requests_for_chunks_a_node_does_not_hold_or_own_are_refused() {
     // The version it does hold is taken.
     assert_eq!(session.call(&hint(info.meta.version)), Response::Ok);
     assert!(cluster.is_running(0));
+}
+
+#[test]
+fn delete_markers_every_drive_holds_are_collected_and_the_key_stays_deleted() {
+    let shape = Shape { scrub_interval: "1s", retire_grace: "1s", ..Shape::default() };
+    let cluster = Cluster::start(shape);
+    cluster.cli_ok(&["mb", "bkt"]);
+    let client = cluster.client();
+    block_on(async {
+        client.put_bytes("bkt", "gone", b"deleted soon", &Default::default()).await.unwrap();
+        client.delete("bkt", "gone").await.unwrap();
+        client.put_bytes("bkt", "kept", b"stays", &Default::default()).await.unwrap();
+    });
+    wait_for(&cluster, "every drive collects the marker", || {
+        let status = cluster.cli(&["repair", "status", "--json"]).stdout_text();
+        let collected: u64 = status
+            .split("\"markers_collected\":")
+            .skip(1)
+            .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok())
+            .sum();
+        collected >= 6
+    });
+    let listed = cluster.cli_ok(&["ls", "bkt"]);
+    assert!(listed.contains("kept") && !listed.contains("gone"), "{listed}");
+    assert!(matches!(block_on(client.get("bkt", "gone")), Err(client::Error::NotFound { .. })));
+    // A write after the collection, from a client whose clock lags by a minute, still wins: the
+    // marker's acknowledged floor stayed on every drive.
+    let lagging = crate::durability::skewed_client(&cluster, -60);
+    block_on(async {
+        lagging.put_bytes("bkt", "gone", b"written again", &Default::default()).await.unwrap();
+        assert_eq!(client.get("bkt", "gone").await.unwrap(), b"written again");
+    });
 }
