@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import itertools
+import json
 import os
 import random
 import re
@@ -57,6 +59,18 @@ NODE_PORT = 7000
 OP_TIMEOUT_S = 30.0
 READY_TIMEOUT_S = 20.0
 FULL_DRIVE_BYTES = 3 << 20
+# A node counts as impaired for this long after its fault heals: a client that saw it down backs
+# off from it for 2 s, and a restarted node needs a moment to listen.
+IMPAIRED_GRACE_S = 3.0
+# After the faults stop, background repair has this long to restore full redundancy (a holder
+# that is not the designated repairer waits 30 s; retries back off from 1 s).
+REPAIR_WAIT_S = 120.0
+FAKETIME_RETRIES = 5
+# Scrub passes (every one deep) on builds that have a scrubber.
+SCRUB_INTERVAL = "3s"
+# Node sets taken down together once repair has converged (every acknowledged write must
+# survive each): all C(6, 2) = 15 pairs unless TESSERA_CHAOS_PROBES says fewer.
+REDUNDANCY_PROBES = int(os.environ.get("TESSERA_CHAOS_PROBES", "15"))
 
 
 class CheckerError(Exception):
@@ -177,6 +191,7 @@ class Cluster:
         self.procs: dict[int, subprocess.Popen] = {}
         self.mounted: list[Path] = []
         self.full_drive = full_drive
+        self.scrubs: bool | None = None  # whether this build has a scrubber (feature-detected)
 
     def init(self) -> None:
         subprocess.run([str(self.tessera), "init", "--nodes", str(NODES), "--ec", EC, "--chunk-size", "64KiB",
@@ -197,10 +212,15 @@ class Cluster:
 
     def start(self, i: int) -> None:
         assert i not in self.procs, f"n{i} is running"
+        if self.scrubs is None:
+            help_text = subprocess.run([str(self.tessera), "node", "--help"], capture_output=True, text=True).stdout
+            self.scrubs = "--scrub-interval" in help_text
+        # Scrub often, so that what the repair queue missed is found while the checker waits.
+        scrub = ["--scrub-interval", SCRUB_INTERVAL, "--deep-scrub-interval", SCRUB_INTERVAL] if self.scrubs else []
         with open(self.log(i), "ab") as log:
             self.procs[i] = subprocess.Popen(
                 ["ip", "netns", "exec", self.topo.ns(i), str(self.tessera), "node", "--config", str(self.config),
-                 "--id", f"n{i}"],
+                 "--id", f"n{i}", *scrub],
                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TESSERA_LOG": "info", "NO_COLOR": "1"})
 
     def wait_ready(self, i: int) -> None:
@@ -235,6 +255,26 @@ class Cluster:
         for drive in self.mounted:
             run("umount", "-l", str(drive), check=False)
         self.mounted.clear()
+
+    def heals(self) -> bool:
+        """Whether this build scrubs and rebuilds wiped drives (wipe and corrupt faults)."""
+        help_text = subprocess.run([str(self.tessera), "--help"], capture_output=True, text=True).stdout
+        return bool(re.search(r"^\s+drive\b", help_text, re.M))
+
+    def rebuilding(self, i: int) -> bool:
+        """Whether node i reports a drive being rebuilt (or does not answer)."""
+        result = subprocess.run([str(self.tessera), "repair", "status", "--json", "--config", str(self.config)],
+                                capture_output=True, text=True)
+        for line in result.stdout.splitlines():
+            if line.startswith("{") and f'"node":"n{i}"' in line:
+                status = json.loads(line)
+                return "drives" not in status or any(d.get("rebuilding") for d in status["drives"])
+        return True
+
+    def grow_full_drive(self) -> None:
+        """The operator frees space: the full drive gets room, so repair can reach it."""
+        for drive in self.mounted:
+            run("mount", "-o", "remount,size=256m", str(drive))
 
     def error_lines(self) -> list[str]:
         lines = []
@@ -291,10 +331,16 @@ class Workload:
             # Shift the wall clock only: timeouts keep the real monotonic clock.
             cmd = ["faketime", "-f", f"{skew:+d}s", *cmd]
             env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
-        try:
-            return subprocess.run(cmd, capture_output=True, timeout=OP_TIMEOUT_S, env=env)
-        except subprocess.TimeoutExpired as e:
-            return subprocess.CompletedProcess(cmd, -9, e.stdout or b"", b"timed out")
+        for _ in range(FAKETIME_RETRIES):
+            try:
+                result = subprocess.run(cmd, capture_output=True, timeout=OP_TIMEOUT_S, env=env)
+            except subprocess.TimeoutExpired as e:
+                return subprocess.CompletedProcess(cmd, -9, e.stdout or b"", b"timed out")
+            # libfaketime can fail to start when several processes start at once (its shared
+            # semaphore); tessera never ran then, so run it again.
+            if not (result.returncode != 0 and result.stderr.startswith(b"faketime:")):
+                break
+        return result
 
     def client_loop(self, client: int) -> None:
         rng = random.Random(self.seed * 1000 + client)
@@ -394,6 +440,13 @@ class Faults:
     survive); a full drive counts as one impairment for the whole run."""
 
     KINDS = ("kill", "stop", "partition", "loss", "slow", "peer-cut")
+    # On builds with a scrubber and drive rebuild: a drive wiped under a restarted node, and a
+    # chunk file truncated or bit-flipped. Both stay impairments until repair undid them.
+    HEALING_KINDS = ("wipe", "corrupt")
+    # Struck on two nodes at the same instant when the budget allows: a commit in flight then
+    # fails on two drives at once (the review's failed-overwrite example).
+    PAIR_KINDS = ("kill", "stop", "partition")
+    PAIR_CHANCE = 0.3
 
     def __init__(self, cluster: Cluster, topo: Topology, seed: int, deadline: float, start: float):
         self.cluster = cluster
@@ -404,6 +457,15 @@ class Faults:
         self.schedule: list[str] = []
         self.active: dict[int, tuple[str, float]] = {}  # node -> (kind, until)
         self.budget = M - (1 if cluster.full_drive else 0)
+        # (node, from, to) in monotonic seconds: when each node was impaired.
+        self.impaired: list[tuple[int, float, float]] = []
+        if cluster.full_drive:
+            self.impaired.append((NODES, float("-inf"), float("inf")))
+        self.struck_at: dict[int, float] = {}
+        self.pair_due = False
+        self.corrupted: dict[int, tuple[Path, bytes]] = {}
+        self.lock = threading.Lock()  # heal_all runs from the fault thread and the main thread
+        self.kinds = self.KINDS + (self.HEALING_KINDS if cluster.heals() else ())
 
     def log(self, text: str) -> None:
         line = f"{time.monotonic() - self.start:7.2f}s {text}"
@@ -411,7 +473,32 @@ class Faults:
         print("  fault", line, flush=True)
 
     def inject(self, node: int, kind: str) -> None:
-        if kind == "kill":
+        if kind == "wipe":
+            self.cluster.kill(node)
+            drive = self.cluster.data / f"n{node}" / "d1"
+            for entry in drive.iterdir():
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            self.cluster.start(node)
+            self.cluster.wait_ready(node)
+        elif kind == "corrupt":
+            files = sorted((self.cluster.data / f"n{node}" / "d1" / "data").glob("*/*"))
+            if files:
+                victim = self.rng.choice(files)
+                try:
+                    original = victim.read_bytes()
+                    if self.rng.random() < 0.5:
+                        victim.write_bytes(original[: len(original) // 2])
+                        how = "truncated"
+                    else:
+                        damaged = bytearray(original)
+                        damaged[self.rng.randrange(len(damaged))] ^= 0x20
+                        victim.write_bytes(bytes(damaged))
+                        how = "bit-flipped"
+                    self.corrupted[node] = (victim, original)
+                    self.log(f"  {how} {victim.name} on n{node}")
+                except (OSError, ValueError):
+                    pass  # retired or empty meanwhile: no damage this time
+        elif kind == "kill":
             self.cluster.kill(node)
         elif kind == "stop":
             self.cluster.signal(node, signal.SIGSTOP)
@@ -427,8 +514,25 @@ class Faults:
                 if peer != node:
                     self.topo.cut_peer(node, peer)
 
+    def healed_by_repair(self, node: int, kind: str) -> bool:
+        """Whether repair has undone a wipe (rebuild finished) or a corruption (file restored, or
+        gone with its version)."""
+        if kind == "wipe":
+            return not self.cluster.rebuilding(node)
+        if kind == "corrupt":
+            if node not in self.corrupted:
+                return True
+            victim, original = self.corrupted[node]
+            try:
+                return victim.read_bytes() == original
+            except OSError:
+                return True
+        return True
+
     def heal(self, node: int, kind: str) -> None:
-        if kind == "kill":
+        if kind in self.HEALING_KINDS:
+            self.corrupted.pop(node, None)
+        elif kind == "kill":
             self.cluster.start(node)
             self.cluster.wait_ready(node)
         elif kind == "stop":
@@ -439,30 +543,55 @@ class Faults:
             self.topo.clear_loss(node)
         elif kind == "slow":
             self.topo.clear_slow(node)
+        self.impaired.append((node, self.struck_at.pop(node), time.monotonic()))
         self.log(f"heal {kind} n{node}")
 
     def loop(self) -> None:
+        try:
+            self.strike_until_deadline()
+        finally:
+            self.heal_all()  # at the deadline, not when the last client operation ends
+
+    def strike_until_deadline(self) -> None:
         while time.monotonic() < self.deadline:
             time.sleep(self.rng.uniform(0.3, 1.5))
             now = time.monotonic()
             for node, (kind, until) in list(self.active.items()):
                 if now >= until:
+                    if not self.healed_by_repair(node, kind):
+                        self.active[node] = (kind, now + 1.0)
+                        continue
                     del self.active[node]
                     self.heal(node, kind)
             if len(self.active) >= self.budget or now >= self.deadline:
                 continue
             candidates = [i for i in range(1, NODES + 1) if i not in self.active
                           and not (self.cluster.full_drive and i == NODES)]
-            node = self.rng.choice(candidates)
-            kind = self.rng.choice(self.KINDS)
-            self.inject(node, kind)
-            self.active[node] = (kind, now + self.rng.uniform(1.0, 5.0))
-            self.log(f"inject {kind} n{node}")
+            if self.budget >= 2 and not self.pair_due:
+                self.pair_due = self.rng.random() < self.PAIR_CHANCE
+            if self.pair_due and self.active:
+                continue  # a pair waits until no node is impaired
+            if self.pair_due:
+                self.pair_due = False
+                nodes = sorted(self.rng.sample(candidates, 2))
+                kind = self.rng.choice(self.PAIR_KINDS)
+            else:
+                nodes = [self.rng.choice(candidates)]
+                kind = self.rng.choice(self.kinds)
+            until = now + self.rng.uniform(1.0, 5.0)
+            for node in nodes:
+                self.struck_at[node] = time.monotonic()
+                self.inject(node, kind)
+                self.active[node] = (kind, until)
+            self.log(f"inject {kind} " + " ".join(f"n{node}" for node in nodes))
 
     def heal_all(self) -> None:
-        for node, (kind, _) in list(self.active.items()):
-            del self.active[node]
-            self.heal(node, kind)
+        """Heals what the checker can heal; wipes and corruptions are left to repair (the
+        redundancy check after the faults waits for it)."""
+        with self.lock:
+            for node, (kind, _) in list(self.active.items()):
+                del self.active[node]
+                self.heal(node, kind)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -510,6 +639,21 @@ def check_history(ops: list[Op], finals: dict[str, Op]) -> list[str]:
     return anomalies
 
 
+def unavailable_reads(ops: list[Op], impaired: list[tuple[int, float, float]]) -> list[str]:
+    """Reads that failed although at most M nodes were impaired at any time during them (each
+    impairment stretched by IMPAIRED_GRACE_S): the design promises these succeed."""
+    found = []
+    for op in ops:
+        if op.kind not in ("get", "rget") or op.outcome != "error":
+            continue
+        nodes = {node for node, a, b in impaired if a < op.complete and b + IMPAIRED_GRACE_S > op.invoke}
+        if len(nodes) <= M:
+            down = ", ".join(f"n{n}" for n in sorted(nodes)) or "none"
+            found.append(f"unavailable: {op.kind} op {op.op_id} of {op.key} failed with at most {M} nodes impaired "
+                         f"({down}): {op.detail}")
+    return found
+
+
 def final_reads(workload: Workload) -> tuple[dict[str, Op], list[str]]:
     finals, problems = {}, []
     keys = sorted({op.key for op in workload.ops})
@@ -527,6 +671,74 @@ def final_reads(workload: Workload) -> tuple[dict[str, Op], list[str]]:
         op.complete = time.monotonic()
         finals[key] = op
     return finals, problems
+
+
+def wait_repaired(workload: Workload) -> list[str]:
+    """Waits for every node's repair queue to drain; returns a problem if it does not."""
+    cluster = workload.cluster
+    help_text = subprocess.run([str(cluster.tessera), "--help"], capture_output=True, text=True).stdout
+    if not re.search(r"^\s+repair\b", help_text, re.M):
+        print("checker: this build has no background repair; probing redundancy as it stands", flush=True)
+        return []
+    started = time.monotonic()
+    deadline = started + REPAIR_WAIT_S
+    queued, last = -1, ""
+    passes_at_start: dict[str, int] | None = None
+    while time.monotonic() < deadline:
+        result = workload.cli(0, "repair", "status", "--json")
+        last = (result.stdout + result.stderr).decode(errors="replace").strip()[-400:]
+        lines = [json.loads(line) for line in result.stdout.decode().splitlines() if line.startswith("{")]
+        if len(lines) == NODES and all("drives" in line for line in lines):
+            queued = sum(d["queued_versions"] for line in lines for d in line["drives"])
+            queued += sum(1 for line in lines for d in line["drives"] if d.get("rebuilding"))
+            # With a scrubber: two passes more on every node, so one began after the faults.
+            passes = {line["node"]: line.get("scrub", {}).get("passes", 0) for line in lines}
+            if passes_at_start is None:
+                passes_at_start = passes
+            scrubbed = not cluster.scrubs or all(passes[n] >= passes_at_start[n] + 2 for n in passes)
+            if queued == 0 and scrubbed:
+                print(f"checker: repair converged {time.monotonic() - started:.1f} s after the faults stopped", flush=True)
+                return []
+        time.sleep(1.0)
+    return [f"repair did not restore full redundancy within {REPAIR_WAIT_S:.0f} s after the faults stopped "
+            f"({queued} versions still queued; last status: {last})"]
+
+
+def probe_redundancy(workload: Workload, finals: dict[str, Op], rng: random.Random) -> list[str]:
+    """With repair converged, takes M nodes down at a time: every key must read as it did."""
+    cluster, problems = workload.cluster, []
+    for key, final in sorted(finals.items()):
+        if final.outcome != "value":
+            continue
+        result = workload.cli(0, "stat", f"bkt/{key}")
+        text = result.stdout.decode(errors="replace")
+        positions = text.count("position ")
+        if result.returncode != 0 or positions != NODES or "(no metadata)" in text:
+            problems.append(f"lost redundancy: after repair, {key} is not on all {NODES} drives:\n{text}"
+                            f"{result.stderr.decode(errors='replace')}")
+    sets = list(itertools.combinations(range(1, NODES + 1), M))
+    if REDUNDANCY_PROBES < len(sets):
+        sets = rng.sample(sets, REDUNDANCY_PROBES)
+    for down in sets:
+        print(f"checker: probing redundancy with {', '.join(f'n{i}' for i in down)} down", flush=True)
+        for i in down:
+            cluster.kill(i)
+        for key, final in sorted(finals.items()):
+            op = Op(0, 0, "get", key, time.monotonic())
+            result = workload.cli(0, "get", f"bkt/{key}", "-")
+            Workload.classify_read(op, result, None)
+            if op.outcome == "value" and len(result.stdout) >= HEADER.size:
+                op.value = HEADER.unpack_from(result.stdout)[0]
+            if (op.outcome, op.value) != (final.outcome, final.value):
+                got = f"op {op.value}" if op.outcome == "value" else f"{op.outcome} ({op.detail})"
+                want = f"op {final.value}" if final.outcome == "value" else final.outcome
+                problems.append(f"lost redundancy: with {', '.join(f'n{i}' for i in down)} down after repair, "
+                                f"GET of {key} returned {got}, not {want}")
+        for i in down:
+            cluster.start(i)
+        for i in down:
+            cluster.wait_ready(i)
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,7 +762,7 @@ class Report:
         lines.append(f"anomalies: {len(self.anomalies)}")
         lines += [f"  {a}" for a in self.anomalies[:50]]
         if self.read_errors:
-            lines.append(f"reads that failed (availability, not safety): {len(self.read_errors)}")
+            lines.append(f"reads that failed: {len(self.read_errors)} (those with at most {M} nodes impaired are anomalies)")
             lines += [f"  {e}" for e in self.read_errors[:10]]
         if self.errors_logged:
             lines.append(f"node ERROR lines: {len(self.errors_logged)}")
@@ -558,14 +770,16 @@ class Report:
         return "\n".join(lines)
 
 
-def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True) -> Report:
+def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, faults_on: bool = True) -> Report:
+    """One seeded run. Without faults (`faults_on=False`) the workload races reads against
+    overwrites on a healthy cluster: every read must then succeed."""
     rng = random.Random(seed)
-    full_drive = rng.random() < 0.5
+    full_drive = faults_on and rng.random() < 0.3
     topo = Topology(NODES)
     work = Path(tempfile.mkdtemp(prefix=f"tessera-chaos-{seed}-"))
     cluster = Cluster(tessera, topo, work, full_drive)
-    print(f"checker: seed {seed}, {duration:.0f} s, full drive on n{NODES}: {full_drive}, clock skew: {skew}, "
-          f"work dir {work}", flush=True)
+    print(f"checker: seed {seed}, {duration:.0f} s, faults: {faults_on}, full drive on n{NODES}: {full_drive}, "
+          f"clock skew: {skew}, work dir {work}", flush=True)
     try:
         topo.create()
         cluster.init()
@@ -581,7 +795,8 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True) ->
         workload = Workload(cluster, seed, deadline, ranged, skews)
         faults = Faults(cluster, topo, seed, deadline, start)
         threads = [threading.Thread(target=workload.client_loop, args=(c,), daemon=True) for c in range(CLIENTS)]
-        threads.append(threading.Thread(target=faults.loop, daemon=True))
+        if faults_on:
+            threads.append(threading.Thread(target=faults.loop, daemon=True))
         for t in threads:
             t.start()
         for t in threads:
@@ -593,15 +808,19 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True) ->
             cluster.wait_ready(i)
         finals, problems = final_reads(workload)
         anomalies = workload.corrupt + problems + check_history(workload.ops, finals)
+        anomalies += unavailable_reads(workload.ops, faults.impaired)
+        cluster.grow_full_drive()
+        anomalies += wait_repaired(workload)
+        anomalies += probe_redundancy(workload, finals, rng)
         counts: dict[str, int] = {}
         for op in workload.ops:
             counts[f"{op.kind}:{op.outcome}"] = counts.get(f"{op.kind}:{op.outcome}", 0) + 1
         if os.environ.get("TESSERA_CHAOS_HISTORY"):
-            import json
             with open(os.environ["TESSERA_CHAOS_HISTORY"], "w") as f:
                 json.dump([dataclasses.asdict(op) | {"t0": op.invoke - start, "t1": op.complete - start}
                            for op in workload.ops + list(finals.values())], f)
-        read_errors = [f"{op.kind} op {op.op_id} of {op.key} at {op.invoke - start:.2f}s: {op.detail}"
+        read_errors = [f"{op.kind} op {op.op_id} of {op.key} at {op.invoke - start:.2f}s "
+                       f"(took {op.complete - op.invoke:.2f}s): {op.detail}"
                        for op in workload.ops if op.kind in ("get", "rget") and op.outcome == "error"]
         return Report(seed, duration, faults.schedule, counts, anomalies, cluster.error_lines(), read_errors)
     finally:
@@ -617,12 +836,15 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of faults per seed")
     parser.add_argument("--tessera", type=Path, default=REPO / "target" / "release" / "tessera")
     parser.add_argument("--no-skew", action="store_true", help="every client on the machine's clock")
+    parser.add_argument("--no-faults", action="store_true",
+                        help="no faults: reads race overwrites on a healthy cluster, and every read must succeed")
     args = parser.parse_args()
     seeds = args.seed or [random.SystemRandom().randrange(1, 1 << 31)]
     failed = 0
     for seed in seeds:
         try:
-            report = run_checker(seed, args.duration, args.tessera, skew=not args.no_skew)
+            report = run_checker(seed, args.duration, args.tessera, skew=not args.no_skew,
+                                 faults_on=not args.no_faults)
         except CheckerError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
