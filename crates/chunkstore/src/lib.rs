@@ -101,6 +101,9 @@ pub struct Drive {
     db: std::sync::RwLock<Option<std::sync::Arc<Database>>>,
     /// A finalize was committed without fsync since the last durable commit.
     unsynced: std::sync::atomic::AtomicBool,
+    /// Taken shared by chunk writes and commits, exclusive by [`Drive::wipe`]: a wipe never
+    /// runs between a commit's rename of its data file and its metadata transaction.
+    wiping: std::sync::RwLock<()>,
 }
 
 impl Drive {
@@ -133,6 +136,7 @@ impl Drive {
             root: root.to_owned(),
             db: std::sync::RwLock::new(Some(std::sync::Arc::new(db))),
             unsynced: std::sync::atomic::AtomicBool::new(false),
+            wiping: std::sync::RwLock::new(()),
         };
         drive.create_tables()?;
         drive.sweep()?;
@@ -234,9 +238,16 @@ impl Drive {
             return Err(Error::NoSuchBucket { bucket: bucket.to_owned() });
         }
         let path = self.staging_path(version);
-        let file = OpenOptions::new().create(true).write(true).truncate(false).open(&path);
+        // Only the first chunk creates the staging file: a later one whose file is gone (the
+        // drive was wiped, or the connection that staged it ended) must not leave a file with
+        // a hole of zeros where the earlier chunks were.
+        let _writing = self.wiping.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let file = OpenOptions::new().create(offset == 0).write(true).truncate(false).open(&path);
         let result = file.and_then(|file| file.write_all_at(data, offset));
-        result.map_err(|source| self.io_err(&path, source))
+        result.map_err(|source| match source.kind() {
+            io::ErrorKind::NotFound if offset > 0 => Error::NoStagedData { version: version.to_hex() },
+            _ => self.io_err(&path, source),
+        })
     }
 
     /// Drops `version`'s staging file, if any.
@@ -257,6 +268,7 @@ impl Drive {
         missing_positions: &[u32],
         condition: CommitCondition,
     ) -> Result<CommitOutcome, Error> {
+        let _committing = self.wiping.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !self.has_bucket(&meta.bucket)? {
             return Err(Error::NoSuchBucket { bucket: meta.bucket.clone() });
         }
@@ -456,6 +468,7 @@ impl Drive {
             return self.commit(meta, &[], CommitCondition::None).map(|_| ());
         }
         if meta.has_data_file() {
+            let _committing = self.wiping.read().unwrap_or_else(std::sync::PoisonError::into_inner);
             self.publish_staged(meta)?;
         }
         Ok(())
@@ -577,6 +590,7 @@ impl Drive {
     /// is rebuilt from its set next: every bucket, version, acknowledged floor, repair entry,
     /// data file and staging file (PUTs staging here fail). Settings stay.
     pub fn wipe(&self) -> Result<(), Error> {
+        let _exclusive = self.wiping.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         txn.delete_table(BUCKETS).map_err(|e| self.db_err(e))?;
         txn.delete_table(OBJECTS).map_err(|e| self.db_err(e))?;
@@ -728,7 +742,7 @@ impl Drive {
             let meta = self.decode_meta(value.value())?;
             if row.value() == object_key.as_slice() { current = Some(meta) } else { retained.push(meta) }
         }
-        Ok(KeyVersions { current, retained, finalized: None, unavailable: false })
+        Ok(KeyVersions { current, retained, finalized: None, unavailable: false, retained_truncated: false })
     }
 
     /// The drive's current metadata of `bucket/key` (a delete marker counts).
@@ -914,7 +928,28 @@ impl Drive {
                 versions.insert(meta.version.to_hex().as_str(), 1).map_err(|e| self.db_err(e))?;
             }
             let encoded = proto::encode_body(meta);
+            // With no current row, the key's acknowledged floor still orders it: a collected
+            // delete marker leaves only its floor, and a write older than it must not become
+            // current (it would resurrect the key).
+            let floor = if current.is_none() {
+                let finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+                let floor = finalized.get(object_key.as_slice()).map_err(|e| self.db_err(e))?;
+                floor.map(|v| version_of_bytes(v.value())).filter(|f| *f > meta.version)
+            } else {
+                None
+            };
             let result = match current {
+                None if floor.is_some() => {
+                    // Kept (it is durable, and the writer counts it) but retired at once: no
+                    // reader can choose a version below the floor.
+                    let own_key = retained_key(&object_key, meta.version);
+                    objects.insert(own_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
+                    let now_ms =
+                        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+                    let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+                    retire.insert(own_key.as_slice(), now_ms).map_err(|e| self.db_err(e))?;
+                    ReplaceResult::Superseded { current: floor.expect("checked"), dropped: Vec::new() }
+                }
                 Some(current) if current.version > meta.version => {
                     // A newer version is current: keep ours beside it (it is still durable, and
                     // the newer one may yet be rolled back).
@@ -1057,7 +1092,8 @@ impl Drive {
         if let Some(db) = slot.as_ref() {
             return Ok(db.clone());
         }
-        let db = std::sync::Arc::new(Database::create(self.root.join(META_FILE)).map_err(|e| self.db_err(e))?);
+        // Not `db_err`: it takes this lock, which this thread holds.
+        let db = std::sync::Arc::new(Database::create(self.root.join(META_FILE)).map_err(|e| db_error(&self.root, e))?);
         tracing::warn!(drive = %self.root.display(), "metadata database reopened after an I/O error");
         *slot = Some(db.clone());
         Ok(db)

@@ -285,10 +285,14 @@ fn a_repair_commit_refuses_a_staged_file_with_holes_and_replaces_a_damaged_one()
     let geometry = meta.geometry();
     let good: Vec<Vec<u8>> = (0..geometry.stripes).map(|s| vec![7u8 + s as u8; geometry.chunk_len(s)]).collect();
     let crcs: Vec<u32> = good.iter().flat_map(|c| c.chunks(4096).map(crc32c::crc32c).collect::<Vec<_>>()).collect();
-    // Only the last stripe staged (another repair published the rest): holes, refused.
+    // Another repair published the staging file: a later chunk cannot start a new one with a
+    // hole where the first was.
     let last = geometry.stripes - 1;
-    drive.write_chunk("bkt", version(1), geometry.file_offset(last), &good[last as usize]).unwrap();
-    assert!(matches!(drive.commit_repair(&meta, &crcs), Err(Error::StagedChecksumMismatch { stripe: 0, .. })));
+    let err = drive.write_chunk("bkt", version(1), geometry.file_offset(last), &good[last as usize]).unwrap_err();
+    assert!(matches!(err, Error::NoStagedData { .. }), "{err}");
+    // Only the first stripe staged: short, refused.
+    drive.write_chunk("bkt", version(1), 0, &good[0]).unwrap();
+    assert!(matches!(drive.commit_repair(&meta, &crcs), Err(Error::StagedChecksumMismatch { stripe: 1, .. })));
     // Fully staged: the damaged data file is replaced, the metadata left alone.
     for stripe in 0..geometry.stripes {
         drive.write_chunk("bkt", version(1), geometry.file_offset(stripe), &good[stripe as usize]).unwrap();
@@ -361,4 +365,33 @@ fn a_delete_marker_is_collected_only_while_current_and_alone_and_its_floor_stays
     assert_eq!(drive.finalized("bkt", "a").unwrap(), Some(version(2)), "the floor stays");
     assert!(drive.list("bkt", "", "", 10).unwrap().is_empty());
     assert!(!drive.collect_marker("bkt", "a", version(2)).unwrap(), "gone already");
+}
+
+#[test]
+fn a_write_older_than_a_collected_marker_never_becomes_current() {
+    let (_dir, drive) = drive();
+    let mut marker = meta("a", version(5), 0);
+    marker.deleted = true;
+    marker.crcs.clear();
+    drive.commit(&marker, &[], CommitCondition::None).unwrap();
+    drive.finalize("bkt", "a", version(5), &[], 0).unwrap();
+    assert!(drive.collect_marker("bkt", "a", version(5)).unwrap());
+    // A PUT that took its version before the delete commits only now.
+    drive.write_chunk("bkt", version(3), 0, &[7u8; 50]).unwrap();
+    let outcome = drive.commit(&meta("a", version(3), 100), &[], CommitCondition::None).unwrap();
+    assert!(matches!(outcome, CommitOutcome::Superseded { .. }), "{outcome:?}");
+    let versions = drive.get_versions("bkt", "a").unwrap();
+    assert!(versions.current.is_none(), "the key stays deleted");
+    drive.retire_expired(u64::MAX, 100).unwrap();
+    assert!(drive.get_versions("bkt", "a").unwrap().all().next().is_none(), "and the old write retires");
+    assert!(drive.data_len(version(3)).unwrap().is_none());
+}
+
+#[test]
+fn a_chunk_write_past_the_start_needs_the_staging_file_of_the_first() {
+    let (_dir, drive) = drive();
+    let err = drive.write_chunk("bkt", version(9), 4096, &[1u8; 10]).unwrap_err();
+    assert!(matches!(err, Error::NoStagedData { .. }), "{err}");
+    drive.write_chunk("bkt", version(9), 0, &[1u8; 4096]).unwrap();
+    drive.write_chunk("bkt", version(9), 4096, &[1u8; 10]).unwrap();
 }

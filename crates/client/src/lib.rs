@@ -512,7 +512,8 @@ fn choose_version(
     let needed = |meta: &ObjectMeta| if meta.has_data_file() || !meta.parts.is_empty() { k } else { marker_quorum };
     let readable = candidates.clone().rev().map(|(_, held)| held).find(|(meta, count)| *count >= needed(meta));
     let newest = candidates.map(|(_, held)| held).next_back().or(held.values().next_back());
-    let silent = replies.iter().filter(|r| r.is_none()).count();
+    // Drives whose retained versions were left out of the answer may hold more than they said.
+    let silent = replies.iter().filter(|r| r.as_ref().is_none_or(|v| v.retained_truncated)).count();
     if readable.is_none() && floor.is_none() && held.values().all(|(_, count)| count + silent < write_quorum) {
         return None;
     }

@@ -59,6 +59,7 @@ fn versions_of(reply: &Reply) -> Option<proto::KeyVersions> {
         retained: retained.iter().map(to_meta).collect(),
         finalized: None,
         unavailable: false,
+        retained_truncated: false,
     })
 }
 

@@ -256,6 +256,7 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
                         if bytes > retained_budget {
                             tracing::debug!(key = %item.key, bytes, "retained versions left out of a metadata answer");
                             versions.retained.clear();
+                            versions.retained_truncated = true;
                         } else {
                             retained_budget -= bytes;
                         }
@@ -281,6 +282,10 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
         Request::Rollback { drive, bucket, key, version } => {
             with_drive(state, drive, |d| d.rollback(&bucket, &key, version).map(|()| Response::Ok))
         }
+        Request::List { drive, .. } if state.is_rebuilding(drive as usize) => Response::Error {
+            kind: ErrorKind::Io,
+            message: format!("drive {} of node {} is being rebuilt", drive + 1, state.node_id),
+        },
         Request::List { drive, bucket, prefix, start_after, limit } => with_drive(state, drive, |d| {
             d.list(&bucket, &prefix, &start_after, limit as usize)
                 .map(|entries: Vec<ListEntry>| Response::Listing { entries })
@@ -374,9 +379,19 @@ fn delete_bucket(state: &State, bucket: &str) -> Response {
     if found { Response::Ok } else { error_response(&chunkstore::Error::NoSuchBucket { bucket: bucket.to_owned() }) }
 }
 
+/// The buckets on the node's drives; drives being rebuilt are left out (they may lack some),
+/// and a node whose drives are all being rebuilt answers with an error, not an empty list.
 fn list_buckets(state: &State) -> Response {
     let mut created = std::collections::BTreeMap::new();
-    for drive in &state.drives {
+    let trusted: Vec<&Drive> =
+        state.drives.iter().enumerate().filter(|(idx, _)| !state.is_rebuilding(*idx)).map(|(_, d)| d).collect();
+    if trusted.is_empty() {
+        return Response::Error {
+            kind: ErrorKind::Io,
+            message: format!("every drive of node {} is being rebuilt", state.node_id),
+        };
+    }
+    for drive in trusted {
         match drive.list_buckets() {
             Ok(list) => {
                 for bucket in list {

@@ -119,6 +119,9 @@ struct State {
     /// Per drive: bumped by every `drive replace`, so a rebuild pass that began before it
     /// does not clear the mark.
     rebuild_generation: Vec<AtomicU64>,
+    /// Per drive: held while a replace wipes it and while a rebuild clears its mark or saves
+    /// its cursor, so neither acts on a generation the other just changed.
+    rebuild_locks: Vec<Mutex<()>>,
     rebuild_stats: Vec<rebuild::Stats>,
     scrub_stats: scrub::Stats,
     /// The first scrub pass starts at once (the repair queue lost entries).
@@ -301,6 +304,7 @@ impl Server {
             secret: map.secret.clone(),
             map_text: config.map_text,
             rebuild_generation: drives.iter().map(|_| AtomicU64::new(0)).collect(),
+            rebuild_locks: drives.iter().map(|_| Mutex::new(())).collect(),
             rebuild_stats: drives.iter().map(|_| rebuild::Stats::default()).collect(),
             drives,
             rebuilding,

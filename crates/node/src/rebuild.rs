@@ -59,6 +59,7 @@ pub(crate) fn mark(drive: &Drive) -> Result<(), chunkstore::Error> {
 /// `tessera drive replace`: mark, wipe, and let the worker rebuild the drive.
 pub(crate) fn replace(state: &State, drive_idx: usize) -> Result<(), chunkstore::Error> {
     let drive = &state.drives[drive_idx];
+    let _guard = state.rebuild_locks[drive_idx].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     state.rebuild_generation[drive_idx].fetch_add(1, Ordering::SeqCst);
     mark(drive)?;
     state.rebuilding[drive_idx].store(true, Ordering::SeqCst);
@@ -121,6 +122,8 @@ fn adopt_repair_settings(state: &State) {
 }
 
 fn finish(state: &State, drive_idx: usize, generation: u64) {
+    // Under the drive's lock: a replace cannot slip between the check and the clearing.
+    let _guard = state.rebuild_locks[drive_idx].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if state.rebuild_generation[drive_idx].load(Ordering::SeqCst) != generation {
         return; // replaced again meanwhile: start over
     }
@@ -164,6 +167,9 @@ fn cursor(drive: &Drive) -> Option<(usize, String, String)> {
 }
 
 fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(), RepairError> {
+    if state.repair.get().0 == crate::repair::Mode::Paused {
+        return Err(RepairError::Paused);
+    }
     let drive = &state.drives[drive_idx];
     let me = DriveRef { node_idx: state.node_idx, drive_idx };
     let mut peers = Peers::new(state);
@@ -192,6 +198,7 @@ fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(),
                 failures += rebuild_keys(state, &mut peers, drive_idx, set, position, &bucket, &keys)?;
                 let Some(last) = keys.last() else { break };
                 after = last.clone();
+                let _guard = state.rebuild_locks[drive_idx].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if state.rebuild_generation[drive_idx].load(Ordering::SeqCst) != generation {
                     return Err(RepairError::Refused("the drive was replaced again".into()));
                 }
@@ -203,7 +210,13 @@ fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(),
         }
     }
     // The next pass (or the next rebuild) starts from the first key.
-    drive.set_setting(SETTING_CURSOR, b"")?;
+    {
+        let _guard = state.rebuild_locks[drive_idx].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.rebuild_generation[drive_idx].load(Ordering::SeqCst) != generation {
+            return Err(RepairError::Refused("the drive was replaced again".into()));
+        }
+        drive.set_setting(SETTING_CURSOR, b"")?;
+    }
     if failures > 0 {
         return Err(RepairError::Refused(format!("{failures} keys could not be rebuilt yet")));
     }
@@ -372,6 +385,14 @@ fn rebuild_key(
     let drive = &state.drives[drive_idx];
     state.rebuild_stats[drive_idx].keys_checked.fetch_add(1, Ordering::Relaxed);
     let Some((meta, acknowledged)) = readable_version(state, replies) else {
+        // Nothing readable among the answers. If the silent peers (and this drive, which may
+        // have held it) could make up a write quorum with a version's holders, that version
+        // may be acknowledged: try again later rather than call the drive rebuilt without it.
+        let silent = (0..replies.len()).filter(|&p| p != position && replies[p].is_none()).count();
+        let most_held = most_held(replies);
+        if silent > 0 && most_held + silent + 1 >= state.map.erasure.write_quorum() {
+            return Err(RepairError::Refused(format!("{silent} peers did not answer for {key}")));
+        }
         tracing::debug!(key, "no readable version on the set (a write in flight, or lost); nothing to rebuild");
         return Ok(());
     };
@@ -445,6 +466,17 @@ fn set_versions(
         }
     }
     replies
+}
+
+/// How many drives hold the most widely held version among the replies.
+fn most_held(replies: &[Option<KeyVersions>]) -> usize {
+    let mut held: HashMap<VersionId, usize> = HashMap::new();
+    for versions in replies.iter().flatten() {
+        for meta in versions.all() {
+            *held.entry(meta.version).or_default() += 1;
+        }
+    }
+    held.into_values().max().unwrap_or(0)
 }
 
 /// The version a reader would take from these replies (see the client's `choose_version`): the

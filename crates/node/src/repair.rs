@@ -69,6 +69,8 @@ impl Control {
     pub(crate) fn set(&self, mode: Mode, bytes_per_s: u64) {
         assert!(bytes_per_s > 0, "a repair budget is positive");
         *self.inner.lock().expect("repair control lock poisoned") = (mode, bytes_per_s);
+        // A new rate starts a new count: bytes drawn at the old rate are not owed at the new.
+        *self.bucket.lock().expect("repair bucket lock poisoned") = (Instant::now(), 0);
         self.changed.notify_all();
     }
 

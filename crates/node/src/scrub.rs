@@ -6,10 +6,10 @@
 //! restored from an old copy) and a chunk of ours that is missing, short or corrupt.
 //!
 //! Rules: a version younger than [`SETTLE_MS`] is a write in flight and is left alone; a
-//! version is only pushed to peers when readers could already take it (held by k drives, or by
-//! W - m for one without chunks, or acknowledged), so the scrubber never spreads a failed
-//! write that readers cannot see; only the lowest holder that answered queues the repair, so
-//! one node does each. A version held by W drives is finalized here if the writer's finalize
+//! version is only pushed to peers when it is known acknowledged (a drive's floor names it, or
+//! W drives hold it, so it was never rolled back), so the scrubber never spreads a failed
+//! write; a drive whose version is older than a floor some drive knows is stale and pushes
+//! nothing; only the lowest holder that answered queues the repair, so one node does each. A version held by W drives is finalized here if the writer's finalize
 //! never arrived, so the versions it replaced can retire. A delete marker that every drive of
 //! the set holds, older than the retire grace and alone on its drive, is collected (garbage):
 //! its key's row goes, its acknowledged floor stays.
@@ -56,6 +56,8 @@ pub(crate) struct Stats {
     markers_collected: AtomicU64,
     last_pass_end_ms: AtomicU64,
     running: AtomicBool,
+    /// The running deep pass skipped chunks (repair was paused).
+    deep_skipped: AtomicBool,
 }
 
 /// The scrubber's counters, for `tessera repair status`.
@@ -82,6 +84,7 @@ pub(crate) fn worker(state: &State) {
         let started = Instant::now();
         let deep = now_ms().saturating_sub(deep_last) >= state.deep_scrub_interval.as_millis() as u64;
         state.scrub_stats.running.store(true, Ordering::Relaxed);
+        state.scrub_stats.deep_skipped.store(false, Ordering::Relaxed);
         tracing::debug!(deep, "scrub pass starting");
         let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass(state, deep)));
         state.scrub_stats.running.store(false, Ordering::Relaxed);
@@ -91,7 +94,7 @@ pub(crate) fn worker(state: &State) {
             let stats = &state.scrub_stats;
             stats.passes.fetch_add(1, Ordering::Relaxed);
             stats.last_pass_end_ms.store(now_ms(), Ordering::Relaxed);
-            if deep {
+            if deep && !stats.deep_skipped.load(Ordering::Relaxed) {
                 stats.deep_passes.fetch_add(1, Ordering::Relaxed);
                 deep_last = now_ms();
                 if let Err(e) = state.drives[0].set_setting(SETTING_DEEP_LAST, &deep_last.to_le_bytes()) {
@@ -202,7 +205,6 @@ fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], d
     }
     let replies = peer_versions(state, peers, &checked);
     let erasure = state.map.erasure;
-    let marker_quorum = erasure.write_quorum().saturating_sub(erasure.m).max(1);
     for ((meta, position, floor, retains), replies) in checked.iter().zip(replies) {
         // A drive that collected this delete marker holds it as far as anyone can tell.
         let holds = |v: &KeyVersions| {
@@ -211,11 +213,18 @@ fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], d
         };
         let holders: Vec<usize> =
             (0..replies.len()).filter(|&p| p == *position || replies[p].as_ref().is_some_and(&holds)).collect();
-        let acknowledged = floor.is_some_and(|f| f >= meta.version)
-            || replies.iter().flatten().any(|v| v.finalized.is_some_and(|f| f >= meta.version));
-        let needed = if meta.has_data_file() || !meta.parts.is_empty() { usize::from(meta.k) } else { marker_quorum };
-        if holders.len() < needed && !acknowledged {
-            continue; // not something readers can see: a write in flight, or a failed one
+        if floor.is_some_and(|f| f > meta.version)
+            || replies.iter().flatten().any(|v| v.finalized.is_some_and(|f| f > meta.version))
+        {
+            continue; // a newer version is acknowledged: this drive is the stale one
+        }
+        // Spread only what is known acknowledged (finalized, or on W drives, so never rolled
+        // back): a version merely readable may be a failed write whose rollback is on its way.
+        let acknowledged = *floor == Some(meta.version)
+            || replies.iter().flatten().any(|v| v.finalized == Some(meta.version))
+            || holders.len() >= erasure.write_quorum();
+        if !acknowledged {
+            continue;
         }
         let finalized_here = floor.is_some_and(|f| f >= meta.version);
         // Held by W drives but never finalized here (the writer's finalize was lost), or
@@ -312,7 +321,9 @@ fn own_chunk_problem(
     for stripe in 0..geometry.stripes {
         let len = geometry.chunk_len(stripe);
         if state.repair.take(len as u64).is_err() {
-            return None; // repair paused: deep reads wait for the next pass
+            // Repair paused: deep reads wait, and this pass does not count as deep.
+            state.scrub_stats.deep_skipped.store(true, Ordering::Relaxed);
+            return None;
         }
         let chunk = match drive.read_chunk(meta.version, geometry.file_offset(stripe), len) {
             Ok(Some(chunk)) => chunk,

@@ -41,8 +41,11 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 /// Version of the node protocol; the handshake rejects peers that speak another. Version 2
-/// added per-frame MACs, the client nonce, chunk checksums on writes and commit conditions.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// added per-frame MACs, the client nonce, chunk checksums on writes and commit conditions;
+/// version 3 drive replacement, per-key "unavailable" and truncation flags, scrub and rebuild
+/// status. postcard encodes enum variants by index and structs by position: any change to a
+/// message bumps this.
+pub const PROTOCOL_VERSION: u16 = 3;
 /// First four bytes of every frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"TSR1";
 /// Bytes of a frame header.
@@ -430,6 +433,9 @@ pub struct KeyVersions {
     /// The drive cannot answer for this key (it is being rebuilt, or its metadata could not be
     /// read): readers count it as a drive that did not answer, never as one without the key.
     pub unavailable: bool,
+    /// Retained versions were left out of this answer (they did not fit the frame): readers
+    /// cannot tell what the drive holds besides its current version.
+    pub retained_truncated: bool,
 }
 
 impl KeyVersions {
@@ -508,13 +514,13 @@ pub enum Request {
     RepairControl { action: RepairAction },
     /// The node's repair state ([`Response::RepairStatus`]).
     RepairStatus,
-    /// `drive` was replaced (or is not trusted): wipe what it holds, treat it as missing for
-    /// readers, and rebuild it in full from the other drives of its set.
-    DriveReplace { drive: u32 },
     /// Batched scatter-gather read.
     Read { items: Vec<ReadItem> },
     /// Keys of `bucket` after `start_after` that start with `prefix`, sorted, at most `limit`.
     List { drive: u32, bucket: String, prefix: String, start_after: String, limit: u32 },
+    /// `drive` was replaced (or is not trusted): wipe what it holds, treat it as missing for
+    /// readers, and rebuild it in full from the other drives of its set.
+    DriveReplace { drive: u32 },
 }
 
 /// How much a [`Request::MetaGet`] answers per key.
