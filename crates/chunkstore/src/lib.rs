@@ -314,10 +314,7 @@ impl Drive {
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
             let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
             let object_key = object_key(bucket, key);
-            let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
-                Some(value) => Some(self.decode_meta(value.value())?),
-                None => None,
-            };
+            let current = self.current_row(&objects, &object_key)?;
             let own_key = retained_key(&object_key, version);
             if current.as_ref().is_some_and(|c| c.version == version) {
                 match self.newest_retained(&objects, &object_key)? {
@@ -410,10 +407,7 @@ impl Drive {
             let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
             let mut finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
             let object_key = object_key(bucket, key);
-            let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
-                Some(value) => Some(self.decode_meta(value.value())?),
-                None => None,
-            };
+            let current = self.current_row(&objects, &object_key)?;
             let is_marker = current.is_some_and(|c| c.version == version && c.deleted);
             if !is_marker || self.newest_retained(&objects, &object_key)?.is_some() {
                 false
@@ -912,10 +906,7 @@ impl Drive {
         let result = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let object_key = object_key(&meta.bucket, &meta.key);
-            let current = match objects.get(object_key.as_slice()).map_err(|e| self.db_err(e))? {
-                Some(value) => Some(self.decode_meta(value.value())?),
-                None => None,
-            };
+            let current = self.current_row(&objects, &object_key)?;
             if let Some(current) = &current
                 && condition == CommitCondition::IfAbsent
                 && !current.deleted
@@ -1023,6 +1014,18 @@ impl Drive {
         let version = version_of_retained_key(row);
         versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
         Ok(version)
+    }
+
+    /// The current version of a key (its row in `objects`), if any.
+    fn current_row(
+        &self,
+        objects: &redb::Table<'_, &[u8], &[u8]>,
+        object_key: &[u8],
+    ) -> Result<Option<ObjectMeta>, Error> {
+        match objects.get(object_key).map_err(|e| self.db_err(e))? {
+            Some(value) => Ok(Some(self.decode_meta(value.value())?)),
+            None => Ok(None),
+        }
     }
 
     /// The newest retained version of a key, if any.

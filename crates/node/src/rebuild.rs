@@ -195,7 +195,8 @@ fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(),
             drive.create_bucket(&bucket)?;
             loop {
                 let (keys, more) = key_page(state, &mut peers, set, position, &bucket, &after)?;
-                failures += rebuild_keys(state, &mut peers, drive_idx, set, position, &bucket, &keys)?;
+                let target = Target { state, drive_idx, set, position, bucket: &bucket };
+                failures += target.rebuild_keys(&mut peers, &keys)?;
                 let Some(last) = keys.last() else { break };
                 after = last.clone();
                 let _guard = state.rebuild_locks[drive_idx].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -328,84 +329,84 @@ fn key_page(
     Ok((keys, more))
 }
 
-/// Rebuilds this drive's chunks of each key's readable version, [`REBUILD_THREADS`] keys at a
-/// time; returns how many keys failed.
-fn rebuild_keys(
-    state: &State,
-    peers: &mut Peers<'_>,
+/// One bucket of one set, being rebuilt onto this node's drive at `position`.
+struct Target<'a> {
+    state: &'a State,
     drive_idx: usize,
-    set: &ErasureSet,
+    set: &'a ErasureSet,
     position: usize,
-    bucket: &str,
-    keys: &[String],
-) -> Result<usize, RepairError> {
-    let replies = set_versions(state, peers, set, position, bucket, keys);
-    let next = AtomicUsize::new(0);
-    let failures = AtomicUsize::new(0);
-    let paused = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        for _ in 0..REBUILD_THREADS.min(keys.len()) {
-            scope.spawn(|| {
-                let mut peers = Peers::new(state);
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= keys.len() || paused.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    match rebuild_key(state, &mut peers, drive_idx, set, position, bucket, &keys[i], &replies[i]) {
-                        Ok(()) => {}
-                        Err(RepairError::Paused) => paused.store(true, Ordering::SeqCst),
-                        Err(e) => {
-                            tracing::warn!(key = %keys[i], error = %e, "could not rebuild a key onto the drive yet");
-                            failures.fetch_add(1, Ordering::SeqCst);
-                        }
-                    }
-                }
-            });
-        }
-    });
-    if paused.load(Ordering::SeqCst) {
-        return Err(RepairError::Paused);
-    }
-    Ok(failures.load(Ordering::SeqCst))
+    bucket: &'a str,
 }
 
-/// Rebuilds one key's readable version onto the drive, unless it holds it (or newer) already.
-#[allow(clippy::too_many_arguments)]
-fn rebuild_key(
-    state: &State,
-    peers: &mut Peers<'_>,
-    drive_idx: usize,
-    set: &ErasureSet,
-    position: usize,
-    bucket: &str,
-    key: &str,
-    replies: &[Option<KeyVersions>],
-) -> Result<(), RepairError> {
-    let drive = &state.drives[drive_idx];
-    state.rebuild_stats[drive_idx].keys_checked.fetch_add(1, Ordering::Relaxed);
-    let Some((meta, acknowledged)) = readable_version(state, replies) else {
-        // Nothing readable among the answers. If the silent peers (and this drive, which may
-        // have held it) could make up a write quorum with a version's holders, that version
-        // may be acknowledged: try again later rather than call the drive rebuilt without it.
-        let silent = (0..replies.len()).filter(|&p| p != position && replies[p].is_none()).count();
-        let most_held = most_held(replies);
-        if silent > 0 && most_held + silent + 1 >= state.map.erasure.write_quorum() {
-            return Err(RepairError::Refused(format!("{silent} peers did not answer for {key}")));
+impl Target<'_> {
+    /// Rebuilds this drive's chunks of each key's readable version, [`REBUILD_THREADS`] keys
+    /// at a time; returns how many keys failed.
+    fn rebuild_keys(&self, peers: &mut Peers<'_>, keys: &[String]) -> Result<usize, RepairError> {
+        let replies = set_versions(self.state, peers, self.set, self.position, self.bucket, keys);
+        let next = AtomicUsize::new(0);
+        let failures = AtomicUsize::new(0);
+        let paused = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for _ in 0..REBUILD_THREADS.min(keys.len()) {
+                scope.spawn(|| {
+                    let mut peers = Peers::new(self.state);
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if i >= keys.len() || paused.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        match self.rebuild_key(&mut peers, &keys[i], &replies[i]) {
+                            Ok(()) => {}
+                            Err(RepairError::Paused) => paused.store(true, Ordering::SeqCst),
+                            Err(e) => {
+                                tracing::warn!(key = %keys[i], error = %e, "could not rebuild a key onto the drive yet");
+                                failures.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        if paused.load(Ordering::SeqCst) {
+            return Err(RepairError::Paused);
         }
-        tracing::debug!(key, "no readable version on the set (a write in flight, or lost); nothing to rebuild");
-        return Ok(());
-    };
-    if drive.get_versions(bucket, key)?.all().any(|m| m.version >= meta.version) {
-        return Ok(()); // repaired or written here already
+        Ok(failures.load(Ordering::SeqCst))
     }
-    crate::repair::rebuild(state, peers, &meta, &set.drives, position, &[position as u32])?;
-    state.rebuild_stats[drive_idx].keys_rebuilt.fetch_add(1, Ordering::Relaxed);
-    if acknowledged {
-        let retire_at_ms = now_ms().saturating_add(state.retire_grace.as_millis() as u64);
-        drive.finalize(bucket, key, meta.version, &[], retire_at_ms)?;
+
+    /// Rebuilds one key's readable version onto the drive, unless it holds it (or newer).
+    fn rebuild_key(
+        &self,
+        peers: &mut Peers<'_>,
+        key: &str,
+        replies: &[Option<KeyVersions>],
+    ) -> Result<(), RepairError> {
+        let (state, position, bucket) = (self.state, self.position, self.bucket);
+        let drive = &state.drives[self.drive_idx];
+        let stats = &state.rebuild_stats[self.drive_idx];
+        stats.keys_checked.fetch_add(1, Ordering::Relaxed);
+        let Some((meta, acknowledged)) = readable_version(state, replies) else {
+            // Nothing readable among the answers. If the silent peers (and this drive, which
+            // may have held it) could make up a write quorum with a version's holders, that
+            // version may be acknowledged: try again later rather than call the drive rebuilt
+            // without it.
+            let silent = (0..replies.len()).filter(|&p| p != position && replies[p].is_none()).count();
+            if silent > 0 && most_held(replies) + silent + 1 >= state.map.erasure.write_quorum() {
+                return Err(RepairError::Refused(format!("{silent} peers did not answer for {key}")));
+            }
+            tracing::debug!(key, "no readable version on the set (a write in flight, or lost); nothing to rebuild");
+            return Ok(());
+        };
+        if drive.get_versions(bucket, key)?.all().any(|m| m.version >= meta.version) {
+            return Ok(()); // repaired or written here already
+        }
+        crate::repair::rebuild(state, peers, &meta, &self.set.drives, position, &[position as u32])?;
+        stats.keys_rebuilt.fetch_add(1, Ordering::Relaxed);
+        if acknowledged {
+            let retire_at_ms = now_ms().saturating_add(state.retire_grace.as_millis() as u64);
+            drive.finalize(bucket, key, meta.version, &[], retire_at_ms)?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// What the other drives of the set hold of each key: `[key][position]`.
