@@ -560,6 +560,31 @@ impl Drive {
         })
     }
 
+    /// Makes every entry that is waiting out a back-off after failed attempts due now (a peer
+    /// it could not reach is back); entries waiting for another holder keep waiting. Returns
+    /// how many.
+    pub fn repair_retry_now(&self) -> Result<usize, Error> {
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
+        let woken = {
+            let mut table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+            let mut due = Vec::new();
+            for entry in table.iter().map_err(|e| self.db_err(e))? {
+                let (version, record) = entry.map_err(|e| self.db_err(e))?;
+                let Ok(mut record) = self.decode_repair(record.value()) else { continue };
+                if record.attempts > 0 && record.not_before_ms > 0 {
+                    record.not_before_ms = 0;
+                    due.push((version.value().to_vec(), proto::encode_body(&record)));
+                }
+            }
+            for (version, record) in &due {
+                table.insert(version.as_slice(), record.as_slice()).map_err(|e| self.db_err(e))?;
+            }
+            due.len()
+        };
+        txn.commit().map_err(|e| self.db_err(e))?;
+        Ok(woken)
+    }
+
     /// Puts `version`'s repair off until `not_before_ms` without counting a failure (another
     /// drive is expected to do it first).
     pub fn repair_defer(&self, version: VersionId, not_before_ms: u64) -> Result<(), Error> {

@@ -395,3 +395,17 @@ fn a_chunk_write_past_the_start_needs_the_staging_file_of_the_first() {
     drive.write_chunk("bkt", version(9), 0, &[1u8; 4096]).unwrap();
     drive.write_chunk("bkt", version(9), 4096, &[1u8; 10]).unwrap();
 }
+
+#[test]
+fn retry_now_makes_backed_off_entries_due_and_leaves_waiting_ones() {
+    let (_dir, drive) = drive();
+    drive.queue_repair("bkt", "a", version(1), &[2], proto::RepairKind::Missing).unwrap();
+    drive.queue_repair("bkt", "b", version(2), &[3], proto::RepairKind::Missing).unwrap();
+    drive.repair_later(version(1), u64::MAX / 2).unwrap(); // failed, backing off
+    drive.repair_defer(version(2), u64::MAX / 2).unwrap(); // waiting for another holder
+    assert!(drive.repairs(1_000, 10).unwrap().is_empty());
+    assert_eq!(drive.repair_retry_now().unwrap(), 1);
+    let due = drive.repairs(1_000, 10).unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!((due[0].0, due[0].1.attempts), (version(1), 1), "the attempt count stays");
+}

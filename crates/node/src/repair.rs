@@ -7,6 +7,7 @@
 //! Off the read path: readers never wait for this, and only this module calls `ec` on a node.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -33,6 +34,9 @@ const DESIGNATED_WAIT_MS: u64 = 30_000;
 /// Back-off after a failed attempt: doubles per attempt up to the maximum.
 const RETRY_BASE_MS: u64 = 1_000;
 const RETRY_MAX_MS: u64 = 5 * 60_000;
+/// How often a peer that repairs could not reach is probed, and how long a probe waits.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// Whether the worker runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +140,7 @@ pub(crate) enum RepairError {
 
 /// Runs until the process exits.
 pub(crate) fn worker(state: &State) {
+    let mut unreachable = Unreachable::new();
     loop {
         if state.repair.get().0 == Mode::Paused {
             state.repair.wait(Duration::from_secs(1));
@@ -152,7 +157,7 @@ pub(crate) fn worker(state: &State) {
             };
             for (version, record) in due {
                 let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    repair_entry(state, drive_idx, version, &record)
+                    repair_entry(state, drive_idx, version, &record, &mut unreachable)
                 }));
                 worked |= attempt.unwrap_or_else(|_| {
                     // A bug, not an operating error: keep the worker alive for the other entries
@@ -163,14 +168,50 @@ pub(crate) fn worker(state: &State) {
                 });
             }
         }
+        probe_unreachable(state, &mut unreachable);
         if !worked {
             state.repair.wait(IDLE_PAUSE);
         }
     }
 }
 
+/// Peers a repair could not reach, with when they were last probed; at most one per node.
+type Unreachable = HashMap<SocketAddr, Instant>;
+
+/// Probes (a TCP connect, at most once a second each) the peers repairs could not reach; when
+/// one answers again, every entry waiting out a back-off is made due at once, so what a node
+/// missed while it was down or cut off is repaired when it returns, not minutes later.
+fn probe_unreachable(state: &State, unreachable: &mut Unreachable) {
+    let mut back = Vec::new();
+    for (addr, probed) in unreachable.iter_mut() {
+        if probed.elapsed() < PROBE_INTERVAL {
+            continue;
+        }
+        *probed = Instant::now();
+        if std::net::TcpStream::connect_timeout(addr, PROBE_TIMEOUT).is_ok() {
+            back.push(*addr);
+        }
+    }
+    for addr in back {
+        unreachable.remove(&addr);
+        for drive in &state.drives {
+            match drive.repair_retry_now() {
+                Ok(0) => {}
+                Ok(woken) => tracing::info!(peer = %addr, woken, "a peer is reachable again; retrying its repairs now"),
+                Err(e) => tracing::error!(error = %e, "cannot update the repair queue"),
+            }
+        }
+    }
+}
+
 /// Tries one queue entry; returns whether it did any work.
-fn repair_entry(state: &State, drive_idx: usize, version: VersionId, record: &RepairRecord) -> bool {
+fn repair_entry(
+    state: &State,
+    drive_idx: usize,
+    version: VersionId,
+    record: &RepairRecord,
+    unreachable: &mut Unreachable,
+) -> bool {
     let drive = &state.drives[drive_idx];
     let result = plan_and_repair(state, drive_idx, version, record);
     let stats = &state.repair_stats[drive_idx];
@@ -193,6 +234,11 @@ fn repair_entry(state: &State, drive_idx: usize, version: VersionId, record: &Re
         }
         Err(RepairError::Paused) => return false,
         Err(e) => {
+            if let RepairError::Peer(PeerError::Io { addr, .. }) = &e
+                && unreachable.len() < state.map.nodes.len()
+            {
+                unreachable.entry(*addr).or_insert_with(Instant::now);
+            }
             stats.failed_attempts.fetch_add(1, Ordering::Relaxed);
             let delay = RETRY_BASE_MS.saturating_mul(1 << record.attempts.min(16)).min(RETRY_MAX_MS);
             tracing::warn!(version = %version.to_hex(), key = %record.key, attempts = record.attempts + 1, retry_in_ms = delay, error = %e, "repair failed; will retry");

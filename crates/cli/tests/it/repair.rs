@@ -188,3 +188,29 @@ fn repair_queued(cluster: &Cluster) -> u64 {
     let text = String::from_utf8_lossy(&output.stdout);
     text.split("\"queued_versions\":").skip(1).filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok()).sum()
 }
+
+#[test]
+fn repairs_backed_off_toward_a_node_are_retried_when_it_returns() {
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    cluster.kill_node(3);
+    let client = cluster.client();
+    let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    block_on(async {
+        for key in &keys {
+            let info = client.put_bytes("bkt", key, &payload(80_000, 7), &Default::default()).await.unwrap();
+            assert_eq!(info.meta_positions.len(), 5, "written while n4 was down");
+        }
+    });
+    // Repairs toward n4 fail and back off: 1, 2, 4, 8 s... after 16 s the next try is ~16 s away.
+    std::thread::sleep(Duration::from_secs(16));
+    let status = cluster.cli(&["repair", "status", "--json"]);
+    assert!(String::from_utf8_lossy(&status.stdout).contains("\"failed_attempts\":"), "attempts failed meanwhile");
+    cluster.start_node(3);
+    cluster.wait_ready();
+    wait_full_redundancy(&cluster, &keys);
+    // The holder that repairs saw n4 come back and made its backed-off entries due at once.
+    let logs: String = (0..6).map(|i| cluster.log(i)).collect();
+    let woken = logs.lines().find(|l| l.contains("a peer is reachable again")).unwrap_or_else(|| panic!("{logs}"));
+    assert!(!woken.contains("woken=0"), "{woken}");
+}
