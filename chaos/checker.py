@@ -640,13 +640,30 @@ def check_history(ops: list[Op], finals: dict[str, Op]) -> list[str]:
 
 
 def unavailable_reads(ops: list[Op], impaired: list[tuple[int, float, float]]) -> list[str]:
-    """Reads that failed although at most M nodes were impaired at any time during them (each
-    impairment stretched by IMPAIRED_GRACE_S): the design promises these succeed."""
+    """Reads that failed although at most M nodes lacked what they needed: the nodes impaired
+    at any time during the read, and those impaired while a write that may be the key's current
+    one was in flight (they may have missed it; repair needs a window to restore it). Each
+    impairment is stretched by IMPAIRED_GRACE_S. The design promises such reads succeed."""
+
+    def impaired_during(start: float, end: float) -> set[int]:
+        return {node for node, a, b in impaired if a < end and b + IMPAIRED_GRACE_S > start}
+
+    writes: dict[str, list[Op]] = {}
+    for op in ops:
+        if op.kind in ("put", "delete") and op.outcome in ("ok", "error"):
+            writes.setdefault(op.key, []).append(op)
     found = []
     for op in ops:
         if op.kind not in ("get", "rget") or op.outcome != "error":
             continue
-        nodes = {node for node, a, b in impaired if a < op.complete and b + IMPAIRED_GRACE_S > op.invoke}
+        nodes = impaired_during(op.invoke, op.complete)
+        key_writes = writes.get(op.key, [])
+        acked_before = [w for w in key_writes if w.outcome == "ok" and w.complete < op.invoke]
+        last = max(acked_before, key=lambda w: w.complete, default=None)
+        for w in key_writes:
+            # The last write acknowledged before the read, and any write that may follow it.
+            if w.invoke < op.complete and (last is None or w.complete >= last.invoke):
+                nodes |= impaired_during(w.invoke, w.complete)
         if len(nodes) <= M:
             down = ", ".join(f"n{n}" for n in sorted(nodes)) or "none"
             found.append(f"unavailable: {op.kind} op {op.op_id} of {op.key} failed with at most {M} nodes impaired "
