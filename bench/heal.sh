@@ -10,30 +10,12 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-tessera="$root/target/release/tessera"
 objects="${OBJECTS:-1024}"
 base_port="${BASE_PORT:-27301}"
-work="$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-heal.XXXXXX")"
-pids=()
+bench_name=heal
+# shellcheck source=bench/local-cluster.sh
+. "$root/bench/local-cluster.sh"
 
-cleanup() {
-    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
-[ -x "$tessera" ] || { echo "error: build first (make build)" >&2; exit 1; }
-
-"$tessera" init --nodes 6 --ec 4+2 --data "$work/d" --base-port "$base_port" >/dev/null
-export TESSERA_CONFIG="$work/d/cluster.toml"
-start_node() {
-    TESSERA_LOG=info "$tessera" node --config "$TESSERA_CONFIG" --id "n$1" --scrub-interval 24h >>"$work/n$1.log" 2>&1 &
-    pids[$1]=$!
-    local port=$((base_port + $1 - 1))
-    for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return; sleep 0.05; done
-    echo "error: n$1 did not start" >&2; exit 1
-}
-kill_node() { kill -9 "${pids[$1]}"; wait "${pids[$1]}" 2>/dev/null || true; }
 # The sum of one JSON field over every node's `repair status --json` line.
 # (`repair status` exits non-zero while a node is down; its other lines still count.)
 status_json() { "$tessera" repair status --json 2>/dev/null || true; }

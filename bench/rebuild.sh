@@ -11,35 +11,18 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-tessera="$root/target/release/tessera"
 drive_gib="${DRIVE_GIB:-4}"
 rates="${RATES:-1GiB/s 100MiB/s}"
 base_port="${BASE_PORT:-27201}"
-work="$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-rebuild.XXXXXX")"
-pids=()
+bench_name=rebuild
+# shellcheck source=bench/local-cluster.sh
+. "$root/bench/local-cluster.sh"
 
-cleanup() {
-    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
-
-[ -x "$tessera" ] || { echo "error: build first (make build)" >&2; exit 1; }
 # Each drive holds a quarter of the data (4+2), plus parity: 6 x DRIVE_GIB in all, and dd's file.
 need_gib=$((drive_gib * 6 + drive_gib + 2))
 avail_gib=$(( $(df -Pk "$work" | awk 'NR==2 {print $4}') / 1024 / 1024 ))
 [ "$avail_gib" -ge "$need_gib" ] || { echo "error: $work has ${avail_gib} GiB free, this run needs ${need_gib}" >&2; exit 1; }
 
-"$tessera" init --nodes 6 --ec 4+2 --data "$work/d" --base-port "$base_port" >/dev/null
-export TESSERA_CONFIG="$work/d/cluster.toml"
-start_node() {
-    TESSERA_LOG=info "$tessera" node --config "$TESSERA_CONFIG" --id "n$1" --scrub-interval 24h >>"$work/n$1.log" 2>&1 &
-    pids[$1]=$!
-    local port=$((base_port + $1 - 1))
-    for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return; sleep 0.05; done
-    echo "error: n$1 did not start" >&2; exit 1
-}
 for i in 1 2 3 4 5 6; do start_node "$i"; done
 
 # One drive holds a quarter of each 1 MiB object: 4 objects per MiB on the drive.
@@ -71,7 +54,7 @@ printf '%-28s %12s %10s %10s %12s %12s\n' "dd conv=fsync" "$dd_bytes" "$dd_s" "$
 printf '%-28s %12s %10s %10s %12s %12s\n' "dd oflag=direct" "$dd_bytes" "$direct_s" "$direct_mbs" "-" "1.00x"
 for rate in $rates; do
     "$tessera" repair rate "$rate" >/dev/null
-    kill -9 "${pids[2]}"; wait "${pids[2]}" 2>/dev/null || true
+    kill_node 2
     before=$(du -sb "$drive/data" | cut -f1)
     find "$drive" -mindepth 1 -delete
     sync
