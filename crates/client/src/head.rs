@@ -11,9 +11,8 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
     // Keys whose newest version is not readable (a write in flight, or failures) need each
     // drive's acknowledged floor before a version is chosen: ask again for those only.
     let erasure = client.inner.map.erasure;
-    let unsure: Vec<usize> = (0..keys.len())
-        .filter(|&i| !crate::newest_is_readable(&replies[i], erasure.k, marker_quorum(erasure)))
-        .collect();
+    let unsure: Vec<usize> =
+        (0..keys.len()).filter(|&i| !crate::newest_is_readable(&replies[i], erasure.marker_quorum())).collect();
     if !unsure.is_empty() {
         let again: Vec<(String, String)> = unsure.iter().map(|&i| keys[i].clone()).collect();
         for (i, reply) in unsure.into_iter().zip(readable(versions_many(client, &again, MetaDetail::WithFloor).await)) {
@@ -40,8 +39,9 @@ fn readable(mut replies: Vec<Vec<Option<KeyVersions>>>) -> Vec<Vec<Option<KeyVer
 }
 
 /// The newest version any reachable drive of the key's set holds (current or retained) or
-/// knows acknowledged, for a writer to order its version after. Fails unless at least W drives answered: then any version
-/// acknowledged before this call is among the answers (write quorums intersect). A drive being
+/// knows acknowledged, for a writer to order its version after. Fails unless at least W drives
+/// answered: then any version acknowledged before this call is among the answers (write
+/// quorums intersect). A drive being
 /// rebuilt counts as answered (it takes the write) though it knows no version, as long as at
 /// least n - W + 1 other drives answered: with u drives rebuilding, an acknowledged version is
 /// on at least W - u of the n - u others, so n - W + 1 answers among them meet it.
@@ -146,7 +146,7 @@ fn resolve(
     let erasure = client.inner.map.erasure;
     let k = erasure.k;
     let reachable = replies.iter().filter(|r| r.is_some()).count();
-    let Some(meta) = choose_version(replies, k, marker_quorum(erasure), erasure.write_quorum()) else {
+    let Some(meta) = choose_version(replies, erasure.marker_quorum(), erasure.write_quorum()) else {
         if reachable < k {
             let unreachable = drives
                 .iter()
@@ -177,11 +177,4 @@ fn resolve(
         .collect();
     let names = drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
     Ok(ObjectInfo { meta, placement, drives: names, meta_positions })
-}
-
-/// How many drives must hold a version without chunks (a delete marker, an empty object) for
-/// readers to take it: W - m, the fewest drives an acknowledged version can be left on after
-/// m failures. A write that failed and whose rollback missed some drives is on at most m.
-pub(crate) fn marker_quorum(erasure: cluster::ErasureConfig) -> usize {
-    erasure.write_quorum().saturating_sub(erasure.m).max(1)
 }

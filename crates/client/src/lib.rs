@@ -497,39 +497,33 @@ enum Backoff {
 /// read may order before itself, rather than an error.
 fn choose_version(
     replies: &[Option<proto::KeyVersions>],
-    k: usize,
     marker_quorum: usize,
     write_quorum: usize,
 ) -> Option<ObjectMeta> {
-    let floor = replies.iter().flatten().filter_map(|v| v.finalized).max();
-    let mut held: std::collections::BTreeMap<VersionId, (&ObjectMeta, usize)> = std::collections::BTreeMap::new();
-    for versions in replies.iter().flatten() {
-        for meta in versions.all() {
-            held.entry(meta.version).or_insert((meta, 0)).1 += 1;
-        }
-    }
-    let candidates = held.range(floor.unwrap_or(VersionId { unix_ns: 0, writer: 0 })..);
-    let needed = |meta: &ObjectMeta| if meta.has_data_file() || !meta.parts.is_empty() { k } else { marker_quorum };
-    let readable = candidates.clone().rev().map(|(_, held)| held).find(|(meta, count)| *count >= needed(meta));
-    let newest = candidates.map(|(_, held)| held).next_back().or(held.values().next_back());
+    let tally = proto::VersionTally::of(replies);
+    let readable = tally.newest_readable(marker_quorum);
+    let newest =
+        tally.candidates().next_back().map(|(meta, _)| meta).or(tally.held.values().next_back().map(|(m, _)| *m));
     // Drives whose retained versions were left out of the answer may hold more than they said.
     let silent = replies.iter().filter(|r| r.as_ref().is_none_or(|v| v.retained_truncated)).count();
-    if readable.is_none() && floor.is_none() && held.values().all(|(_, count)| count + silent < write_quorum) {
+    if readable.is_none()
+        && tally.floor.is_none()
+        && tally.held.values().all(|(_, count)| count + silent < write_quorum)
+    {
         return None;
     }
-    readable.or(newest).map(|(meta, _)| (*meta).clone())
+    readable.or(newest).cloned()
 }
 
 /// Whether the newest version any reply holds is held by enough drives to be read (then no
 /// acknowledged floor can change the choice); also true when no drive has the key.
-fn newest_is_readable(replies: &[Option<proto::KeyVersions>], k: usize, marker_quorum: usize) -> bool {
+fn newest_is_readable(replies: &[Option<proto::KeyVersions>], marker_quorum: usize) -> bool {
     let newest = replies.iter().flatten().flat_map(proto::KeyVersions::all).max_by_key(|m| m.version);
     let Some(newest) = newest else {
         return true;
     };
     let held = replies.iter().flatten().filter(|v| v.all().any(|m| m.version == newest.version)).count();
-    let needed = if newest.has_data_file() || !newest.parts.is_empty() { k } else { marker_quorum };
-    held >= needed
+    held >= newest.drives_to_read(marker_quorum)
 }
 
 /// Renders which chunks of `info` are on which node, for `tessera stat`.

@@ -40,7 +40,7 @@ fn check_finalized(replies: &[Reply], finalized: &[Option<u64>], expected: Optio
             })
         })
         .collect();
-    let chosen = choose_version(&replies, 2, 2, 3);
+    let chosen = choose_version(&replies, 2, 3);
     assert_eq!(
         chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
         expected
@@ -66,7 +66,7 @@ fn versions_of(reply: &Reply) -> Option<proto::KeyVersions> {
 /// `k` = 2 data chunks of 2+1; markers need `marker_quorum` = 2 drives; W = 3.
 fn check(replies: &[Reply], expected: Option<i64>) {
     let replies: Vec<_> = replies.iter().map(versions_of).collect();
-    let chosen = choose_version(&replies, 2, 2, 3);
+    let chosen = choose_version(&replies, 2, 3);
     assert_eq!(
         chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
         expected

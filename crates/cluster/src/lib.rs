@@ -94,6 +94,14 @@ impl ErasureConfig {
         assert!(w >= self.k && w <= n);
         w
     }
+
+    /// How many drives must hold a version without chunks (a delete marker, an empty object)
+    /// for readers to take it: W - m, the fewest drives an acknowledged version can be left on
+    /// after m failures. A write that failed and whose rollback missed some drives is on at
+    /// most m.
+    pub fn marker_quorum(&self) -> usize {
+        self.write_quorum().saturating_sub(self.m).max(1)
+    }
 }
 
 impl FromStr for ErasureConfig {

@@ -8,13 +8,13 @@
 //! verified, staged, committed). A cursor saved after every page lets a restart or a pause go
 //! on where it stopped; the mark is cleared only after a pass with no failure.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chunkstore::Drive;
 use cluster::{DriveRef, ErasureSet};
-use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, Request, Response, VersionId};
+use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, Request, Response};
 
 use crate::State;
 use crate::repair::{Peers, RepairError, now_ms};
@@ -390,7 +390,9 @@ impl Target<'_> {
             // version may be acknowledged: try again later rather than call the drive rebuilt
             // without it.
             let silent = (0..replies.len()).filter(|&p| p != position && replies[p].is_none()).count();
-            if silent > 0 && most_held(replies) + silent + 1 >= state.map.erasure.write_quorum() {
+            if silent > 0
+                && proto::VersionTally::of(replies).most_held() + silent + 1 >= state.map.erasure.write_quorum()
+            {
                 return Err(RepairError::Refused(format!("{silent} peers did not answer for {key}")));
             }
             tracing::debug!(key, "no readable version on the set (a write in flight, or lost); nothing to rebuild");
@@ -469,37 +471,11 @@ fn set_versions(
     replies
 }
 
-/// How many drives hold the most widely held version among the replies.
-fn most_held(replies: &[Option<KeyVersions>]) -> usize {
-    let mut held: HashMap<VersionId, usize> = HashMap::new();
-    for versions in replies.iter().flatten() {
-        for meta in versions.all() {
-            *held.entry(meta.version).or_default() += 1;
-        }
-    }
-    held.into_values().max().unwrap_or(0)
-}
-
 /// The version a reader would take from these replies (see the client's `choose_version`): the
 /// newest no older than any drive's acknowledged floor that enough drives hold to be read; and
 /// whether it is acknowledged. `None` when no version is readable.
 fn readable_version(state: &State, replies: &[Option<KeyVersions>]) -> Option<(ObjectMeta, bool)> {
-    let erasure = state.map.erasure;
-    let marker_quorum = erasure.write_quorum().saturating_sub(erasure.m).max(1);
-    let floor = replies.iter().flatten().filter_map(|v| v.finalized).max();
-    let mut held: BTreeMap<VersionId, (&ObjectMeta, usize)> = BTreeMap::new();
-    for versions in replies.iter().flatten() {
-        for meta in versions.all() {
-            held.entry(meta.version).or_insert((meta, 0)).1 += 1;
-        }
-    }
-    let needed = |meta: &ObjectMeta| {
-        if meta.has_data_file() || !meta.parts.is_empty() { usize::from(meta.k) } else { marker_quorum }
-    };
-    let (meta, _) = held
-        .range(floor.unwrap_or(VersionId { unix_ns: 0, writer: 0 })..)
-        .rev()
-        .map(|(_, held)| held)
-        .find(|(meta, count)| *count >= needed(meta))?;
-    Some(((*meta).clone(), floor.is_some_and(|f| f >= meta.version)))
+    let tally = proto::VersionTally::of(replies);
+    let meta = tally.newest_readable(state.map.erasure.marker_quorum())?;
+    Some((meta.clone(), tally.floor.is_some_and(|f| f >= meta.version)))
 }

@@ -226,7 +226,8 @@ fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], d
         if !acknowledged {
             continue;
         }
-        let finalized_here = floor.is_some_and(|f| f >= meta.version);
+        // (No floor is newer than the version here: such keys were skipped above.)
+        let finalized_here = *floor == Some(meta.version);
         // Held by W drives but never finalized here (the writer's finalize was lost), or
         // finalized with replaced versions that arrived later and have no retirement time yet.
         if (holders.len() >= erasure.write_quorum() && !finalized_here) || (finalized_here && *retains) {
@@ -236,13 +237,7 @@ fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], d
             collect_marker(state, drive_idx, meta, settled_before);
         }
         let lacking: Vec<u32> = (0..replies.len())
-            .filter(|&p| {
-                replies[p].as_ref().is_some_and(|v| {
-                    !holds(v)
-                        && v.finalized.is_none_or(|f| f <= meta.version)
-                        && !v.all().any(|m| m.version > meta.version)
-                })
-            })
+            .filter(|&p| replies[p].as_ref().is_some_and(|v| !holds(v) && !v.all().any(|m| m.version > meta.version)))
             .map(|p| p as u32)
             .collect();
         if !lacking.is_empty() && holders.first() == Some(position) {

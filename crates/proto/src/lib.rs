@@ -438,6 +438,43 @@ pub struct KeyVersions {
     pub retained_truncated: bool,
 }
 
+/// What the drives of a key's set hold, counted: every version with how many drives hold it
+/// (current or retained), and the newest version any drive knows acknowledged. Readers, the
+/// scrubber and the rebuild choose from it.
+#[derive(Debug)]
+pub struct VersionTally<'a> {
+    pub held: std::collections::BTreeMap<VersionId, (&'a ObjectMeta, usize)>,
+    pub floor: Option<VersionId>,
+}
+
+impl<'a> VersionTally<'a> {
+    /// Counts the replies of a key's drives (`None`: a drive that did not answer).
+    pub fn of(replies: &'a [Option<KeyVersions>]) -> Self {
+        let mut held = std::collections::BTreeMap::new();
+        for versions in replies.iter().flatten() {
+            for meta in versions.all() {
+                held.entry(meta.version).or_insert((meta, 0)).1 += 1;
+            }
+        }
+        Self { held, floor: replies.iter().flatten().filter_map(|v| v.finalized).max() }
+    }
+
+    /// Versions no older than the floor, oldest first.
+    pub fn candidates(&self) -> impl DoubleEndedIterator<Item = (&'a ObjectMeta, usize)> + Clone + '_ {
+        self.held.range(self.floor.unwrap_or(VersionId { unix_ns: 0, writer: 0 })..).map(|(_, (m, c))| (*m, *c))
+    }
+
+    /// The newest version no older than the floor that enough drives hold to be read.
+    pub fn newest_readable(&self, marker_quorum: usize) -> Option<&'a ObjectMeta> {
+        self.candidates().rev().find(|(meta, count)| *count >= meta.drives_to_read(marker_quorum)).map(|(m, _)| m)
+    }
+
+    /// How many drives hold the most widely held version.
+    pub fn most_held(&self) -> usize {
+        self.held.values().map(|(_, count)| *count).max().unwrap_or(0)
+    }
+}
+
 impl KeyVersions {
     /// Every version, current first.
     pub fn all(&self) -> impl Iterator<Item = &ObjectMeta> {

@@ -82,6 +82,12 @@ impl ObjectMeta {
         !self.deleted && self.size > 0 && self.parts.is_empty()
     }
 
+    /// How many drives must hold this version for a reader to take it: k when it has chunks
+    /// (a data file or parts), `marker_quorum` otherwise (a delete marker, an empty object).
+    pub fn drives_to_read(&self, marker_quorum: usize) -> usize {
+        if self.has_data_file() || !self.parts.is_empty() { usize::from(self.k) } else { marker_quorum }
+    }
+
     /// The stripe geometry implied by size, k and chunk size.
     pub fn geometry(&self) -> StripeGeometry {
         StripeGeometry::new(self.size, usize::from(self.k), self.chunk_bytes)
