@@ -25,3 +25,35 @@ start_node() {
     echo "error: n$1 did not start" >&2; exit 1
 }
 kill_node() { kill -9 "${pids[$1]}"; wait "${pids[$1]}" 2>/dev/null || true; }
+
+# Sequential write bandwidth of the file system under $work, in MB/s, by dd: `measure_dd GIB
+# conv=fsync` (buffered, one fsync at the end; the VM's host may cache it) or `measure_dd GIB
+# oflag=direct conv=fsync` (no page cache on this side).
+measure_dd() {
+    local gib=$1 out secs
+    shift
+    out=$(dd if=/dev/zero of="$work/dd.bin" bs=1M count=$((gib * 1024)) "$@" 2>&1 | tail -1)
+    rm -f "$work/dd.bin"
+    secs=$(echo "$out" | sed -E 's/.* copied, ([0-9.]+) s.*/\1/')
+    awk -v b=$((gib << 30)) -v s="$secs" 'BEGIN { printf "%.1f", b / s / 1e6 }'
+}
+
+# Bytes read and written so far by the block device under $work: "READ WRITTEN".
+work_disk=$(lsblk -no PKNAME "$(df --output=source "$work" | tail -1)" 2>/dev/null | head -1)
+[ -n "$work_disk" ] || work_disk=$(basename "$(df --output=source "$work" | tail -1)")
+disk_bytes() {
+    awk -v d="$work_disk" '$3 == d { print $6 * 512, $10 * 512 }' /proc/diskstats
+}
+
+# Waits until node nI reports no drive rebuilding (and answers at all).
+wait_rebuilt() {
+    while "$tessera" repair status --json 2>/dev/null | grep "\"node\":\"n$1\"" | grep -q '"rebuilding":true' \
+        || ! "$tessera" repair status --json 2>/dev/null | grep -q "\"node\":\"n$1\""; do
+        sleep 0.2
+    done
+}
+
+# Writes COUNT objects of 1 MiB to BUCKET through the smart client (8 in flight).
+fill() {
+    "$tessera" bench get --bucket "$1" --objects "$2" --size 1MiB --concurrency 8 --duration 1ms --json >/dev/null
+}

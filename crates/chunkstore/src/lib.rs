@@ -93,14 +93,31 @@ pub enum Error {
     StagedChecksumMismatch { version: String, stripe: u64 },
 }
 
+/// When a commit's metadata transaction reaches the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaSync {
+    /// Before the call returns.
+    Now,
+    /// Neither the data file nor the metadata is fsynced: [`Drive::sync_deferred`] makes
+    /// both durable, data first. Until then a crash may lose the metadata (the data file is
+    /// then swept as unreferenced at the next open), or keep it, carried by another durable
+    /// commit, with its data file short or missing. So only a caller that redoes its work
+    /// after a crash and checks what it finds (a rebuild from its saved cursor) may defer.
+    Deferred,
+}
+
 /// One drive directory.
 #[derive(Debug)]
 pub struct Drive {
     root: PathBuf,
     /// None while the database is being reopened after an I/O error (see [`Drive::db`]).
     db: std::sync::RwLock<Option<std::sync::Arc<Database>>>,
-    /// A finalize was committed without fsync since the last durable commit.
+    /// A finalize or a deferred commit was made without fsync since the last durable commit.
     unsynced: std::sync::atomic::AtomicBool,
+    /// A deferred commit published a data file without fsync since the last `syncfs`.
+    unsynced_data: std::sync::atomic::AtomicBool,
+    /// Times the database was dropped (after an I/O error) with commits not yet durable.
+    deferred_losses: std::sync::atomic::AtomicU64,
     /// Taken shared by chunk writes and commits, exclusive by [`Drive::wipe`]: a wipe never
     /// runs between a commit's rename of its data file and its metadata transaction.
     wiping: std::sync::RwLock<()>,
@@ -136,6 +153,8 @@ impl Drive {
             root: root.to_owned(),
             db: std::sync::RwLock::new(Some(std::sync::Arc::new(db))),
             unsynced: std::sync::atomic::AtomicBool::new(false),
+            unsynced_data: std::sync::atomic::AtomicBool::new(false),
+            deferred_losses: std::sync::atomic::AtomicU64::new(0),
             wiping: std::sync::RwLock::new(()),
         };
         drive.create_tables()?;
@@ -268,6 +287,16 @@ impl Drive {
         missing_positions: &[u32],
         condition: CommitCondition,
     ) -> Result<CommitOutcome, Error> {
+        self.commit_synced(meta, missing_positions, condition, MetaSync::Now)
+    }
+
+    fn commit_synced(
+        &self,
+        meta: &ObjectMeta,
+        missing_positions: &[u32],
+        condition: CommitCondition,
+        sync: MetaSync,
+    ) -> Result<CommitOutcome, Error> {
         let _committing = self.wiping.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !self.has_bucket(&meta.bucket)? {
             return Err(Error::NoSuchBucket { bucket: meta.bucket.clone() });
@@ -285,9 +314,9 @@ impl Drive {
         }
         let has_data = meta.has_data_file();
         if has_data {
-            self.publish_staged(meta)?;
+            self.publish_staged(meta, sync)?;
         }
-        let replaced = self.commit_meta(meta, has_data, missing_positions, condition)?;
+        let replaced = self.commit_meta(meta, has_data, missing_positions, condition, sync)?;
         match replaced {
             ReplaceResult::Superseded { current, dropped } => {
                 self.remove_data_files(&dropped);
@@ -452,18 +481,20 @@ impl Drive {
     /// file that another repair published in between and that was then partly rewritten has
     /// holes, and is refused). If the drive holds the version already, the data file is
     /// replaced (fsync, atomic rename) and the metadata is left as it is; otherwise this is an
-    /// ordinary commit.
-    pub fn commit_repair(&self, meta: &ObjectMeta, crcs: &[u32]) -> Result<(), Error> {
+    /// ordinary commit whose metadata reaches the disk as `sync` says (the data file is always
+    /// fsynced first).
+    pub fn commit_repair(&self, meta: &ObjectMeta, crcs: &[u32], sync: MetaSync) -> Result<(), Error> {
         if meta.has_data_file() {
             self.check_staged(meta, crcs)?;
         }
         let versions = self.get_versions(&meta.bucket, &meta.key)?;
         if !versions.all().any(|m| m.version == meta.version) {
-            return self.commit(meta, &[], CommitCondition::None).map(|_| ());
+            return self.commit_synced(meta, &[], CommitCondition::None, sync).map(|_| ());
         }
         if meta.has_data_file() {
             let _committing = self.wiping.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.publish_staged(meta)?;
+            // The metadata naming this file is durable already: so must the file be.
+            self.publish_staged(meta, MetaSync::Now)?;
         }
         Ok(())
     }
@@ -699,14 +730,35 @@ impl Drive {
         }
     }
 
-    /// Makes finalizes committed without fsync durable (any durable commit carries them), so a
-    /// crash loses at most those since the last call. Cheap when there are none.
-    pub fn sync_finalized(&self) -> Result<(), Error> {
-        if !self.unsynced.swap(false, std::sync::atomic::Ordering::SeqCst) {
+    /// Makes finalizes and [`MetaSync::Deferred`] commits made without fsync durable, data
+    /// files first (one `syncfs` of the drive's file system), then the metadata (any durable
+    /// commit carries it); a crash loses at most those since the last call. Cheap when there
+    /// are none.
+    pub fn sync_deferred(&self) -> Result<(), Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.unsynced_data.swap(false, SeqCst) {
+            let synced = File::open(&self.root).and_then(|dir| {
+                // SAFETY: syncfs takes a file descriptor, which `dir` keeps open for the call.
+                let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) };
+                if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+            });
+            if let Err(e) = synced {
+                self.unsynced_data.store(true, SeqCst);
+                return Err(self.io_err(&self.root, e));
+            }
+        }
+        if !self.unsynced.swap(false, SeqCst) {
             return Ok(());
         }
         let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    /// How many times commits not yet durable (finalizes, [`MetaSync::Deferred`] commits) may
+    /// have been lost since the drive opened: the database was dropped after an I/O error
+    /// before they reached the disk. A caller that deferred compares it across its work.
+    pub fn deferred_losses(&self) -> u64 {
+        self.deferred_losses.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Deletes up to `max` retained versions whose retirement time is before `now_ms`; returns
@@ -900,7 +952,8 @@ impl Drive {
     }
 
     /// Steps (1)-(3) of a commit: fsync the staging file, rename it into place, fsync the dir.
-    fn publish_staged(&self, meta: &ObjectMeta) -> Result<(), Error> {
+    /// Deferred, neither fsync happens here: [`Drive::sync_deferred`] syncs the file system.
+    fn publish_staged(&self, meta: &ObjectMeta, sync: MetaSync) -> Result<(), Error> {
         let staging = self.staging_path(meta.version);
         let file = self.open_staged(meta.version)?;
         let found = file.metadata().map_err(|e| self.io_err(&staging, e))?.len();
@@ -910,8 +963,21 @@ impl Drive {
         if found != expected {
             return Err(Error::StagedLengthMismatch { version: meta.version.to_hex(), found, expected });
         }
-        file.sync_all().map_err(|e| self.io_err(&staging, e))?;
         let target = self.data_path(meta.version);
+        if sync == MetaSync::Deferred {
+            // Start the write-back now without waiting for it, so that the file system sync
+            // later finds little left to write.
+            // SAFETY: sync_file_range takes a file descriptor, which `file` keeps open.
+            let rc = unsafe {
+                libc::sync_file_range(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, libc::SYNC_FILE_RANGE_WRITE)
+            };
+            if rc != 0 {
+                return Err(self.io_err(&staging, io::Error::last_os_error()));
+            }
+            self.unsynced_data.store(true, std::sync::atomic::Ordering::SeqCst);
+            return fs::rename(&staging, &target).map_err(|e| self.io_err(&target, e));
+        }
+        file.sync_all().map_err(|e| self.io_err(&staging, e))?;
         fs::rename(&staging, &target).map_err(|e| self.io_err(&target, e))?;
         let dir = target.parent().expect("data files live in a shard directory");
         File::open(dir).and_then(|d| d.sync_all()).map_err(|e| self.io_err(dir, e))
@@ -926,8 +992,13 @@ impl Drive {
         has_data: bool,
         missing_positions: &[u32],
         condition: CommitCondition,
+        sync: MetaSync,
     ) -> Result<ReplaceResult, Error> {
-        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
+        let mut txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
+        if sync == MetaSync::Deferred && missing_positions.is_empty() {
+            txn.set_durability(redb::Durability::None);
+            self.unsynced.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let result = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let object_key = object_key(&meta.bucket, &meta.key);
@@ -1130,7 +1201,10 @@ impl Drive {
     fn db_err(&self, source: impl Into<redb::Error>) -> Error {
         let source: redb::Error = source.into();
         if matches!(source, redb::Error::Io(_) | redb::Error::PreviousIo) {
-            self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+            let mut slot = self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if slot.take().is_some() && self.unsynced.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                self.deferred_losses.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
         }
         db_error(&self.root, source)
     }

@@ -292,12 +292,15 @@ fn a_repair_commit_refuses_a_staged_file_with_holes_and_replaces_a_damaged_one()
     assert!(matches!(err, Error::NoStagedData { .. }), "{err}");
     // Only the first stripe staged: short, refused.
     drive.write_chunk("bkt", version(1), 0, &good[0]).unwrap();
-    assert!(matches!(drive.commit_repair(&meta, &crcs), Err(Error::StagedChecksumMismatch { stripe: 1, .. })));
+    assert!(matches!(
+        drive.commit_repair(&meta, &crcs, MetaSync::Now),
+        Err(Error::StagedChecksumMismatch { stripe: 1, .. })
+    ));
     // Fully staged: the damaged data file is replaced, the metadata left alone.
     for stripe in 0..geometry.stripes {
         drive.write_chunk("bkt", version(1), geometry.file_offset(stripe), &good[stripe as usize]).unwrap();
     }
-    drive.commit_repair(&meta, &crcs).unwrap();
+    drive.commit_repair(&meta, &crcs, MetaSync::Now).unwrap();
     let data = fs::read(dir.path().join("data").join(&version(1).to_hex()[30..]).join(version(1).to_hex())).unwrap();
     assert_eq!(data, good.concat());
     assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1));

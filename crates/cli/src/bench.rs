@@ -37,6 +37,11 @@ pub(crate) struct BenchArgs {
     /// Operations in flight.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// Offer this many operations per second, on a fixed schedule (open loop), instead of
+    /// as many as `--concurrency` workers can do; latency counts from each operation's
+    /// scheduled start, so time spent queued behind a slow system is counted.
+    #[arg(long, value_name = "OPS_PER_S")]
+    rate: Option<f64>,
     /// How long to measure (e.g. 30s, 2m).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -75,6 +80,9 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
     crate::init_logging("warn");
     if args.size == 0 || args.size > OBJECT_BYTES_MAX || args.objects == 0 || args.concurrency == 0 {
         bail!("--size must be 1 B..1 GiB, --objects and --concurrency at least 1");
+    }
+    if args.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        bail!("--rate must be a positive number of operations per second");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let outcome = runtime.block_on(async {
@@ -183,14 +191,25 @@ async fn measure(target: &Target, args: &BenchArgs) -> anyhow::Result<Outcome> {
     let mut workers = Vec::new();
     for _ in 0..args.concurrency {
         let (target, next, data, bucket) = (target.clone(), next.clone(), data.clone(), args.bucket.clone());
-        let (op, objects, size) = (args.op, args.objects, args.size as usize);
+        let (op, objects, size, rate) = (args.op, args.objects, args.size as usize, args.rate);
         workers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut buf = vec![0u8; size];
             let (mut ops, mut bytes) = (0u64, 0u64);
             while Instant::now() < deadline {
-                let key = key(next.fetch_add(1, Ordering::Relaxed) % objects);
-                let began = Instant::now();
+                let idx = next.fetch_add(1, Ordering::Relaxed);
+                let key = key(idx % objects);
+                let began = match rate {
+                    Some(rate) => {
+                        let due = start + Duration::from_secs_f64(idx as f64 / rate);
+                        if due >= deadline {
+                            break;
+                        }
+                        tokio::time::sleep_until(due.into()).await;
+                        due
+                    }
+                    None => Instant::now(),
+                };
                 match op {
                     BenchOp::Get => {
                         let read = target.get(&bucket, &key, &mut buf).await?;
@@ -257,10 +276,11 @@ fn report(args: &BenchArgs, outcome: &Outcome) {
     let target = if args.s3.is_some() { "s3" } else { "smart-client" };
     if args.json {
         println!(
-            "{{\"target\":\"{target}\",\"op\":\"{op}\",\"object_bytes\":{},\"objects\":{},\"concurrency\":{},\"duration_s\":{secs:.3},\"ops\":{},\"bytes\":{},\"throughput_bytes_per_s\":{throughput:.0},\"objects_per_s\":{objects_per_s:.1},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"client_cpu_s\":{:.3},\"client_cpu_s_per_gb\":{cpu_per_gb:.3}}}",
+            "{{\"target\":\"{target}\",\"op\":\"{op}\",\"object_bytes\":{},\"objects\":{},\"concurrency\":{},\"offered_ops_per_s\":{},\"duration_s\":{secs:.3},\"ops\":{},\"bytes\":{},\"throughput_bytes_per_s\":{throughput:.0},\"objects_per_s\":{objects_per_s:.1},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"client_cpu_s\":{:.3},\"client_cpu_s_per_gb\":{cpu_per_gb:.3}}}",
             args.size,
             args.objects,
             args.concurrency,
+            args.rate.map_or("null".to_owned(), |r| format!("{r}")),
             outcome.ops,
             outcome.bytes,
             outcome.cpu.as_secs_f64()
@@ -273,6 +293,9 @@ fn report(args: &BenchArgs, outcome: &Outcome) {
         args.objects,
         args.concurrency
     );
+    if let Some(rate) = args.rate {
+        println!("  offered      {rate:.1} objects/s (open loop)");
+    }
     println!("  throughput   {:.3} GB/s ({}/s)", throughput / 1e9, format_bytes(throughput as u64));
     println!("  objects/s    {objects_per_s:.1}");
     println!("  latency      p50 {p50:.2} ms, p99 {p99:.2} ms");

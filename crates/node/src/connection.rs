@@ -307,7 +307,7 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
         }
         Request::RepairCommit { drive, meta, crcs } => with_drive(state, drive, |d| {
             staged.remove(&(drive as usize, meta.version));
-            let result = d.commit_repair(&meta, &crcs);
+            let result = d.commit_repair(&meta, &crcs, chunkstore::MetaSync::Now);
             if result.is_err() {
                 // Nothing half-repaired stays behind; the repairer tries again.
                 let _ = d.abort(meta.version); // best effort: the sweep at the next start removes it too

@@ -195,7 +195,7 @@ fn retire_loop(state: &State) {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
         for drive in &state.drives {
-            if let Err(e) = drive.sync_finalized() {
+            if let Err(e) = drive.sync_deferred() {
                 tracing::error!(drive = %drive.root().display(), error = %e, "could not make finalized versions durable");
             }
             match drive.retire_expired(now_ms, RETIRED_PER_ROUND_MAX) {

@@ -85,28 +85,31 @@ impl Peer {
         self.read_response()
     }
 
-    /// A batched read: the bytes of each item, `None` where the peer could not serve it.
-    pub(crate) fn read(&mut self, items: Vec<ReadItem>) -> Result<Vec<Option<Vec<u8>>>, PeerError> {
-        let lens: Vec<usize> = items.iter().map(|item| item.len as usize).collect();
-        let answer = self.call(&Request::Read { items })?;
+    /// Sends a batched read without waiting for its answer, so that reads from several peers
+    /// overlap; [`Peer::finish_read_into`] takes the answer.
+    pub(crate) fn start_read(&mut self, items: Vec<ReadItem>) -> Result<(), PeerError> {
+        self.send(&Request::Read { items })
+    }
+
+    /// The answer to the read [`Peer::start_read`] sent, into one buffer per item (each as
+    /// long as its item); whether each item was served (a buffer not served is left as it was).
+    pub(crate) fn finish_read_into(&mut self, bufs: &mut [&mut [u8]]) -> Result<Vec<bool>, PeerError> {
+        let answer = self.read_response()?;
         let Response::Read { statuses } = answer else {
             return Err(PeerError::Unexpected { addr: self.addr, answer: format!("{answer:?}") });
         };
-        if statuses.len() != lens.len() {
+        if statuses.len() != bufs.len() {
             return Err(PeerError::Unexpected { addr: self.addr, answer: format!("{} statuses", statuses.len()) });
         }
-        let mut chunks = Vec::with_capacity(lens.len());
-        for (status, len) in statuses.into_iter().zip(lens) {
-            if status == ItemStatus::Ok {
-                // `len` was bounded by CHUNK_BYTES_MAX when the request was built and checked.
-                let mut bytes = vec![0u8; len];
-                self.stream.read_exact(&mut bytes).map_err(|source| PeerError::Io { addr: self.addr, source })?;
-                chunks.push(Some(bytes));
-            } else {
-                chunks.push(None);
+        let mut served = Vec::with_capacity(bufs.len());
+        for (status, buf) in statuses.into_iter().zip(bufs.iter_mut()) {
+            let ok = status == ItemStatus::Ok;
+            if ok {
+                self.stream.read_exact(buf).map_err(|source| PeerError::Io { addr: self.addr, source })?;
             }
+            served.push(ok);
         }
-        Ok(chunks)
+        Ok(served)
     }
 
     fn send(&mut self, request: &Request) -> Result<(), PeerError> {

@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use chunkstore::Drive;
+use chunkstore::{Drive, MetaSync};
 use cluster::{DriveRef, ErasureSet};
 use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, Request, Response};
 
@@ -29,7 +29,7 @@ const KEYS_PER_PAGE: u32 = 256;
 const RETRY: Duration = Duration::from_secs(10);
 /// Keys rebuilt at once, each by its own thread with its own peer connections, so that round
 /// trips, decoding and fsyncs overlap; the node's repair budget still bounds them together.
-const REBUILD_THREADS: usize = 4;
+const REBUILD_THREADS: usize = 8;
 
 /// A rebuild's progress since the node started.
 #[derive(Debug, Default)]
@@ -127,7 +127,8 @@ fn finish(state: &State, drive_idx: usize, generation: u64) {
     if state.rebuild_generation[drive_idx].load(Ordering::SeqCst) != generation {
         return; // replaced again meanwhile: start over
     }
-    match state.drives[drive_idx].set_setting(SETTING_REBUILDING, b"0") {
+    let drive = &state.drives[drive_idx];
+    match drive.sync_deferred().and_then(|()| drive.set_setting(SETTING_REBUILDING, b"0")) {
         Ok(()) => {
             state.rebuilding[drive_idx].store(false, Ordering::SeqCst);
             let stats = &state.rebuild_stats[drive_idx];
@@ -175,6 +176,7 @@ fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(),
     let mut peers = Peers::new(state);
     let start = cursor(drive);
     let mut failures = 0usize;
+    let mut first_page = true;
     for (set_idx, set) in state.map.sets.iter().enumerate() {
         let Some(position) = set.drives.iter().position(|d| *d == me) else { continue };
         if start.as_ref().is_some_and(|(s, _, _)| *s > set_idx) {
@@ -194,16 +196,29 @@ fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(),
             }
             drive.create_bucket(&bucket)?;
             loop {
+                let losses = drive.deferred_losses();
                 let (keys, more) = key_page(state, &mut peers, set, position, &bucket, &after)?;
-                let target = Target { state, drive_idx, set, position, bucket: &bucket };
+                // The first page of a pass may hold what an earlier pass rebuilt without fsync
+                // before a crash or an error: its chunks are checked, not trusted.
+                let check_held = first_page;
+                first_page = false;
+                let target = Target { state, drive_idx, set, position, bucket: &bucket, check_held };
                 failures += target.rebuild_keys(&mut peers, &keys)?;
                 let Some(last) = keys.last() else { break };
-                after = last.clone();
+                let page_start = std::mem::replace(&mut after, last.clone());
                 let _guard = state.rebuild_locks[drive_idx].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if state.rebuild_generation[drive_idx].load(Ordering::SeqCst) != generation {
                     return Err(RepairError::Refused("the drive was replaced again".into()));
                 }
+                // The page's commits were deferred: its data files reach the disk first, then
+                // this durable write carries their metadata, unless the database was dropped
+                // before it (then the page is done again).
+                drive.sync_deferred()?;
                 drive.set_setting(SETTING_CURSOR, format!("{set_idx}\0{bucket}\0{after}").as_bytes())?;
+                if drive.deferred_losses() != losses {
+                    drive.set_setting(SETTING_CURSOR, format!("{set_idx}\0{bucket}\0{page_start}").as_bytes())?;
+                    return Err(RepairError::Refused("the drive's metadata was reopened; redoing the page".into()));
+                }
                 if !more {
                     break;
                 }
@@ -336,6 +351,8 @@ struct Target<'a> {
     set: &'a ErasureSet,
     position: usize,
     bucket: &'a str,
+    /// Check the chunks of versions the drive holds already instead of trusting them.
+    check_held: bool,
 }
 
 impl Target<'_> {
@@ -398,10 +415,26 @@ impl Target<'_> {
             tracing::debug!(key, "no readable version on the set (a write in flight, or lost); nothing to rebuild");
             return Ok(());
         };
-        if drive.get_versions(bucket, key)?.all().any(|m| m.version >= meta.version) {
-            return Ok(()); // repaired or written here already
+        let held = drive.get_versions(bucket, key)?;
+        if held.all().any(|m| m.version > meta.version) {
+            return Ok(()); // written here since (durably)
         }
-        crate::repair::rebuild(state, peers, &meta, &self.set.drives, position, &[position as u32])?;
+        if let Some(mine) = held.all().find(|m| m.version == meta.version) {
+            let check = crate::scrub::Check::DeepUnpaced;
+            let problem = if self.check_held {
+                crate::scrub::own_chunk_problem(state, self.drive_idx, mine, position, check)
+            } else {
+                None
+            };
+            let Some(problem) = problem else {
+                return Ok(()); // repaired or written here already
+            };
+            tracing::warn!(key, problem, "a chunk rebuilt before a crash is damaged; rebuilding it again");
+        }
+        // Deferred: the cursor, saved durably after each page, carries these commits to the disk;
+        // a crash before it redoes the page.
+        let missing = [position as u32];
+        crate::repair::rebuild(state, peers, &meta, &self.set.drives, position, &missing, MetaSync::Deferred)?;
         stats.keys_rebuilt.fetch_add(1, Ordering::Relaxed);
         if acknowledged {
             let retire_at_ms = now_ms().saturating_add(state.retire_grace.as_millis() as u64);

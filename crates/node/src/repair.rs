@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use chunkstore::Drive;
+use chunkstore::{Drive, MetaSync};
 use cluster::{DriveRef, Placement};
 use proto::{ObjectMeta, ReadItem, RepairRecord, Request, Response, VersionId};
 
@@ -306,7 +306,7 @@ fn plan_and_repair(
     if missing.is_empty() {
         return Ok(Outcome::Dropped { positions: settled, why: "every target already holds the version" });
     }
-    let bytes = rebuild(state, &mut peers, &meta, set.drives.as_slice(), my_position, &missing)?;
+    let bytes = rebuild(state, &mut peers, &meta, set.drives.as_slice(), my_position, &missing, MetaSync::Now)?;
     if record.kind == proto::RepairKind::Missing {
         // Queued from a Finalize: the version is acknowledged, so the targets may retire what
         // it replaced there too (a failed finalize only keeps those longer).
@@ -369,7 +369,8 @@ fn target_has(state: &State, peers: &mut Peers<'_>, target: DriveRef, meta: &Obj
         || collected)
 }
 
-/// Rebuilds the chunks of `missing` positions stripe by stripe and commits the version there.
+/// Rebuilds the chunks of `missing` positions stripe by stripe and commits the version there
+/// (a commit on this node's own drives reaches the disk as `sync` says; a peer's is durable).
 /// Returns the bytes written (rebuilt chunks).
 pub(crate) fn rebuild(
     state: &State,
@@ -378,6 +379,7 @@ pub(crate) fn rebuild(
     set: &[DriveRef],
     my_position: usize,
     missing: &[u32],
+    sync: MetaSync,
 ) -> Result<u64, RepairError> {
     let (k, n) = (usize::from(meta.k), meta.n());
     let codec = ec::Codec::new(k, n - k).map_err(|e| RepairError::Refused(e.to_string()))?;
@@ -387,7 +389,7 @@ pub(crate) fn rebuild(
     if !meta.has_data_file() {
         // A delete marker or a multipart object: metadata only.
         for &position in missing {
-            commit_target(state, peers, set[position as usize], meta, &[])?;
+            commit_target(state, peers, set[position as usize], meta, &[], sync)?;
         }
         return Ok(0);
     }
@@ -399,82 +401,176 @@ pub(crate) fn rebuild(
         sources.push(my_position);
     }
     sources.extend((0..n).filter(|p| *p != my_position && !missing.contains(&(*p as u32))));
-    for stripe in 0..geometry.stripes {
-        let chunk_len = geometry.chunk_len(stripe);
-        let offset = geometry.file_offset(stripe);
-        let mut chunks: Vec<Vec<u8>> = vec![vec![0u8; chunk_len]; n];
-        let mut present = vec![false; n];
-        let mut found = 0;
-        for &position in &sources {
-            if found == k {
-                break;
+    let mut chunks = ChunkBuffers::take(n, geometry.chunk_len(0));
+    let result = (|| {
+        for stripe in 0..geometry.stripes {
+            let chunk_len = geometry.chunk_len(stripe);
+            let offset = geometry.file_offset(stripe);
+            let mut present = vec![false; n];
+            let mut found = 0;
+            let mut untried = sources.as_slice();
+            while found < k && !untried.is_empty() {
+                // As many sources as are still needed, asked at once; a source that cannot
+                // serve its chunk or fails its checksum is replaced by the next one.
+                let (asked, rest) = untried.split_at((k - found).min(untried.len()));
+                untried = rest;
+                let chunk_idxs: Vec<usize> = asked.iter().map(|&p| placement.chunk_at(stripe, p)).collect();
+                let mut slots: Vec<Option<&mut [u8]>> =
+                    chunks.0.iter_mut().map(|c| Some(&mut c[..chunk_len])).collect();
+                let targets =
+                    chunk_idxs.iter().map(|&c| slots[c].take().expect("positions hold distinct chunks")).collect();
+                let fetched = read_sources(state, peers, set, asked, meta.version, offset, targets);
+                for ((&position, &chunk_idx), ok) in asked.iter().zip(&chunk_idxs).zip(fetched) {
+                    if !ok {
+                        continue;
+                    }
+                    let good = chunks.0[chunk_idx][..chunk_len]
+                        .chunks(meta.block_bytes as usize)
+                        .zip(meta.block_crcs(stripe, chunk_idx))
+                        .all(|(b, c)| crc32c::crc32c(b) == *c);
+                    if !good {
+                        tracing::warn!(version = %meta.version.to_hex(), stripe, position, "a repair source failed its checksum; using another");
+                        continue;
+                    }
+                    present[chunk_idx] = true;
+                    found += 1;
+                }
             }
-            let chunk_idx = placement.chunk_at(stripe, position);
-            let bytes = read_source(state, peers, set[position], meta.version, offset, chunk_len);
-            let Some(bytes) = bytes else { continue };
-            let good = bytes
-                .chunks(meta.block_bytes as usize)
-                .zip(meta.block_crcs(stripe, chunk_idx))
-                .all(|(b, c)| crc32c::crc32c(b) == *c);
-            if !good {
-                tracing::warn!(version = %meta.version.to_hex(), stripe, position, "a repair source failed its checksum; using another");
-                continue;
+            if found < k {
+                return Err(RepairError::TooFewChunks { stripe, found, needed: k });
             }
-            chunks[chunk_idx] = bytes;
-            present[chunk_idx] = true;
-            found += 1;
-        }
-        if found < k {
-            return Err(RepairError::TooFewChunks { stripe, found, needed: k });
-        }
-        let mut refs: Vec<&mut [u8]> = chunks.iter_mut().map(|c| c.as_mut_slice()).collect();
-        codec.reconstruct(&mut refs, &present).map_err(|e| RepairError::Refused(e.to_string()))?;
-        for (target_idx, &position) in missing.iter().enumerate() {
-            let chunk_idx = placement.chunk_at(stripe, position as usize);
-            let chunk = &chunks[chunk_idx];
-            let crcs: Vec<u32> = chunk.chunks(meta.block_bytes as usize).map(crc32c::crc32c).collect();
-            // Decoded from k chunks that matched their checksums: the result must match the
-            // checksums the writer recorded (a mismatch is a codec or layout bug, not bad input).
-            if crcs != meta.block_crcs(stripe, chunk_idx) {
-                return Err(RepairError::Refused(format!(
-                    "stripe {stripe}: the decoded chunk does not match its checksums"
-                )));
+            let mut refs: Vec<&mut [u8]> = chunks.0.iter_mut().map(|c| &mut c[..chunk_len]).collect();
+            codec.reconstruct(&mut refs, &present).map_err(|e| RepairError::Refused(e.to_string()))?;
+            for (target_idx, &position) in missing.iter().enumerate() {
+                let chunk_idx = placement.chunk_at(stripe, position as usize);
+                let chunk = &chunks.0[chunk_idx][..chunk_len];
+                let crcs: Vec<u32> = chunk.chunks(meta.block_bytes as usize).map(crc32c::crc32c).collect();
+                // Decoded from k chunks that matched their checksums: the result must match the
+                // checksums the writer recorded (a mismatch is a codec or layout bug, not bad
+                // input).
+                if crcs != meta.block_crcs(stripe, chunk_idx) {
+                    return Err(RepairError::Refused(format!(
+                        "stripe {stripe}: the decoded chunk does not match its checksums"
+                    )));
+                }
+                target_crcs[target_idx].extend_from_slice(&crcs);
+                write_target(state, peers, set[position as usize], meta, offset, chunk, crcs)?;
+                moved += chunk_len as u64;
             }
-            target_crcs[target_idx].extend_from_slice(&crcs);
-            write_target(state, peers, set[position as usize], meta, offset, chunk, crcs)?;
-            moved += chunk_len as u64;
+            // The budget counts bytes written: each source disk reads as much as the target
+            // writes.
+            state.repair.take(chunk_len as u64 * missing.len() as u64)?;
         }
-        // The budget counts bytes written: each source disk reads as much as the target writes.
-        state.repair.take(chunk_len as u64 * missing.len() as u64)?;
-    }
+        Ok(())
+    })();
+    chunks.give_back();
+    result?;
     for (&position, crcs) in missing.iter().zip(&target_crcs) {
-        commit_target(state, peers, set[position as usize], meta, crcs)?;
+        commit_target(state, peers, set[position as usize], meta, crcs, sync)?;
     }
     Ok(moved)
 }
 
-/// One chunk from a source drive, `None` if it cannot serve it.
-fn read_source(
-    state: &State,
-    peers: &mut Peers<'_>,
-    source: DriveRef,
-    version: VersionId,
-    offset: u64,
-    len: usize,
-) -> Option<Vec<u8>> {
-    if source.node_idx == state.node_idx {
-        return state.drives[source.drive_idx].read_chunk(version, offset, len).ok().flatten();
+/// Chunk buffers kept between the repairs a thread makes, so that each stripe does not map,
+/// zero and unmap fresh memory. At most [`ChunkBuffers::KEPT_BYTES_MAX`] stay kept per thread.
+struct ChunkBuffers(Vec<Vec<u8>>);
+
+thread_local! {
+    static KEPT_BUFFERS: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl ChunkBuffers {
+    const KEPT_BYTES_MAX: usize = 16 << 20;
+
+    /// `n` buffers of `len` bytes (their contents are whatever the last user left).
+    fn take(n: usize, len: usize) -> Self {
+        let mut buffers = KEPT_BUFFERS.with_borrow_mut(std::mem::take);
+        buffers.resize_with(n, Vec::new);
+        for buffer in &mut buffers {
+            buffer.resize(len, 0);
+        }
+        Self(buffers)
     }
-    let item = ReadItem { drive: source.drive_idx as u32, version, offset, len: len as u32 };
-    let peer = peers.get(source.node_idx).ok()?;
-    match peer.read(vec![item]) {
-        Ok(mut chunks) => chunks.pop().flatten(),
-        Err(e) => {
-            tracing::debug!(error = %e, "a repair source did not answer");
-            peers.open.remove(&source.node_idx);
-            None
+
+    fn give_back(self) {
+        if self.0.iter().map(Vec::len).sum::<usize>() <= Self::KEPT_BYTES_MAX {
+            KEPT_BUFFERS.with_borrow_mut(|kept| *kept = self.0);
         }
     }
+}
+
+/// Reads the chunk at `offset` of `version` from each of the drives at `positions` into the
+/// matching buffer of `targets`; whether each one was served. One batched request per peer
+/// node, all sent before any answer is read, so the peers read their disks at the same time.
+fn read_sources(
+    state: &State,
+    peers: &mut Peers<'_>,
+    set: &[DriveRef],
+    positions: &[usize],
+    version: VersionId,
+    offset: u64,
+    mut targets: Vec<&mut [u8]>,
+) -> Vec<bool> {
+    assert_eq!(positions.len(), targets.len(), "one buffer per source");
+    let mut served = vec![false; positions.len()];
+    // node -> indices into `positions`, in the order of the request's items.
+    let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (i, &position) in positions.iter().enumerate() {
+        let node_idx = set[position].node_idx;
+        if node_idx == state.node_idx {
+            continue;
+        }
+        match by_node.iter_mut().find(|(n, _)| *n == node_idx) {
+            Some((_, indices)) => indices.push(i),
+            None => by_node.push((node_idx, vec![i])),
+        }
+    }
+    let mut sent = Vec::with_capacity(by_node.len());
+    for (node_idx, indices) in by_node {
+        let items = indices
+            .iter()
+            .map(|&i| ReadItem {
+                drive: set[positions[i]].drive_idx as u32,
+                version,
+                offset,
+                len: targets[i].len() as u32,
+            })
+            .collect();
+        match peers.get(node_idx).and_then(|peer| peer.start_read(items).map_err(Into::into)) {
+            Ok(()) => sent.push((node_idx, indices)),
+            Err(e) => {
+                tracing::debug!(error = %e, "a repair source did not answer");
+                peers.forget(node_idx);
+            }
+        }
+    }
+    // Local drives are read while the peers work.
+    for (i, &position) in positions.iter().enumerate() {
+        let source = set[position];
+        if source.node_idx == state.node_idx {
+            let target = &mut *targets[i];
+            if let Ok(Some(bytes)) = state.drives[source.drive_idx].read_chunk(version, offset, target.len()) {
+                target.copy_from_slice(&bytes);
+                served[i] = true;
+            }
+        }
+    }
+    for (node_idx, indices) in sent {
+        let mut slots: Vec<Option<&mut [u8]>> = targets.iter_mut().map(|t| Some(&mut **t)).collect();
+        let mut bufs: Vec<&mut [u8]> = indices.iter().map(|&i| slots[i].take().expect("distinct items")).collect();
+        match peers.get(node_idx).and_then(|peer| peer.finish_read_into(&mut bufs).map_err(Into::into)) {
+            Ok(oks) => {
+                for (i, ok) in indices.into_iter().zip(oks) {
+                    served[i] = ok;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "a repair source did not answer");
+                peers.forget(node_idx);
+            }
+        }
+    }
+    served
 }
 
 fn write_target(
@@ -544,9 +640,10 @@ fn commit_target(
     target: DriveRef,
     meta: &ObjectMeta,
     crcs: &[u32],
+    sync: MetaSync,
 ) -> Result<(), RepairError> {
     if target.node_idx == state.node_idx {
-        state.drives[target.drive_idx].commit_repair(meta, crcs)?;
+        state.drives[target.drive_idx].commit_repair(meta, crcs, sync)?;
         return Ok(());
     }
     ensure_bucket(peers, target, meta)?;

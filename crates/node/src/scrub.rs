@@ -197,7 +197,9 @@ fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], d
             continue;
         };
         state.scrub_stats.keys_checked.fetch_add(1, Ordering::Relaxed);
-        if let Some(problem) = own_chunk_problem(state, drive_idx, &meta, position, deep) {
+        if let Some(problem) =
+            own_chunk_problem(state, drive_idx, &meta, position, if deep { Check::Deep } else { Check::Shallow })
+        {
             tracing::warn!(drive = drive_idx, key, version = %meta.version.to_hex(), problem, "scrub found a damaged chunk; queued for repair");
             queue(state, drive_idx, &meta, &[position as u32], RepairKind::Damaged);
         }
@@ -281,14 +283,25 @@ fn finalize_here(state: &State, drive_idx: usize, meta: &ObjectMeta) {
     }
 }
 
+/// How closely [`own_chunk_problem`] looks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// The data file's length.
+    Shallow,
+    /// Every block's checksum too, paced by the repair budget (a paused repair skips it).
+    Deep,
+    /// Every block's checksum, now: the rebuild's check of what a crash may have torn.
+    DeepUnpaced,
+}
+
 /// What is wrong with this drive's chunks of `meta`, if anything: the data file is missing or
 /// short (shallow), or a block does not match its checksum (deep).
-fn own_chunk_problem(
+pub(crate) fn own_chunk_problem(
     state: &State,
     drive_idx: usize,
     meta: &ObjectMeta,
     position: usize,
-    deep: bool,
+    check: Check,
 ) -> Option<&'static str> {
     if !meta.has_data_file() {
         return None;
@@ -309,13 +322,13 @@ fn own_chunk_problem(
             return None;
         }
     }
-    if !deep {
+    if check == Check::Shallow {
         return None;
     }
     let placement = Placement { set_idx: meta.set_idx as usize, rotation: usize::from(meta.rotation), n: meta.n() };
     for stripe in 0..geometry.stripes {
         let len = geometry.chunk_len(stripe);
-        if state.repair.take(len as u64).is_err() {
+        if check == Check::Deep && state.repair.take(len as u64).is_err() {
             // Repair paused: deep reads wait, and this pass does not count as deep.
             state.scrub_stats.deep_skipped.store(true, Ordering::Relaxed);
             return None;

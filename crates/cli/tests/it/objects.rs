@@ -348,3 +348,20 @@ fn batched_head_and_read_of_many_objects_are_byte_exact_with_two_nodes_down() {
         assert_eq!(middle, objects[4][500_000..510_000]);
     });
 }
+
+#[test]
+fn bench_at_a_fixed_rate_runs_its_schedule_and_no_more() {
+    let cluster = Cluster::start(Shape::default());
+    let common = ["bench", "get", "--size", "4KiB", "--objects", "4", "--duration", "1s", "--json"];
+    // 20 operations/s for 1 s: the schedule has 20 slots, the first one at the start.
+    let out = cluster.cli_ok(&[&common[..], &["--rate", "20"]].concat());
+    assert!(out.contains("\"offered_ops_per_s\":20,"), "{out}");
+    let ops: u64 = out.split("\"ops\":").nth(1).and_then(|rest| rest.split(',').next()).unwrap().parse().unwrap();
+    assert!((1..=20).contains(&ops), "{ops} operations on a schedule of 20: {out}");
+    for bad in ["--rate=0", "--rate=-1", "--rate=inf"] {
+        let err = cluster.cli_err(&[&common[..], &[bad]].concat());
+        assert!(err.starts_with("error: --rate must be") && err.trim_end().lines().count() == 1, "{bad}: {err}");
+    }
+    let err = cluster.cli_err(&[&common[..], &["--rate", "many"]].concat());
+    assert!(err.contains("invalid value 'many'"), "{err}");
+}
