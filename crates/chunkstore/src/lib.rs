@@ -167,8 +167,11 @@ impl Drive {
         &self.root
     }
 
-    /// Creates `bucket` (idempotent).
+    /// Creates `bucket` (idempotent: a bucket that exists costs a read, not a durable write).
     pub fn create_bucket(&self, bucket: &str) -> Result<(), Error> {
+        if self.has_bucket(bucket)? {
+            return Ok(());
+        }
         let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         {
             let mut table = txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;

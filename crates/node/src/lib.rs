@@ -187,6 +187,21 @@ fn is_empty_dir(path: &std::path::Path) -> bool {
 
 /// Every [`RETIRE_INTERVAL`]: makes finalizes durable and deletes the retained versions whose
 /// grace has passed.
+/// Nice value of the repair, scrub and rebuild threads (and the threads they start, which
+/// inherit it): where they and the threads serving requests want the same CPU, requests go
+/// first ("foreground first"); an idle CPU still runs them at full speed, paced only by the
+/// repair budget.
+const BACKGROUND_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's CPU priority to [`BACKGROUND_NICE`] (Linux sets it per thread).
+fn background_priority() {
+    // SAFETY: gettid has no preconditions; setpriority reads only its integer arguments.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, BACKGROUND_NICE) };
+    if rc != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot lower the priority of a background thread");
+    }
+}
+
 fn retire_loop(state: &State) {
     loop {
         std::thread::sleep(RETIRE_INTERVAL);
@@ -330,11 +345,20 @@ impl Server {
         let retirer = Arc::clone(&self.state);
         std::thread::Builder::new().name("retire".into()).spawn(move || retire_loop(&retirer))?;
         let repairer = Arc::clone(&self.state);
-        std::thread::Builder::new().name("repair".into()).spawn(move || repair::worker(&repairer))?;
+        std::thread::Builder::new().name("repair".into()).spawn(move || {
+            background_priority();
+            repair::worker(&repairer)
+        })?;
         let scrubber = Arc::clone(&self.state);
-        std::thread::Builder::new().name("scrub".into()).spawn(move || scrub::worker(&scrubber))?;
+        std::thread::Builder::new().name("scrub".into()).spawn(move || {
+            background_priority();
+            scrub::worker(&scrubber)
+        })?;
         let rebuilder = Arc::clone(&self.state);
-        std::thread::Builder::new().name("rebuild".into()).spawn(move || rebuild::worker(&rebuilder))?;
+        std::thread::Builder::new().name("rebuild".into()).spawn(move || {
+            background_priority();
+            rebuild::worker(&rebuilder)
+        })?;
         let mut accepted = 0u64;
         for stream in self.listener.incoming() {
             let stream = match stream {

@@ -23,13 +23,15 @@ use crate::repair::{Peers, RepairError, now_ms};
 const SETTING_REBUILDING: &str = "drive.rebuilding";
 /// The last key rebuilt: `set NUL bucket NUL key`.
 const SETTING_CURSOR: &str = "drive.rebuild_cursor";
-/// Keys listed from each peer per round trip.
-const KEYS_PER_PAGE: u32 = 256;
+/// Keys listed from each peer per round trip; also what a crash makes the rebuild redo (a
+/// page's commits become durable together at its end).
+const KEYS_PER_PAGE: u32 = 1024;
 /// Pause after a pass that could not finish (a peer down, a key without k healthy chunks).
 const RETRY: Duration = Duration::from_secs(10);
 /// Keys rebuilt at once, each by its own thread with its own peer connections, so that round
-/// trips, decoding and fsyncs overlap; the node's repair budget still bounds them together.
-const REBUILD_THREADS: usize = 8;
+/// trips, decoding and writes overlap (16 rebuilt fastest on the 2-core benchmark machine, see
+/// bench/rebuild.sh); the node's repair budget still bounds them together.
+const REBUILD_THREADS: usize = 16;
 
 /// A rebuild's progress since the node started.
 #[derive(Debug, Default)]

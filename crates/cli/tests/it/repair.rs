@@ -214,3 +214,25 @@ fn repairs_backed_off_toward_a_node_are_retried_when_it_returns() {
     let woken = logs.lines().find(|l| l.contains("a peer is reachable again")).unwrap_or_else(|| panic!("{logs}"));
     assert!(!woken.contains("woken=0"), "{woken}");
 }
+
+#[test]
+fn repair_scrub_and_rebuild_threads_yield_the_cpu_to_requests() {
+    let cluster = Cluster::start(Shape::default());
+    // /proc/PID/task/TID/stat: "tid (comm) state ..."; nice is the 19th field.
+    let nice_of = |comm: &str| -> Vec<i64> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", cluster.pid(0))).unwrap();
+        tasks
+            .filter_map(|task| std::fs::read_to_string(task.unwrap().path().join("stat")).ok())
+            .filter(|stat| stat.contains(&format!("({comm})")))
+            .map(|stat| {
+                let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+                after_comm.split(' ').nth(16).unwrap().parse().unwrap()
+            })
+            .collect()
+    };
+    for background in ["repair", "scrub", "rebuild"] {
+        assert_eq!(nice_of(background), vec![10], "the {background} thread of n1");
+    }
+    // The thread that accepts connections (and those that serve them) keep the default.
+    assert!(nice_of("tessera").iter().all(|&nice| nice == 0), "{:?}", nice_of("tessera"));
+}

@@ -120,6 +120,23 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     assert!(status.success(), "cp -a {} {}", from.display(), to.display());
 }
 
+/// Kills n2, empties its drive directory (a new disk) and restarts it; returns once it has
+/// formatted the drive and taken the repair settings (its first drive held them) from a peer.
+fn wipe_n2_and_restart(cluster: &mut Cluster) {
+    cluster.kill_node(1);
+    let drive = cluster.drive_dir(1, 0);
+    for entry in std::fs::read_dir(&drive).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) }.unwrap();
+    }
+    cluster.start_node(1);
+    cluster.wait_ready();
+    assert!(cluster.log(1).contains("empty drive directory: formatted"), "{}", cluster.log(1));
+    wait_for(cluster, "n2 takes the repair settings from a peer", || {
+        cluster.log(1).contains("repair settings taken from a peer")
+    });
+}
+
 #[test]
 fn a_wiped_drive_is_rebuilt_from_its_set_and_readers_skip_it_meanwhile() {
     let mut cluster = Cluster::start(Shape::default());
@@ -136,19 +153,8 @@ fn a_wiped_drive_is_rebuilt_from_its_set_and_readers_skip_it_meanwhile() {
     });
     // Hold the rebuild so what readers do meanwhile can be seen.
     cluster.cli_ok(&["repair", "pause"]);
-    cluster.kill_node(1);
-    let drive = cluster.drive_dir(1, 0);
-    for entry in std::fs::read_dir(&drive).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) }.unwrap();
-    }
-    cluster.start_node(1);
-    cluster.wait_ready();
-    assert!(cluster.log(1).contains("empty drive directory: formatted"), "{}", cluster.log(1));
     // Its first drive held the repair settings: it takes "paused" from a peer.
-    wait_for(&cluster, "n2 takes the repair settings from a peer", || {
-        cluster.log(1).contains("repair settings taken from a peer")
-    });
+    wipe_n2_and_restart(&mut cluster);
     let status = cluster.cli_ok(&["repair", "status", "--json"]);
     assert!(status.lines().any(|l| l.contains("\"node\":\"n2\"") && l.contains("\"rebuilding\":true")), "{status}");
     // Readers skip n2: it is not counted as a drive without the objects, and with n3 down too
@@ -278,17 +284,7 @@ fn a_rebuild_killed_mid_page_checks_what_it_rebuilt_without_fsync_and_redoes_dam
     let objects: Vec<(String, Vec<u8>)> = (0..24).map(|i| (format!("obj-{i:02}"), payload(1 << 20, i))).collect();
     put_all(&cluster, &objects);
     cluster.cli_ok(&["repair", "pause"]);
-    cluster.kill_node(1);
-    let drive = cluster.drive_dir(1, 0);
-    for entry in std::fs::read_dir(&drive).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) }.unwrap();
-    }
-    cluster.start_node(1);
-    cluster.wait_ready();
-    wait_for(&cluster, "n2 takes the repair settings from a peer", || {
-        cluster.log(1).contains("repair settings taken from a peer")
-    });
+    wipe_n2_and_restart(&mut cluster);
     // 1 MiB/s: the 24 keys (6 MiB on n2, one page) take about 6 s.
     cluster.cli_ok(&["repair", "rate", "1MiB/s"]);
     cluster.cli_ok(&["repair", "resume"]);
