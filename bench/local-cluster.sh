@@ -42,7 +42,7 @@ measure_dd() {
 work_disk=$(lsblk -no PKNAME "$(df --output=source "$work" | tail -1)" 2>/dev/null | head -1)
 [ -n "$work_disk" ] || work_disk=$(basename "$(df --output=source "$work" | tail -1)")
 disk_bytes() {
-    awk -v d="$work_disk" '$3 == d { print $6 * 512, $10 * 512 }' /proc/diskstats
+    awk -v d="$work_disk" '$3 == d { printf "%.0f %.0f\n", $6 * 512, $10 * 512 }' /proc/diskstats
 }
 
 # Waits until node nI reports no drive rebuilding (and answers at all).
@@ -56,4 +56,10 @@ wait_rebuilt() {
 # Writes COUNT objects of 1 MiB to BUCKET through the smart client (8 in flight).
 fill() {
     "$tessera" bench get --bucket "$1" --objects "$2" --size 1MiB --concurrency 8 --duration 1ms --json >/dev/null
+}
+
+# Bytes in the regular files under DIR, 0 if it does not exist yet (directories' own sizes
+# depend on their history).
+file_bytes() {
+    { find "$1" -type f -printf '%s\n' 2>/dev/null || true; } | awk '{ s += $1 } END { printf "%.0f\n", s }'
 }

@@ -5,13 +5,13 @@
 # same objects, in the same run.
 #
 # Fills the cluster with 1 MiB objects until one drive holds DRIVE_GIB of chunks, then for each
-# budget in RATES: kills node n2, empties its drive directory (a new disk), restarts it, and
-# times the rebuild until `tessera repair status` says the drive is no longer rebuilding. The
-# disk column is what the one disk under all six drives read and wrote meanwhile (the rebuild
+# budget in RATES: kills node n2, replaces its drive directory by an empty one (a new disk),
+# restarts it, and times the rebuild until `tessera repair status` says the drive is no longer
+# rebuilding. The disk column is what the one disk under all six drives read and wrote meanwhile (the rebuild
 # reads k chunks for each one it writes; on separate disks those reads land elsewhere).
 # Then, with Tessera stopped, MinIO gets the same number of 1 MiB objects, its n2 drive is
-# emptied and n2 restarted; timed until the drive's bucket directory holds as many bytes as
-# before (MinIO's automatic healing of a new drive). MINIO=0 skips it.
+# replaced the same way and n2 restarted; timed until the drive's bucket directory holds as
+# many bytes as before (MinIO's automatic healing of a new drive). MINIO=0 skips it.
 # Usage: bench/rebuild.sh   (env: DRIVE_GIB=4 RATES="1GiB/s 100MiB/s" MINIO=1 BASE_PORT=27201)
 set -euo pipefail
 
@@ -26,8 +26,9 @@ bench_name=rebuild
 . "$root/bench/local-cluster.sh"
 
 # Each drive holds a quarter of the data (4+2), plus parity: 6 x DRIVE_GIB in all (twice with
-# MinIO, whose copy is written while Tessera's is still there), and dd's file.
-need_gib=$((drive_gib * 6 * (with_minio == 1 ? 2 : 1) + drive_gib + 2))
+# MinIO, whose copy is written while Tessera's is still there), the wiped drive kept aside
+# until its rebuild is timed, and dd's file.
+need_gib=$((drive_gib * 6 * (with_minio == 1 ? 2 : 1) + drive_gib * 2 + 2))
 avail_gib=$(( $(df -Pk "$work" | awk 'NR==2 {print $4}') / 1024 / 1024 ))
 [ "$avail_gib" -ge "$need_gib" ] || { echo "error: $work has ${avail_gib} GiB free, this run needs ${need_gib}" >&2; exit 1; }
 
@@ -56,13 +57,27 @@ direct_mbs=$(measure_dd "$drive_gib" oflag=direct conv=fsync)
 rows=()
 tessera_secs=()
 row() { rows+=("$(printf '%-30s %12s %9s %9s %11s %12s %15s' "$@")"); }
+# measured_row LABEL BYTES: a row for BYTES rebuilt between t0 and t1, with the disk's reads and
+# writes between (r0, w0) and (r1, w1); sets `secs`.
+measured_row() {
+    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+    local mbs disk
+    mbs=$(awk -v b="$2" -v s="$secs" 'BEGIN { printf "%.1f", b / s / 1e6 }')
+    disk=$(awk -v r=$((r1 - r0)) -v w=$((w1 - w0)) -v s="$secs" 'BEGIN { printf "%.0f r + %.0f w", r / s / 1e6, w / s / 1e6 }')
+    row "$1" "$2" "$secs" "$mbs" \
+        "$(awk -v r="$mbs" -v d="$dd_mbs" 'BEGIN { printf "%.2fx", r / d }')" \
+        "$(awk -v r="$mbs" -v d="$direct_mbs" 'BEGIN { printf "%.2fx", r / d }')" "$disk"
+}
 row "dd conv=fsync" "$((drive_gib << 30))" "-" "$dd_mbs" "1.00x" "-" "-"
 row "dd oflag=direct" "$((drive_gib << 30))" "-" "$direct_mbs" "-" "1.00x" "-"
 for rate in $rates; do
     "$tessera" repair rate "$rate" >/dev/null
     kill_node 2
-    before=$(du -sb "$drive/data" | cut -f1)
-    find "$drive" -mindepth 1 -delete
+    before=$(file_bytes "$drive/data")
+    # A new disk where the old one was: the old drive directory moves aside (deleting its
+    # files first would leave the file system busy skipping thousands of just-freed inodes).
+    mv "$drive" "$work/old-drive"
+    mkdir "$drive"
     sync
     read -r r0 w0 < <(disk_bytes)
     t0=$(date +%s.%N)
@@ -70,14 +85,10 @@ for rate in $rates; do
     wait_rebuilt 2
     t1=$(date +%s.%N)
     read -r r1 w1 < <(disk_bytes)
-    after=$(du -sb "$drive/data" | cut -f1)
+    after=$(file_bytes "$drive/data")
     [ "$after" -ge "$before" ] || { echo "error: n2 holds $after bytes after the rebuild, $before before" >&2; exit 1; }
-    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
-    mbs=$(awk -v b="$after" -v s="$secs" 'BEGIN { printf "%.1f", b / s / 1e6 }')
-    disk=$(awk -v r=$((r1 - r0)) -v w=$((w1 - w0)) -v s="$secs" 'BEGIN { printf "%.0f r + %.0f w", r / s / 1e6, w / s / 1e6 }')
-    row "tessera, budget $rate" "$after" "$secs" "$mbs" \
-        "$(awk -v r="$mbs" -v d="$dd_mbs" 'BEGIN { printf "%.2fx", r / d }')" \
-        "$(awk -v r="$mbs" -v d="$direct_mbs" 'BEGIN { printf "%.2fx", r / d }')" "$disk"
+    rm -rf "$work/old-drive"
+    measured_row "tessera, budget $rate" "$after"
     tessera_secs+=("$rate $secs")
 done
 grep -h "drive rebuilt" "$work/n2.log" | tail -1 >&2 || true
@@ -111,10 +122,11 @@ if [ "$with_minio" = 1 ]; then
         --bucket rebuild --objects "$objects" --size 1MiB --concurrency 8 --duration 1ms --json >/dev/null
     mdrive="$work/minio/n2/d1"
     sync
-    mbefore=$(du -sb "$mdrive/rebuild" | cut -f1)
+    mbefore=$(file_bytes "$mdrive/rebuild")
     kill -9 "${minio_pids[2]}"
     wait "${minio_pids[2]}" 2>/dev/null || true
-    find "$mdrive" -mindepth 1 -delete
+    mv "$mdrive" "$work/old-drive"
+    mkdir "$mdrive"
     sync
     read -r r0 w0 < <(disk_bytes)
     t0=$(date +%s.%N)
@@ -123,7 +135,7 @@ if [ "$with_minio" = 1 ]; then
     held=0
     next_report=$(( $(date +%s) + 30 ))
     while :; do
-        held=$(du -sb "$mdrive/rebuild" 2>/dev/null | cut -f1 || echo 0)
+        held=$(file_bytes "$mdrive/rebuild")
         [ "${held:-0}" -ge "$mbefore" ] && break
         now=$(date +%s)
         if [ "$now" -ge "$next_report" ]; then
@@ -138,12 +150,7 @@ if [ "$with_minio" = 1 ]; then
     done
     t1=$(date +%s.%N)
     read -r r1 w1 < <(disk_bytes)
-    secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
-    mbs=$(awk -v b="$held" -v s="$secs" 'BEGIN { printf "%.1f", b / s / 1e6 }')
-    disk=$(awk -v r=$((r1 - r0)) -v w=$((w1 - w0)) -v s="$secs" 'BEGIN { printf "%.0f r + %.0f w", r / s / 1e6, w / s / 1e6 }')
-    row "minio heal (EC:2, 6 x 1 drive)" "$held" "$secs" "$mbs" \
-        "$(awk -v r="$mbs" -v d="$dd_mbs" 'BEGIN { printf "%.2fx", r / d }')" \
-        "$(awk -v r="$mbs" -v d="$direct_mbs" 'BEGIN { printf "%.2fx", r / d }')" "$disk"
+    measured_row "minio heal (EC:2, 6 x 1 drive)" "$held"
 fi
 
 echo
