@@ -116,7 +116,9 @@ pub struct Drive {
     unsynced: std::sync::atomic::AtomicBool,
     /// A deferred commit published a data file without fsync since the last `syncfs`.
     unsynced_data: std::sync::atomic::AtomicBool,
-    /// Times the database was dropped (after an I/O error) with commits not yet durable.
+    /// Held across [`Drive::sync_deferred`].
+    syncing: std::sync::Mutex<()>,
+    /// Times the database was dropped after an I/O error (commits not yet durable may be lost).
     deferred_losses: std::sync::atomic::AtomicU64,
     /// Taken shared by chunk writes and commits, exclusive by [`Drive::wipe`]: a wipe never
     /// runs between a commit's rename of its data file and its metadata transaction.
@@ -153,7 +155,10 @@ impl Drive {
             root: root.to_owned(),
             db: std::sync::RwLock::new(Some(std::sync::Arc::new(db))),
             unsynced: std::sync::atomic::AtomicBool::new(false),
-            unsynced_data: std::sync::atomic::AtomicBool::new(false),
+            // A process that stopped without syncing (kill -9) may have left published files
+            // in the page cache only: the first sync after opening syncs the file system.
+            unsynced_data: std::sync::atomic::AtomicBool::new(true),
+            syncing: std::sync::Mutex::new(()),
             deferred_losses: std::sync::atomic::AtomicU64::new(0),
             wiping: std::sync::RwLock::new(()),
         };
@@ -484,8 +489,7 @@ impl Drive {
     /// file that another repair published in between and that was then partly rewritten has
     /// holes, and is refused). If the drive holds the version already, the data file is
     /// replaced (fsync, atomic rename) and the metadata is left as it is; otherwise this is an
-    /// ordinary commit whose metadata reaches the disk as `sync` says (the data file is always
-    /// fsynced first).
+    /// ordinary commit whose data file and metadata reach the disk as `sync` says.
     pub fn commit_repair(&self, meta: &ObjectMeta, crcs: &[u32], sync: MetaSync) -> Result<(), Error> {
         if meta.has_data_file() {
             self.check_staged(meta, crcs)?;
@@ -739,27 +743,49 @@ impl Drive {
     /// are none.
     pub fn sync_deferred(&self) -> Result<(), Error> {
         use std::sync::atomic::Ordering::SeqCst;
+        // One caller at a time: a caller that finds the flags clear because another one took
+        // them waits here until that one's sync is done.
+        let _syncing = self.syncing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.unsynced_data.swap(false, SeqCst) {
-            let synced = File::open(&self.root).and_then(|dir| {
-                // SAFETY: syncfs takes a file descriptor, which `dir` keeps open for the call.
-                let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) };
-                if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
-            });
-            if let Err(e) = synced {
-                self.unsynced_data.store(true, SeqCst);
-                return Err(self.io_err(&self.root, e));
-            }
+            self.syncfs().inspect_err(|_| self.unsynced_data.store(true, SeqCst))?;
         }
         if !self.unsynced.swap(false, SeqCst) {
             return Ok(());
         }
-        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
-        txn.commit().map_err(|e| self.db_err(e))
+        // On failure the commits are still not durable: flag them again before `db_err`, so a
+        // database it drops counts as a loss.
+        let failed = |e: redb::Error| {
+            self.unsynced.store(true, SeqCst);
+            self.db_err(e)
+        };
+        let db = self.db().inspect_err(|_| self.unsynced.store(true, SeqCst))?;
+        let txn = db.begin_write().map_err(|e| failed(e.into()))?;
+        txn.commit().map_err(|e| failed(e.into()))
+    }
+
+    /// Stores a setting durably, unless [`Drive::deferred_losses`] is no longer `losses`:
+    /// then it returns `false` and writes nothing. The write carries every deferred commit
+    /// made on the same database before it, so a caller that deferred its commits since it
+    /// read `losses` knows they are all durable when this returns `true`.
+    pub fn set_setting_unless_lost(&self, name: &str, value: &[u8], losses: u64) -> Result<bool, Error> {
+        let db = self.db()?;
+        // A database dropped from here on fails this transaction (redb refuses work after an
+        // I/O error), so checking once the handle is taken is enough.
+        if self.deferred_losses() != losses {
+            return Ok(false);
+        }
+        let txn = db.begin_write().map_err(|e| self.db_err(e))?;
+        {
+            let mut table = txn.open_table(SETTINGS).map_err(|e| self.db_err(e))?;
+            table.insert(name, value).map_err(|e| self.db_err(e))?;
+        }
+        txn.commit().map_err(|e| self.db_err(e))?;
+        Ok(true)
     }
 
     /// How many times commits not yet durable (finalizes, [`MetaSync::Deferred`] commits) may
-    /// have been lost since the drive opened: the database was dropped after an I/O error
-    /// before they reached the disk. A caller that deferred compares it across its work.
+    /// have been lost since the drive opened: the database was dropped after an I/O error. A
+    /// caller that deferred compares it across its work ([`Drive::set_setting_unless_lost`]).
     pub fn deferred_losses(&self) -> u64 {
         self.deferred_losses.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -977,8 +1003,10 @@ impl Drive {
             if rc != 0 {
                 return Err(self.io_err(&staging, io::Error::last_os_error()));
             }
+            fs::rename(&staging, &target).map_err(|e| self.io_err(&target, e))?;
+            // After the rename: a sync that took the flag before it then ran after it.
             self.unsynced_data.store(true, std::sync::atomic::Ordering::SeqCst);
-            return fs::rename(&staging, &target).map_err(|e| self.io_err(&target, e));
+            return Ok(());
         }
         file.sync_all().map_err(|e| self.io_err(&staging, e))?;
         fs::rename(&staging, &target).map_err(|e| self.io_err(&target, e))?;
@@ -998,7 +1026,10 @@ impl Drive {
         sync: MetaSync,
     ) -> Result<ReplaceResult, Error> {
         let mut txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
-        if sync == MetaSync::Deferred && missing_positions.is_empty() {
+        // Deferred commits come from callers that redo their work, never from writers whose
+        // missed positions must be queued durably.
+        assert!(sync == MetaSync::Now || missing_positions.is_empty(), "a deferred commit queues no repairs");
+        if sync == MetaSync::Deferred {
             txn.set_durability(redb::Durability::None);
             self.unsynced.store(true, std::sync::atomic::Ordering::SeqCst);
         }
@@ -1069,8 +1100,26 @@ impl Drive {
                 ReplaceResult::ConditionFailed => ReplaceResult::ConditionFailed,
             }
         };
+        let drops_files = matches!(&result, ReplaceResult::Applied { dropped, .. } | ReplaceResult::Superseded { dropped, .. } if !dropped.is_empty());
+        if sync == MetaSync::Deferred && drops_files {
+            // The caller deletes the dropped versions' files once this returns: the rows must
+            // be gone durably first, and a durable row must not name a file still in the page
+            // cache only (this commit's own).
+            self.syncfs()?;
+            txn.set_durability(redb::Durability::Immediate);
+        }
         txn.commit().map_err(|e| self.db_err(e))?;
         Ok(result)
+    }
+
+    /// Flushes the file system that holds the drive.
+    fn syncfs(&self) -> Result<(), Error> {
+        let synced = File::open(&self.root).and_then(|dir| {
+            // SAFETY: syncfs takes a file descriptor, which `dir` keeps open for the call.
+            let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) };
+            if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+        });
+        synced.map_err(|e| self.io_err(&self.root, e))
     }
 
     /// Keeps at most [`RETAINED_PER_KEY_MAX`] retained versions of a key: drops the oldest ones
@@ -1205,7 +1254,9 @@ impl Drive {
         let source: redb::Error = source.into();
         if matches!(source, redb::Error::Io(_) | redb::Error::PreviousIo) {
             let mut slot = self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if slot.take().is_some() && self.unsynced.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            // Whatever was not durable on it may be gone (counted whether or not anything was
+            // pending: a sync may have taken the flags and not finished).
+            if slot.take().is_some() {
                 self.deferred_losses.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
         }

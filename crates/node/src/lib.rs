@@ -185,8 +185,6 @@ fn is_empty_dir(path: &std::path::Path) -> bool {
     std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none())
 }
 
-/// Every [`RETIRE_INTERVAL`]: makes finalizes durable and deletes the retained versions whose
-/// grace has passed.
 /// Nice value of the repair, scrub and rebuild threads (and the threads they start, which
 /// inherit it): where they and the threads serving requests want the same CPU, requests go
 /// first ("foreground first"); an idle CPU still runs them at full speed, paced only by the
@@ -202,6 +200,8 @@ fn background_priority() {
     }
 }
 
+/// Every [`RETIRE_INTERVAL`]: makes deferred commits and finalizes durable and deletes the
+/// retained versions whose grace has passed.
 fn retire_loop(state: &State) {
     loop {
         std::thread::sleep(RETIRE_INTERVAL);

@@ -92,7 +92,8 @@ impl Peer {
     }
 
     /// The answer to the read [`Peer::start_read`] sent, into one buffer per item (each as
-    /// long as its item); whether each item was served (a buffer not served is left as it was).
+    /// long as its item); whether each item was served. On an error, any buffer may have been
+    /// written in part.
     pub(crate) fn finish_read_into(&mut self, bufs: &mut [&mut [u8]]) -> Result<Vec<bool>, PeerError> {
         let answer = self.read_response()?;
         let Response::Read { statuses } = answer else {

@@ -23,6 +23,8 @@ use crate::repair::{Peers, RepairError, now_ms};
 const SETTING_REBUILDING: &str = "drive.rebuilding";
 /// The last key rebuilt: `set NUL bucket NUL key`.
 const SETTING_CURSOR: &str = "drive.rebuild_cursor";
+/// The last key of the page being rebuilt (same form): its commits may not be durable yet.
+const SETTING_UNSYNCED_UNTIL: &str = "drive.rebuild_unsynced_until";
 /// Keys listed from each peer per round trip; also what a crash makes the rebuild redo (a
 /// page's commits become durable together at its end).
 const KEYS_PER_PAGE: u32 = 1024;
@@ -32,6 +34,11 @@ const RETRY: Duration = Duration::from_secs(10);
 /// trips, decoding and writes overlap (16 rebuilt fastest on the 2-core benchmark machine, see
 /// bench/rebuild.sh); the node's repair budget still bounds them together.
 const REBUILD_THREADS: usize = 16;
+
+/// Keys' versions asked of a peer per request: a page's worth could exceed a frame when
+/// objects are large (each carries its block checksums).
+const META_ITEMS_PER_REQUEST: usize = 256;
+const _: () = assert!(META_ITEMS_PER_REQUEST <= BATCH_ITEMS_MAX);
 
 /// A rebuild's progress since the node started.
 #[derive(Debug, Default)]
@@ -145,10 +152,12 @@ fn finish(state: &State, drive_idx: usize, generation: u64) {
     }
 }
 
-/// Where the last pass stopped: (set, bucket, key). A corrupt cursor is logged and the rebuild
-/// starts over (it skips what the drive already holds).
-fn cursor(drive: &Drive) -> Option<(usize, String, String)> {
-    let value = match drive.setting(SETTING_CURSOR) {
+/// A (set, bucket, key) position saved in setting `name`: where the last pass stopped
+/// ([`SETTING_CURSOR`]) or how far it may have committed without fsync
+/// ([`SETTING_UNSYNCED_UNTIL`]). A corrupt one is logged and read as none: the rebuild starts
+/// over (it skips what the drive already holds).
+fn cursor(drive: &Drive, name: &str) -> Option<(usize, String, String)> {
+    let value = match drive.setting(name) {
         Ok(value) => value?,
         Err(e) => {
             tracing::error!(error = %e, "cannot read the rebuild cursor; starting over");
@@ -164,7 +173,7 @@ fn cursor(drive: &Drive) -> Option<(usize, String, String)> {
         Some((set, parts.next()?.to_owned(), parts.next()?.to_owned()))
     });
     if parsed.is_none() {
-        tracing::error!(drive = %drive.root().display(), "the rebuild cursor is corrupt; starting over");
+        tracing::error!(drive = %drive.root().display(), setting = name, "a rebuild position is corrupt; starting over");
     }
     parsed
 }
@@ -176,9 +185,11 @@ fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(),
     let drive = &state.drives[drive_idx];
     let me = DriveRef { node_idx: state.node_idx, drive_idx };
     let mut peers = Peers::new(state);
-    let start = cursor(drive);
+    let start = cursor(drive, SETTING_CURSOR);
+    // Keys up to here may have rows an earlier attempt committed without fsync whose data
+    // files a power loss took: their chunks are checked, not trusted.
+    let check_until = cursor(drive, SETTING_UNSYNCED_UNTIL);
     let mut failures = 0usize;
-    let mut first_page = true;
     for (set_idx, set) in state.map.sets.iter().enumerate() {
         let Some(position) = set.drives.iter().position(|d| *d == me) else { continue };
         if start.as_ref().is_some_and(|(s, _, _)| *s > set_idx) {
@@ -200,25 +211,24 @@ fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(),
             loop {
                 let losses = drive.deferred_losses();
                 let (keys, more) = key_page(state, &mut peers, set, position, &bucket, &after)?;
-                // The first page of a pass may hold what an earlier pass rebuilt without fsync
-                // before a crash or an error: its chunks are checked, not trusted.
-                let check_held = first_page;
-                first_page = false;
-                let target = Target { state, drive_idx, set, position, bucket: &bucket, check_held };
-                failures += target.rebuild_keys(&mut peers, &keys)?;
                 let Some(last) = keys.last() else { break };
-                let page_start = std::mem::replace(&mut after, last.clone());
+                // Durable before any of the page's deferred commits: a restart checks every
+                // key up to here, wherever its pages then end.
+                drive.set_setting(SETTING_UNSYNCED_UNTIL, format!("{set_idx}\0{bucket}\0{last}").as_bytes())?;
+                let target =
+                    Target { state, drive_idx, set, position, bucket: &bucket, set_idx, check_until: &check_until };
+                failures += target.rebuild_keys(&mut peers, &keys)?;
+                after = last.clone();
                 let _guard = state.rebuild_locks[drive_idx].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if state.rebuild_generation[drive_idx].load(Ordering::SeqCst) != generation {
                     return Err(RepairError::Refused("the drive was replaced again".into()));
                 }
                 // The page's commits were deferred: its data files reach the disk first, then
-                // this durable write carries their metadata, unless the database was dropped
-                // before it (then the page is done again).
+                // the cursor's durable write carries their metadata, unless the database was
+                // dropped meanwhile (then the cursor stays, and the page is done again).
                 drive.sync_deferred()?;
-                drive.set_setting(SETTING_CURSOR, format!("{set_idx}\0{bucket}\0{after}").as_bytes())?;
-                if drive.deferred_losses() != losses {
-                    drive.set_setting(SETTING_CURSOR, format!("{set_idx}\0{bucket}\0{page_start}").as_bytes())?;
+                let cursor = format!("{set_idx}\0{bucket}\0{after}");
+                if !drive.set_setting_unless_lost(SETTING_CURSOR, cursor.as_bytes(), losses)? {
                     return Err(RepairError::Refused("the drive's metadata was reopened; redoing the page".into()));
                 }
                 if !more {
@@ -234,6 +244,7 @@ fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(),
             return Err(RepairError::Refused("the drive was replaced again".into()));
         }
         drive.set_setting(SETTING_CURSOR, b"")?;
+        drive.set_setting(SETTING_UNSYNCED_UNTIL, b"")?;
     }
     if failures > 0 {
         return Err(RepairError::Refused(format!("{failures} keys could not be rebuilt yet")));
@@ -353,8 +364,10 @@ struct Target<'a> {
     set: &'a ErasureSet,
     position: usize,
     bucket: &'a str,
-    /// Check the chunks of versions the drive holds already instead of trusting them.
-    check_held: bool,
+    set_idx: usize,
+    /// Keys up to this position: check the chunks of versions the drive holds already instead
+    /// of trusting them.
+    check_until: &'a Option<(usize, String, String)>,
 }
 
 impl Target<'_> {
@@ -423,7 +436,11 @@ impl Target<'_> {
         }
         if let Some(mine) = held.all().find(|m| m.version == meta.version) {
             let check = crate::scrub::Check::DeepUnpaced;
-            let problem = if self.check_held {
+            let suspect = self
+                .check_until
+                .as_ref()
+                .is_some_and(|(s, b, k)| (self.set_idx, bucket, key) <= (*s, b.as_str(), k.as_str()));
+            let problem = if suspect {
                 crate::scrub::own_chunk_problem(state, self.drive_idx, mine, position, check)
             } else {
                 None
@@ -483,7 +500,7 @@ fn set_versions(
                     .map(move |(p, d)| (i, *p, MetaKey { drive: *d, bucket: bucket.to_owned(), key: key.clone() }))
             })
             .collect();
-        for batch in items.chunks(BATCH_ITEMS_MAX) {
+        for batch in items.chunks(META_ITEMS_PER_REQUEST) {
             let request = Request::MetaGet {
                 items: batch.iter().map(|(_, _, m)| m.clone()).collect(),
                 detail: MetaDetail::WithFloor,

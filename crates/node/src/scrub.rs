@@ -319,7 +319,8 @@ pub(crate) fn own_chunk_problem(
         Ok(Some(_)) => {}
         Err(e) => {
             tracing::error!(drive = drive_idx, error = %e, "scrub cannot stat a data file");
-            return None;
+            // The rebuild's check trusts nothing it cannot see; the scrubber tries again later.
+            return (check == Check::DeepUnpaced).then_some("data file unreadable");
         }
     }
     if check == Check::Shallow {
