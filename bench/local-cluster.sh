@@ -63,3 +63,14 @@ fill() {
 file_bytes() {
     { find "$1" -type f -printf '%s\n' 2>/dev/null || true; } | awk '{ s += $1 } END { printf "%.0f\n", s }'
 }
+
+# A new disk where the old one was: drive directory DIR moves aside to $work/old-drive (deleting
+# its files would leave the file system busy skipping thousands of just-freed inodes) and an
+# empty one takes its place. Then the clock starts: t0, and the disk's counters r0 and w0.
+replace_disk() {
+    mv "$1" "$work/old-drive"
+    mkdir "$1"
+    sync
+    read -r r0 w0 < <(disk_bytes)
+    t0=$(date +%s.%N)
+}

@@ -82,10 +82,8 @@ for budget in $budgets; do
     for kind in open closed; do
         "$tessera" repair rate "$budget_bytes" >/dev/null
         kill_node 2
-        mv "$drive" "$work/old-drive"
-        mkdir "$drive"
+        replace_disk "$drive"
         rm -rf "$work/old-drive"
-        sync
         start_node 2
         # The window opens once the rebuild is under way (the first seconds after a restart
         # with a new drive cost clients more; SETTLE=0 measures them too).

@@ -74,13 +74,7 @@ for rate in $rates; do
     "$tessera" repair rate "$rate" >/dev/null
     kill_node 2
     before=$(file_bytes "$drive/data")
-    # A new disk where the old one was: the old drive directory moves aside (deleting its
-    # files first would leave the file system busy skipping thousands of just-freed inodes).
-    mv "$drive" "$work/old-drive"
-    mkdir "$drive"
-    sync
-    read -r r0 w0 < <(disk_bytes)
-    t0=$(date +%s.%N)
+    replace_disk "$drive"
     start_node 2
     wait_rebuilt 2
     t1=$(date +%s.%N)
@@ -125,11 +119,7 @@ if [ "$with_minio" = 1 ]; then
     mbefore=$(file_bytes "$mdrive/rebuild")
     kill -9 "${minio_pids[2]}"
     wait "${minio_pids[2]}" 2>/dev/null || true
-    mv "$mdrive" "$work/old-drive"
-    mkdir "$mdrive"
-    sync
-    read -r r0 w0 < <(disk_bytes)
-    t0=$(date +%s.%N)
+    replace_disk "$mdrive"
     start_minio 2
     echo "== MinIO: healing n2's new drive (until it holds $mbefore bytes again; at most ${minio_timeout_s} s)" >&2
     held=0
