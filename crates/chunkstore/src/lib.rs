@@ -638,7 +638,12 @@ impl Drive {
 
     /// Stores a node setting on this drive (durably).
     pub fn set_setting(&self, name: &str, value: &[u8]) -> Result<(), Error> {
-        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
+        self.write_setting(&*self.db()?, name, value)
+    }
+
+    /// One durable transaction on `db` that stores setting `name`.
+    fn write_setting(&self, db: &Database, name: &str, value: &[u8]) -> Result<(), Error> {
+        let txn = db.begin_write().map_err(|e| self.db_err(e))?;
         txn.open_table(SETTINGS).map_err(|e| self.db_err(e))?.insert(name, value).map_err(|e| self.db_err(e))?;
         txn.commit().map_err(|e| self.db_err(e))
     }
@@ -774,12 +779,7 @@ impl Drive {
         if self.deferred_losses() != losses {
             return Ok(false);
         }
-        let txn = db.begin_write().map_err(|e| self.db_err(e))?;
-        {
-            let mut table = txn.open_table(SETTINGS).map_err(|e| self.db_err(e))?;
-            table.insert(name, value).map_err(|e| self.db_err(e))?;
-        }
-        txn.commit().map_err(|e| self.db_err(e))?;
+        self.write_setting(&db, name, value)?;
         Ok(true)
     }
 
