@@ -47,7 +47,7 @@ fn convert(py: Python<'_>, error: client::Error) -> PyErr {
                 ("available", obj(py, available)),
                 ("total", obj(py, total)),
                 ("needed", obj(py, needed)),
-                ("unreachable", obj(py, unreachable)),
+                ("unreachable", obj(py, unreachable.into_iter().map(|n| n.node).collect::<Vec<_>>())),
             ],
         ),
         E::WriteQuorum { bucket, key, acked, total, needed, .. } => raise(

@@ -166,7 +166,8 @@ pub(crate) struct Pool {
     pub(crate) node: String,
     pub(crate) addr: SocketAddr,
     idle: Mutex<Vec<Conn>>,
-    down_since: Mutex<Option<Instant>>,
+    /// When the node last failed, and how.
+    down_since: Mutex<Option<(Instant, String)>>,
 }
 
 impl Pool {
@@ -174,36 +175,40 @@ impl Pool {
         Self { node, addr, idle: Mutex::new(Vec::new()), down_since: Mutex::new(None) }
     }
 
-    /// Whether the node failed within `backoff`: readers plan around it instead of waiting.
-    pub(crate) fn recently_down(&self, backoff: Duration) -> bool {
+    /// How the node failed, if it did within `backoff`: readers plan around such a node
+    /// instead of waiting.
+    pub(crate) fn down_reason(&self, backoff: Duration) -> Option<String> {
         let down = self.down_since.lock().expect("pool lock poisoned");
-        down.is_some_and(|since| since.elapsed() < backoff)
+        down.as_ref().filter(|(since, _)| since.elapsed() < backoff).map(|(_, reason)| reason.clone())
     }
 
-    pub(crate) fn mark_down(&self) {
-        *self.down_since.lock().expect("pool lock poisoned") = Some(Instant::now());
+    /// Records that the node failed with `error`, and drops its idle connections.
+    pub(crate) fn mark_down(&self, error: &Error) {
+        *self.down_since.lock().expect("pool lock poisoned") = Some((Instant::now(), error.to_string()));
         self.idle.lock().expect("pool lock poisoned").clear();
     }
 
     /// Whether a request should skip this node: it failed within `backoff`. When the backoff
     /// has passed, the first caller becomes the probe (and the backoff restarts for the others),
     /// so a hung node costs one timeout per backoff period, not one per request.
-    pub(crate) fn skip(&self, backoff: Duration) -> bool {
+    fn skip(&self, backoff: Duration) -> Option<Error> {
         let mut down = self.down_since.lock().expect("pool lock poisoned");
-        match *down {
-            Some(since) if since.elapsed() < backoff => true,
-            Some(_) => {
-                *down = Some(Instant::now());
-                false
+        match &mut *down {
+            Some((since, reason)) if since.elapsed() < backoff => {
+                Some(Error::NodeDown { node: self.node.clone(), backoff, reason: reason.clone() })
             }
-            None => false,
+            Some((since, _)) => {
+                *since = Instant::now();
+                None
+            }
+            None => None,
         }
     }
 
     /// A pooled or new connection, unless the node failed recently (see [`Pool::skip`]).
     pub(crate) async fn get(&self, secret: &str, timeout: Duration, backoff: Duration) -> Result<Conn, Error> {
-        if self.skip(backoff) {
-            return Err(Error::NodeDown { node: self.node.clone(), backoff });
+        if let Some(error) = self.skip(backoff) {
+            return Err(error);
         }
         self.get_now(secret, timeout).await
     }
@@ -225,7 +230,7 @@ impl Pool {
                 Ok(conn)
             }
             Err(e) => {
-                self.mark_down();
+                self.mark_down(&e);
                 Err(e)
             }
         }

@@ -3,7 +3,7 @@
 
 use proto::{ItemStatus, ReadItem, Request, Response};
 
-use crate::{Client, Error, ObjectInfo};
+use crate::{Client, Error, FailedNode, ObjectInfo};
 
 /// Stripes planned and fetched together. Bounds the scratch memory of a degraded read to
 /// `WINDOW_STRIPES * m` chunks, and a node batch to `WINDOW_STRIPES` items per object.
@@ -20,6 +20,8 @@ struct Slot {
     requested: bool,
     good: bool,
     failed: bool,
+    /// Why the chunk could not be used, for the error a read that cannot go on returns.
+    why: Option<String>,
     /// Where in the caller's buffer the chunk's fetched range lands whole, if it does.
     direct: Option<usize>,
     scratch: Vec<u8>,
@@ -225,8 +227,9 @@ fn plan_window(
                 // Partly wanted or padded: lands in scratch, the wanted part is copied out.
                 slot.scratch = vec![0u8; range_len];
             }
-            if is_down(client, info, stripe_idx, chunk_idx) {
+            if let Some(why) = skip_reason(client, info, stripe_idx, chunk_idx) {
                 slot.failed = true;
+                slot.why = Some(why);
             }
         }
         reads.push(StripeRead { stripe_idx, chunk_len, range_start, range_len, slots });
@@ -235,10 +238,18 @@ fn plan_window(
     Ok(reads)
 }
 
-fn is_down(client: &Client, info: &ObjectInfo, stripe_idx: u64, chunk_idx: usize) -> bool {
+/// Why the chunk is planned around rather than asked for, if it is: its node failed within
+/// the backoff, or its drive did not return the version's metadata (missed the write, or is
+/// being rebuilt), so it would only answer "missing" and cost a second round.
+fn skip_reason(client: &Client, info: &ObjectInfo, stripe_idx: u64, chunk_idx: usize) -> Option<String> {
     let position = info.placement.position(stripe_idx, chunk_idx);
-    let node_idx = client.set_drives(&info.placement)[position].node_idx;
-    client.inner.pools[node_idx].recently_down(client.inner.options.down_backoff)
+    let drive = client.set_drives(&info.placement)[position];
+    let pool = &client.inner.pools[drive.node_idx];
+    if let Some(reason) = pool.down_reason(client.inner.options.down_backoff) {
+        return Some(reason);
+    }
+    (!info.meta_positions.is_empty() && !info.meta_positions.contains(&position))
+        .then(|| format!("node {}: drive {} did not return this version's metadata", pool.node, drive.drive_idx))
 }
 
 /// For every stripe missing a needed chunk, requests enough other chunks (data first, then
@@ -254,9 +265,10 @@ fn plan_replacements(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead
         let usable = read.slots.iter().filter(|s| s.requested && !s.failed).count();
         let mut short = k.saturating_sub(usable);
         let untried: Vec<usize> = (0..read.slots.len()).filter(|&c| !read.slots[c].requested).collect();
-        let (up, down): (Vec<usize>, Vec<usize>) =
-            untried.into_iter().partition(|&c| !is_down(client, info, read.stripe_idx, c));
-        for chunk_idx in up.into_iter().chain(down) {
+        // Likely holders first; the others only when nothing else is left.
+        let (likely, unlikely): (Vec<usize>, Vec<usize>) =
+            untried.into_iter().partition(|&c| skip_reason(client, info, read.stripe_idx, c).is_none());
+        for chunk_idx in likely.into_iter().chain(unlikely) {
             if short == 0 {
                 break;
             }
@@ -275,15 +287,20 @@ fn plan_replacements(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead
 
 fn unavailable(client: &Client, info: &ObjectInfo, read: &StripeRead) -> Error {
     let drives = client.set_drives(&info.placement);
-    let mut unreachable: Vec<String> = read
+    // Once per node, in node order.
+    let mut failed: Vec<FailedNode> = read
         .slots
         .iter()
         .enumerate()
         .filter(|(_, s)| s.failed)
-        .map(|(c, _)| client.node_id(drives[info.placement.position(read.stripe_idx, c)].node_idx).to_owned())
+        .map(|(c, s)| {
+            let node = client.node_id(drives[info.placement.position(read.stripe_idx, c)].node_idx).to_owned();
+            let why = s.why.clone().unwrap_or_else(|| format!("node {node}: chunk {c} not received"));
+            FailedNode { node, reason: why }
+        })
         .collect();
-    unreachable.sort();
-    unreachable.dedup();
+    failed.sort_by(|a, b| a.node.cmp(&b.node));
+    failed.dedup_by(|a, b| a.node == b.node);
     let n = read.slots.len();
     Error::Unavailable {
         action: "read",
@@ -292,7 +309,7 @@ fn unavailable(client: &Client, info: &ObjectInfo, read: &StripeRead) -> Error {
         available: read.slots.iter().filter(|s| !s.failed).count(),
         total: n,
         needed: usize::from(info.meta.k),
-        unreachable,
+        unreachable: failed,
     }
 }
 
@@ -346,7 +363,7 @@ async fn fetch_round(client: &Client, plans: &mut [Plan<'_>], bufs: &mut [&mut [
         }
     }
     let fetches = jobs_by_node.into_iter().enumerate().map(|(node_idx, jobs)| fetch_node(client, node_idx, jobs));
-    for (job, good, answered) in futures_util::future::join_all(fetches).await.into_iter().flatten() {
+    for (job, good, answered, why) in futures_util::future::join_all(fetches).await.into_iter().flatten() {
         if answered && !good {
             // A node that answered but could not serve a chunk, or served a corrupt one: tell
             // a drive that holds the version, so repair does not wait for the scrubber.
@@ -357,6 +374,7 @@ async fn fetch_round(client: &Client, plans: &mut [Plan<'_>], bufs: &mut [&mut [
         let slot = &mut plans[job.plan_idx].reads[job.window_idx].slots[job.chunk_idx];
         slot.good = good;
         slot.failed = !good;
+        slot.why = why;
         if let Dest::Scratch(vec) = job.dest {
             slot.scratch = vec;
         }
@@ -413,11 +431,16 @@ fn make_job<'b>(
 }
 
 /// One batched read from one node. Items the node cannot serve, that fail their checksum, or
-/// that were not received before an error or the timeout come back as not good; `answered`
-/// says the node itself reported the item missing or sent bad bytes (a repair hint).
-async fn fetch_node<'b>(client: &Client, node_idx: usize, mut jobs: Vec<Job<'b>>) -> Vec<(Job<'b>, bool, bool)> {
+/// that were not received before an error or the timeout come back as not good, with why;
+/// `answered` says the node itself reported the item missing or sent bad bytes (a repair hint).
+async fn fetch_node<'b>(
+    client: &Client,
+    node_idx: usize,
+    mut jobs: Vec<Job<'b>>,
+) -> Vec<(Job<'b>, bool, bool, Option<String>)> {
     let mut good = vec![false; jobs.len()];
     let mut answered = vec![false; jobs.len()];
+    let mut why: Vec<Option<String>> = vec![None; jobs.len()];
     if jobs.is_empty() {
         return Vec::new();
     }
@@ -431,39 +454,62 @@ async fn fetch_node<'b>(client: &Client, node_idx: usize, mut jobs: Vec<Job<'b>>
             Response::Read { statuses } if statuses.len() == jobs.len() => statuses,
             other => return Err(conn.unexpected(&other)),
         };
-        for (((job, status), good), answered) in
-            jobs.iter_mut().zip(&statuses).zip(good.iter_mut()).zip(answered.iter_mut())
-        {
-            *answered = true;
+        for (idx, (job, status)) in jobs.iter_mut().zip(&statuses).enumerate() {
+            answered[idx] = true;
             if *status != ItemStatus::Ok {
                 tracing::debug!(node = %pool.node, ?status, "chunk not served");
+                why[idx] = Some(format!("node {}: chunk {} {}", pool.node, job.chunk_idx, status_text(*status)));
                 continue;
             }
             let dest = job.dest.bytes_mut();
             assert_eq!(dest.len(), job.item.len as usize, "every destination holds exactly its chunk");
             conn.read_exact(dest).await?;
-            *good = dest.len().div_ceil(job.block_bytes) == job.crcs.len()
+            good[idx] = dest.len().div_ceil(job.block_bytes) == job.crcs.len()
                 && dest.chunks(job.block_bytes).zip(&job.crcs).all(|(block, crc)| crc32c::crc32c(block) == *crc);
-            if !*good {
+            if !good[idx] {
                 tracing::warn!(node = %pool.node, version = %job.item.version.to_hex(), offset = job.item.offset, chunk = job.chunk_idx, "chunk failed its checksum; reading around it");
+                why[idx] = Some(format!("node {}: chunk {} failed its checksum", pool.node, job.chunk_idx));
             }
         }
         pool.put_back(conn, options.idle_connections_per_node_max);
         Ok::<(), Error>(())
     };
-    match tokio::time::timeout(options.request_timeout, exchange).await {
-        Ok(Ok(())) => {}
-        Ok(Err(Error::NodeDown { .. })) => {}
+    let failure = match tokio::time::timeout(options.request_timeout, exchange).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e @ Error::NodeDown { .. })) => Some(e.to_string()),
         Ok(Err(e)) => {
             tracing::debug!(node = %pool.node, error = %e, "batched read failed");
-            pool.mark_down();
+            pool.mark_down(&e);
+            Some(e.to_string())
         }
         Err(_) => {
             tracing::debug!(node = %pool.node, "batched read timed out");
-            pool.mark_down();
+            let error = Error::Timeout { node: pool.node.clone(), timeout: options.request_timeout };
+            pool.mark_down(&error);
+            Some(error.to_string())
+        }
+    };
+    // Items not received before the exchange failed fail with it.
+    for (good, why) in good.iter().zip(why.iter_mut()) {
+        if !*good && why.is_none() {
+            *why = failure.clone();
         }
     }
-    jobs.into_iter().zip(good).zip(answered).map(|((job, good), answered)| (job, good, answered)).collect()
+    jobs.into_iter()
+        .zip(good)
+        .zip(answered)
+        .zip(why)
+        .map(|(((job, good), answered), why)| (job, good, answered, why))
+        .collect()
+}
+
+fn status_text(status: ItemStatus) -> &'static str {
+    match status {
+        ItemStatus::Ok => "served",
+        ItemStatus::Missing => "missing",
+        ItemStatus::Corrupt => "known corrupt",
+        ItemStatus::Unreadable => "unreadable (I/O error)",
+    }
 }
 
 /// Decodes the stripe if a needed chunk is missing, then copies every needed chunk that did not
@@ -631,4 +677,66 @@ pub(crate) async fn read_many(
         }
     }
     results.into_iter().zip(lens).map(|(result, len)| result.unwrap_or(Ok(len))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client of a 6-node 4+2 map (nothing listens: planning needs no network) and one
+    /// single-stripe object of it.
+    fn client_and_object() -> (Client, ObjectInfo) {
+        let spec = cluster::InitSpec {
+            nodes: 6,
+            drives_per_node: 1,
+            erasure: cluster::ErasureConfig { k: 4, m: 2 },
+            base_port: 9500,
+            chunk_bytes: 4096,
+        };
+        let map = cluster::ClusterMap::generate(&spec, "test", "secret", std::path::Path::new("/nonexistent")).unwrap();
+        let placement = map.placement("b", "k");
+        let client = Client::new(map, crate::ClientOptions::default()).unwrap();
+        let meta = proto::ObjectMeta {
+            format: proto::META_FORMAT_VERSION,
+            bucket: "b".into(),
+            key: "k".into(),
+            version: proto::VersionId { unix_ns: 1, writer: 1 },
+            deleted: false,
+            size: 4 * 4096,
+            etag: String::new(),
+            content_type: String::new(),
+            user_meta: Vec::new(),
+            headers: Vec::new(),
+            modified_ms: 0,
+            k: 4,
+            m: 2,
+            chunk_bytes: 4096,
+            block_bytes: 4096,
+            set_idx: placement.set_idx as u32,
+            rotation: placement.rotation as u8,
+            crcs: Vec::new(),
+            parts: Vec::new(),
+        };
+        let drives = (0..6).map(|i| (format!("n{}", i + 1), 0)).collect();
+        (client, ObjectInfo { meta, placement, drives, meta_positions: (0..6).collect() })
+    }
+
+    #[test]
+    fn a_drive_without_the_versions_metadata_is_planned_around_from_the_start() {
+        let (client, mut info) = client_and_object();
+        let all = plan_window(&client, &info, 0..1, 0, 4 * 4096).unwrap();
+        let requested =
+            |reads: &[StripeRead]| reads[0].slots.iter().map(|s| s.requested && !s.failed).collect::<Vec<_>>();
+        assert_eq!(requested(&all), [true, true, true, true, false, false], "healthy: the data chunks only");
+        // The drive of data chunk 2 did not return the version: parity replaces it in round one.
+        let stale = info.placement.position(0, 2);
+        info.meta_positions.retain(|&p| p != stale);
+        let around = plan_window(&client, &info, 0..1, 0, 4 * 4096).unwrap();
+        assert_eq!(requested(&around), [true, true, false, true, true, false]);
+        let why = around[0].slots[2].why.as_deref().unwrap();
+        assert!(why.contains("did not return this version's metadata"), "{why}");
+        // Unknown positions (a multipart piece) plan no way around anything.
+        info.meta_positions.clear();
+        assert_eq!(requested(&plan_window(&client, &info, 0..1, 0, 4 * 4096).unwrap()), requested(&all));
+    }
 }

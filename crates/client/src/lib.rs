@@ -60,6 +60,11 @@ pub struct ClientOptions {
     /// Shifts this client's clock (nanoseconds, may be negative). For fault tests of skewed
     /// clocks: version order never depends on it (see [`Client::put`]); 0 otherwise.
     pub clock_skew_ns: i64,
+    /// Read repair: when a read finds a chunk missing or corrupt, or a drive without the
+    /// version it reads, tell a node that holds the version, so the repair is queued at once
+    /// instead of waiting for the scrubber. On by default; an observer that must not disturb
+    /// the background repair (a test of the scrubber) turns it off.
+    pub repair_hints: bool,
 }
 
 impl Default for ClientOptions {
@@ -70,6 +75,7 @@ impl Default for ClientOptions {
             idle_connections_per_node_max: 64,
             down_backoff: Duration::from_secs(2),
             clock_skew_ns: 0,
+            repair_hints: true,
         }
     }
 }
@@ -95,7 +101,8 @@ pub struct ObjectInfo {
     pub placement: Placement,
     /// The set's drives by position: node id and drive index on that node.
     pub drives: Vec<(String, usize)>,
-    /// Positions whose drive returned this version's metadata.
+    /// Positions whose drive returned this version's metadata; reads plan around the others
+    /// from the start. Empty when not known (a multipart piece): then any drive may be asked.
     pub meta_positions: Vec<usize>,
 }
 
@@ -118,14 +125,15 @@ pub enum Error {
         available: usize,
         total: usize,
         needed: usize,
-        unreachable: Vec<String>,
+        /// The nodes that could not serve, and why.
+        unreachable: Vec<FailedNode>,
     },
     #[error("cannot write {bucket}/{key}: {acked} of {total} drives accepted it, {needed} needed ({reasons})")]
     WriteQuorum { bucket: String, key: String, acked: usize, total: usize, needed: usize, reasons: String },
     #[error("node {node} is unreachable: {reason}")]
     NodeUnreachable { node: String, reason: String },
-    #[error("node {node} failed less than {backoff:?} ago; not retried yet")]
-    NodeDown { node: String, backoff: Duration },
+    #[error("node {node} failed less than {backoff:?} ago and is not retried yet ({reason})")]
+    NodeDown { node: String, backoff: Duration, reason: String },
     #[error("node {node} refused authentication: check the cluster secret in cluster.toml")]
     AuthRejected { node: String },
     #[error("node {node} could not prove it knows the cluster secret: not a node of this cluster, or an impostor")]
@@ -167,8 +175,20 @@ pub enum Error {
     Codec(#[from] ec::Error),
 }
 
-fn unreachable_suffix(nodes: &[String]) -> String {
-    if nodes.is_empty() { String::new() } else { format!("; unreachable nodes: {}", nodes.join(", ")) }
+/// A node that could not serve a request, and why (the error, which names the node).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedNode {
+    pub node: String,
+    pub reason: String,
+}
+
+fn unreachable_suffix(nodes: &[FailedNode]) -> String {
+    if nodes.is_empty() {
+        return String::new();
+    }
+    let ids: Vec<&str> = nodes.iter().map(|n| n.node.as_str()).collect();
+    let reasons: Vec<&str> = nodes.iter().map(|n| n.reason.as_str()).collect();
+    format!("; unreachable nodes: {} ({})", ids.join(", "), reasons.join("; "))
 }
 
 impl Error {
@@ -393,6 +413,9 @@ impl Client {
     /// (fire and forget: a lost hint waits for the scrubber). Hints to the lowest position that
     /// answered the metadata read, which the nodes designate to repair at once.
     fn hint_repair(&self, info: &ObjectInfo, position: usize) {
+        if !self.inner.options.repair_hints {
+            return;
+        }
         {
             let mut hinted = self.inner.hinted.lock().expect("hint lock poisoned");
             if hinted.len() >= REPAIR_HINTS_MAX {
@@ -459,13 +482,14 @@ impl Client {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => {
                 if matches!(e, Error::NodeUnreachable { .. } | Error::Protocol { .. }) {
-                    pool.mark_down();
+                    pool.mark_down(&e);
                 }
                 Err(e)
             }
             Err(_) => {
-                pool.mark_down();
-                Err(Error::Timeout { node: pool.node.clone(), timeout: options.request_timeout })
+                let error = Error::Timeout { node: pool.node.clone(), timeout: options.request_timeout };
+                pool.mark_down(&error);
+                Err(error)
             }
         }
     }

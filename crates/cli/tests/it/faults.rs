@@ -49,7 +49,7 @@ fn get_with_more_than_m_down_says_how_many_chunks_were_missing_and_needed() {
     }
     let err = cluster.cli_err(&["get", "bkt/obj-0", "-"]);
     assert!(err.contains("3 of 6 chunks reachable, 4 needed"), "{err}");
-    assert!(err.contains("unreachable nodes: n1, n3, n6"), "{err}");
+    assert!(err.contains("unreachable nodes: n1, n3, n6 (node n1 is unreachable: "), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 

@@ -234,11 +234,21 @@ impl Cluster {
 
     /// A smart client of this cluster with short timeouts.
     pub(crate) fn client(&self) -> client::Client {
+        self.client_with(true)
+    }
+
+    /// A client that sends no repair hints: it observes repair without speeding it up.
+    pub(crate) fn observer(&self) -> client::Client {
+        self.client_with(false)
+    }
+
+    fn client_with(&self, repair_hints: bool) -> client::Client {
         let text = fs::read_to_string(&self.config).expect("read cluster.toml");
         let map = cluster::ClusterMap::from_toml(&text, &self.data_dir()).expect("parse cluster.toml");
         let options = client::ClientOptions {
             connect_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(3),
+            repair_hints,
             ..client::ClientOptions::default()
         };
         client::Client::new(map, options).expect("client")

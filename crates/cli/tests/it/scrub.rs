@@ -86,7 +86,8 @@ fn scrub_finds_missing_short_corrupt_and_stale_chunks_and_repair_restores_them()
     copy_dir(&backup, &drive);
     cluster.start_node(4);
     cluster.wait_ready();
-    assert_eq!(block_on(cluster.client().head("bkt", "d")).unwrap().meta_positions.len(), 5, "n5 lacks d");
+    // Observers from here on: a reader's hint would repair d before the scrubber finds it.
+    assert_eq!(block_on(cluster.observer().head("bkt", "d")).unwrap().meta_positions.len(), 5, "n5 lacks d");
     // Damage nobody reads: a missing, a short and a bit-flipped chunk file.
     let (missing, short, flipped) =
         (chunk_file(&cluster, 1, "a"), chunk_file(&cluster, 2, "b"), chunk_file(&cluster, 3, "c"));
@@ -100,7 +101,7 @@ fn scrub_finds_missing_short_corrupt_and_stale_chunks_and_repair_restores_them()
     std::fs::write(&flipped, &bytes).unwrap();
     wait_for(&cluster, "the scrubber finds and repair restores every damaged chunk", || {
         originals.iter().all(|(file, original)| std::fs::read(file).is_ok_and(|now| now == *original))
-            && block_on(cluster.client().head("bkt", "d")).is_ok_and(|info| info.meta_positions.len() == 6)
+            && block_on(cluster.observer().head("bkt", "d")).is_ok_and(|info| info.meta_positions.len() == 6)
     });
     let logs: String = (0..6).map(|i| cluster.log(i)).collect();
     for what in
@@ -113,6 +114,39 @@ fn scrub_finds_missing_short_corrupt_and_stale_chunks_and_repair_restores_them()
     assert!(cluster.cli_ok(&["repair", "status"]).contains("scrub: "));
     // n2, n3 and n4 hold repaired chunks; with n1 and n6 down every read needs them and n5's d.
     assert_readable_without(&mut cluster, [0, 5], &objects);
+}
+
+#[test]
+fn a_reader_that_meets_a_drive_without_the_version_queues_its_repair() {
+    // Scrubbing hourly: only the reader's hint can repair within the test.
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let object = ("d".to_string(), payload(300_000, 4));
+    // n5 is restored from a copy taken before d was written: no node queued that repair.
+    cluster.kill_node(4);
+    let drive = cluster.drive_dir(4, 0);
+    let backup = cluster.dir.path().join("n5-backup");
+    copy_dir(&drive, &backup);
+    cluster.start_node(4);
+    cluster.wait_ready();
+    put_all(&cluster, std::slice::from_ref(&object));
+    cluster.kill_node(4);
+    std::fs::remove_dir_all(&drive).unwrap();
+    copy_dir(&backup, &drive);
+    cluster.start_node(4);
+    cluster.wait_ready();
+    std::thread::sleep(Duration::from_secs(2));
+    let observed = block_on(cluster.observer().head("bkt", "d")).unwrap();
+    assert_eq!(observed.meta_positions.len(), 5, "n5 lacks d, and nothing repairs it unasked");
+    // One metadata read by a hinting client: the GET plans around n5 and a holder queues n5's repair.
+    assert!(block_on(cluster.client().get("bkt", "d")).unwrap() == object.1);
+    wait_for(&cluster, "the hinted repair restores d on n5", || {
+        block_on(cluster.observer().head("bkt", "d")).is_ok_and(|info| info.meta_positions.len() == 6)
+    });
+    let logs: String = (0..6).map(|i| cluster.log(i)).collect();
+    assert!(logs.contains("a reader found chunks missing or corrupt; queued for repair"), "{logs}");
+    assert!(!logs.contains("drives without the current version"), "the scrubber did not find it first");
+    assert_readable_without(&mut cluster, [0, 5], std::slice::from_ref(&object));
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
