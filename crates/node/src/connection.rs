@@ -223,6 +223,11 @@ fn first_bad_block(data: &[u8], block_bytes: u32, crcs: &[u32]) -> Option<usize>
 fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, VersionId)>) -> Response {
     match request {
         Request::GetMap => Response::Map { toml: state.map_text.clone() },
+        Request::Background => {
+            // One thread per connection: the priority lasts as long as the connection.
+            crate::background_priority();
+            Response::Ok
+        }
         Request::BucketCreate { bucket } => all_drives(state, |d| d.create_bucket(&bucket)),
         Request::BucketDelete { bucket } => delete_bucket(state, &bucket),
         Request::BucketList => list_buckets(state),

@@ -185,16 +185,16 @@ fn is_empty_dir(path: &std::path::Path) -> bool {
     std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none())
 }
 
-/// Nice value of the repair, scrub and rebuild threads (and the threads they start, which
-/// inherit it): where they and the threads serving requests want the same CPU, requests go
-/// first ("foreground first"); an idle CPU still runs them at full speed, paced only by the
-/// repair budget.
-const BACKGROUND_NICE: libc::c_int = 10;
-
-/// Lowers the calling thread's CPU priority to [`BACKGROUND_NICE`] (Linux sets it per thread).
+/// Lowers the calling thread (and the threads it starts, which inherit it) to `SCHED_IDLE`:
+/// the repair, scrub and rebuild threads, and the threads serving their reads on peers. They
+/// run on CPU that requests leave idle ("foreground first"), paced only by the repair budget;
+/// under a load that keeps every core busy they wait. A nice value is not enough: weights add
+/// up, and sixteen rebuild threads at nice 10 outweigh one request thread at nice 0.
 fn background_priority() {
-    // SAFETY: gettid has no preconditions; setpriority reads only its integer arguments.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, BACKGROUND_NICE) };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: gettid has no preconditions; sched_setscheduler reads `param` only during the
+    // call, and pid = this thread's id changes this thread only.
+    let rc = unsafe { libc::sched_setscheduler(libc::gettid(), libc::SCHED_IDLE, &param) };
     if rc != 0 {
         tracing::warn!(error = %std::io::Error::last_os_error(), "cannot lower the priority of a background thread");
     }

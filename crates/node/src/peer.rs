@@ -67,6 +67,11 @@ impl Peer {
         let (outbound, inbound) = proto::session_macs(secret, &challenge.nonce, &client_nonce);
         let mut peer = Self { addr, stream, outbound, inbound };
         match peer.read_response()? {
+            Response::Ok => {}
+            other => return Err(PeerError::Unexpected { addr, answer: format!("{other:?}") }),
+        }
+        // Everything a node asks of a peer is background work: served after clients.
+        match peer.call(&Request::Background)? {
             Response::Ok => Ok(peer),
             other => Err(PeerError::Unexpected { addr, answer: format!("{other:?}") }),
         }

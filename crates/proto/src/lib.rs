@@ -558,6 +558,11 @@ pub enum Request {
     /// `drive` was replaced (or is not trusted): wipe what it holds, treat it as missing for
     /// readers, and rebuild it in full from the other drives of its set.
     DriveReplace { drive: u32 },
+    /// This connection carries background work (repair, rebuild, scrubbing; nodes send it to
+    /// each other): the node serves the rest of it at lowered CPU priority, so that foreground
+    /// requests go first. Answered with [`Response::Ok`]. (Last, so earlier variants keep their
+    /// encoding.)
+    Background,
 }
 
 /// How much a [`Request::MetaGet`] answers per key.

@@ -5,9 +5,10 @@ use std::time::{Duration, Instant};
 
 use crate::harness::{Cluster, Shape, block_on, payload};
 
-/// Waits (bounded) until every object has metadata on all n drives.
+/// Waits (bounded) until every object has metadata on all n drives. Watches without hinting
+/// repairs, so what it waits for is the nodes' own repair.
 fn wait_full_redundancy(cluster: &Cluster, keys: &[String]) {
-    let client = cluster.client();
+    let client = cluster.observer();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let full = block_on(async {
@@ -217,22 +218,37 @@ fn repairs_backed_off_toward_a_node_are_retried_when_it_returns() {
 
 #[test]
 fn repair_scrub_and_rebuild_threads_yield_the_cpu_to_requests() {
+    const SCHED_OTHER: i64 = 0;
+    const SCHED_IDLE: i64 = 5;
     let cluster = Cluster::start(Shape::default());
-    // /proc/PID/task/TID/stat: "tid (comm) state ..."; nice is the 19th field.
-    let nice_of = |comm: &str| -> Vec<i64> {
+    // /proc/PID/task/TID/stat: "tid (comm) state ..."; the scheduling policy is the 41st field.
+    let policy_of = |comm: &str| -> Vec<i64> {
         let tasks = std::fs::read_dir(format!("/proc/{}/task", cluster.pid(0))).unwrap();
         tasks
             .filter_map(|task| std::fs::read_to_string(task.unwrap().path().join("stat")).ok())
             .filter(|stat| stat.contains(&format!("({comm})")))
             .map(|stat| {
                 let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
-                after_comm.split(' ').nth(16).unwrap().parse().unwrap()
+                after_comm.split(' ').nth(38).unwrap().parse().unwrap()
             })
             .collect()
     };
     for background in ["repair", "scrub", "rebuild"] {
-        assert_eq!(nice_of(background), vec![10], "the {background} thread of n1");
+        assert_eq!(policy_of(background), vec![SCHED_IDLE], "the {background} thread of n1");
     }
     // The thread that accepts connections (and those that serve them) keep the default.
-    assert!(nice_of("tessera").iter().all(|&nice| nice == 0), "{:?}", nice_of("tessera"));
+    assert!(policy_of("tessera").iter().all(|&p| p == SCHED_OTHER), "{:?}", policy_of("tessera"));
+    // A connection that says it carries background work (as nodes' repair connections to
+    // each other do) is served at the background priority; a client's stays at the default.
+    let secret = crate::protocol::secret_of(&cluster);
+    let mut client = crate::protocol::RawSession::open(cluster.addrs[0], &secret);
+    assert!(matches!(client.call(&proto::Request::BucketList), proto::Response::Buckets { .. }));
+    let before = policy_of("conn");
+    assert!(before.contains(&SCHED_OTHER), "{before:?}");
+    let mut peer = crate::protocol::RawSession::open(cluster.addrs[0], &secret);
+    assert_eq!(peer.call(&proto::Request::Background), proto::Response::Ok);
+    let after = policy_of("conn");
+    let count = |policies: &[i64], policy| policies.iter().filter(|&&p| p == policy).count();
+    assert_eq!(count(&after, SCHED_IDLE), count(&before, SCHED_IDLE) + 1, "before {before:?}, after {after:?}");
+    assert_eq!(count(&after, SCHED_OTHER), count(&before, SCHED_OTHER), "before {before:?}, after {after:?}");
 }
