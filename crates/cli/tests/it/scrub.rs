@@ -73,19 +73,7 @@ fn scrub_finds_missing_short_corrupt_and_stale_chunks_and_repair_restores_them()
     let objects: Vec<(String, Vec<u8>)> =
         ["a", "b", "c", "d"].iter().enumerate().map(|(i, k)| (k.to_string(), payload(600_000, i as u64))).collect();
     put_all(&cluster, &objects[..3]);
-    // n5 is restored from a copy taken before "d" was written: nothing queues that repair.
-    cluster.kill_node(4);
-    let drive = cluster.drive_dir(4, 0);
-    let backup = cluster.dir.path().join("n5-backup");
-    copy_dir(&drive, &backup);
-    cluster.start_node(4);
-    cluster.wait_ready();
-    put_all(&cluster, &objects[3..]);
-    cluster.kill_node(4);
-    std::fs::remove_dir_all(&drive).unwrap();
-    copy_dir(&backup, &drive);
-    cluster.start_node(4);
-    cluster.wait_ready();
+    put_while_n5_sleeps(&mut cluster, &objects[3..]);
     // Observers from here on: a reader's hint would repair d before the scrubber finds it.
     assert_eq!(block_on(cluster.observer().head("bkt", "d")).unwrap().meta_positions.len(), 5, "n5 lacks d");
     // Damage nobody reads: a missing, a short and a bit-flipped chunk file.
@@ -122,19 +110,7 @@ fn a_reader_that_meets_a_drive_without_the_version_queues_its_repair() {
     let mut cluster = Cluster::start(Shape::default());
     cluster.cli_ok(&["mb", "bkt"]);
     let object = ("d".to_string(), payload(300_000, 4));
-    // n5 is restored from a copy taken before d was written: no node queued that repair.
-    cluster.kill_node(4);
-    let drive = cluster.drive_dir(4, 0);
-    let backup = cluster.dir.path().join("n5-backup");
-    copy_dir(&drive, &backup);
-    cluster.start_node(4);
-    cluster.wait_ready();
-    put_all(&cluster, std::slice::from_ref(&object));
-    cluster.kill_node(4);
-    std::fs::remove_dir_all(&drive).unwrap();
-    copy_dir(&backup, &drive);
-    cluster.start_node(4);
-    cluster.wait_ready();
+    put_while_n5_sleeps(&mut cluster, std::slice::from_ref(&object));
     std::thread::sleep(Duration::from_secs(2));
     let observed = block_on(cluster.observer().head("bkt", "d")).unwrap();
     assert_eq!(observed.meta_positions.len(), 5, "n5 lacks d, and nothing repairs it unasked");
@@ -147,6 +123,23 @@ fn a_reader_that_meets_a_drive_without_the_version_queues_its_repair() {
     assert!(logs.contains("a reader found chunks missing or corrupt; queued for repair"), "{logs}");
     assert!(!logs.contains("drives without the current version"), "the scrubber did not find it first");
     assert_readable_without(&mut cluster, [0, 5], std::slice::from_ref(&object));
+}
+
+/// Writes `objects`, then restores n5's drive from a copy taken before: n5 slept through the
+/// writes, and since it acknowledged them, no node queued their repair.
+fn put_while_n5_sleeps(cluster: &mut Cluster, objects: &[(String, Vec<u8>)]) {
+    cluster.kill_node(4);
+    let drive = cluster.drive_dir(4, 0);
+    let backup = cluster.dir.path().join("n5-backup");
+    copy_dir(&drive, &backup);
+    cluster.start_node(4);
+    cluster.wait_ready();
+    put_all(cluster, objects);
+    cluster.kill_node(4);
+    std::fs::remove_dir_all(&drive).unwrap();
+    copy_dir(&backup, &drive);
+    cluster.start_node(4);
+    cluster.wait_ready();
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
