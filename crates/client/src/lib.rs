@@ -178,7 +178,9 @@ pub enum Error {
 /// A node that could not serve a request, and why (the error, which names the node).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FailedNode {
+    /// The node's id in the cluster map.
     pub node: String,
+    /// One line: what failed (a connect error, "chunk 2 missing", ...).
     pub reason: String,
 }
 
