@@ -228,6 +228,9 @@ fn plan_window(
                 slot.scratch = vec![0u8; range_len];
             }
             if let Some(why) = skip_reason(client, info, stripe_idx, chunk_idx) {
+                // Not asked now; `plan_replacements` asks it last, if the stripe's other chunks
+                // are too few (a drive whose commit landed after the metadata read has it).
+                slot.requested = false;
                 slot.failed = true;
                 slot.why = Some(why);
             }
@@ -274,6 +277,8 @@ fn plan_replacements(client: &Client, info: &ObjectInfo, reads: &mut [StripeRead
             }
             let slot = &mut read.slots[chunk_idx];
             slot.requested = true;
+            slot.failed = false;
+            slot.why = None;
             slot.scratch = vec![0u8; read.range_len];
             short -= 1;
             planned = true;
@@ -735,6 +740,14 @@ mod tests {
         assert_eq!(requested(&around), [true, true, false, true, true, false]);
         let why = around[0].slots[2].why.as_deref().unwrap();
         assert!(why.contains("did not return this version's metadata"), "{why}");
+        // Fewer than k drives returned the version (a read racing the commit of an
+        // acknowledged version): the stripe still asks k chunks, the likely holders first.
+        let holders: Vec<usize> = (0..3).map(|c| info.placement.position(0, c)).collect();
+        info.meta_positions.retain(|p| holders.contains(p));
+        assert_eq!(
+            requested(&plan_window(&client, &info, 0..1, 0, 4 * 4096).unwrap()),
+            [true, true, true, true, false, false]
+        );
         // Unknown positions (a multipart piece) plan no way around anything.
         info.meta_positions.clear();
         assert_eq!(requested(&plan_window(&client, &info, 0..1, 0, 4 * 4096).unwrap()), requested(&all));
