@@ -481,7 +481,8 @@ async fn fetch_node<'b>(
     };
     let failure = match tokio::time::timeout(options.request_timeout, exchange).await {
         Ok(Ok(())) => None,
-        Ok(Err(e @ Error::NodeDown { .. })) => Some(e.to_string()),
+        // Skipped for a recent failure: that failure is why.
+        Ok(Err(Error::NodeDown { reason, .. })) => Some(reason),
         Ok(Err(e)) => {
             tracing::debug!(node = %pool.node, error = %e, "batched read failed");
             pool.mark_down(&e);
