@@ -32,6 +32,8 @@ pub const CHUNK_BYTES_MIN: u32 = 4 << 10;
 pub const CHUNK_BYTES_MAX: u32 = 16 << 20;
 /// Version of the `cluster.toml` format this crate reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
+/// Longest cluster id (it travels in every handshake).
+pub const CLUSTER_ID_BYTES_MAX: usize = 64;
 
 const _: () = assert!(N_MAX <= 256, "GF(2^8) codes cannot exceed 256 chunks");
 const _: () = assert!(CHUNK_BYTES_MIN.is_power_of_two() && CHUNK_BYTES_MIN <= CHUNK_BYTES_MAX);
@@ -63,6 +65,16 @@ pub enum Error {
     InvalidSet { set_idx: usize, reason: String },
     #[error("base port {base_port} leaves no room for {nodes} nodes")]
     PortsExhausted { base_port: u16, nodes: usize },
+    #[error("invalid node {text:?}: {reason}")]
+    InvalidNodeSpec { text: String, reason: String },
+    #[error(
+        "node {id:?} has {drives} of the {total} drives: sets of {n} on distinct nodes allow at most {most} per node"
+    )]
+    UnevenDrives { id: String, drives: usize, total: usize, n: usize, most: usize },
+    #[error("cluster id {id:?} is invalid: expected 1 to {CLUSTER_ID_BYTES_MAX} letters, digits, '-' or '_'")]
+    InvalidClusterId { id: String },
+    #[error("map version {next} of cluster {cluster_id} cannot follow version {current}: {reason}")]
+    BadSuccessor { cluster_id: String, current: u64, next: u64, reason: String },
 }
 
 /// `k` data chunks and `m` parity chunks per stripe; `n = k + m`.
@@ -170,7 +182,97 @@ impl Placement {
     }
 }
 
-/// What `tessera init` asks for.
+/// One node of a cluster across hosts, as `tessera init --node IP:PORT[=DRIVES]` gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSpec {
+    pub addr: SocketAddr,
+    pub drives: DriveSpec,
+}
+
+/// A node's drives: a count (directories `nI/d1..` beside the map) or their paths.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DriveSpec {
+    Count(usize),
+    Paths(Vec<PathBuf>),
+}
+
+/// Most drives one `--node` may name by count.
+pub const DRIVES_PER_NODE_MAX: usize = 1024;
+
+impl FromStr for NodeSpec {
+    type Err = Error;
+    /// `IP:PORT` (one drive), `IP:PORT=COUNT` or `IP:PORT=PATH[,PATH...]`; IPv6 as `[::1]:7001`.
+    fn from_str(text: &str) -> Result<Self, Error> {
+        let invalid = |reason: &str| Error::InvalidNodeSpec { text: text.to_owned(), reason: reason.to_owned() };
+        let (addr, drives) = match text.split_once('=') {
+            Some((addr, drives)) => (addr, Some(drives)),
+            None => (text, None),
+        };
+        let addr: SocketAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| invalid("expected IP:PORT[=DRIVES] (an IP address: the map stores addresses, not names)"))?;
+        if addr.port() == 0 || addr.ip().is_unspecified() {
+            return Err(invalid("the address must be one peers can connect to (not port 0 or 0.0.0.0)"));
+        }
+        let drives = match drives.map(str::trim) {
+            None => DriveSpec::Count(1),
+            Some(count) if !count.is_empty() && count.bytes().all(|b| b.is_ascii_digit()) => {
+                match count.parse::<usize>() {
+                    Ok(count) if (1..=DRIVES_PER_NODE_MAX).contains(&count) => DriveSpec::Count(count),
+                    _ => return Err(invalid(&format!("the drive count must be 1 to {DRIVES_PER_NODE_MAX}"))),
+                }
+            }
+            Some(paths) => {
+                let paths: Vec<PathBuf> = paths.split(',').map(|p| PathBuf::from(p.trim())).collect();
+                if paths.iter().any(|p| p.as_os_str().is_empty()) {
+                    return Err(invalid("an empty drive path"));
+                }
+                if paths.iter().collect::<HashSet<_>>().len() != paths.len() {
+                    return Err(invalid("a drive path is listed twice"));
+                }
+                DriveSpec::Paths(paths)
+            }
+        };
+        Ok(Self { addr, drives })
+    }
+}
+
+/// Erasure sets over `nodes`: each takes one drive from each of the `n` nodes with the most
+/// drives left (ties to the lower node index), so the sets span distinct nodes. The caller
+/// checked that no node has more than `total / n` drives, which makes this always succeed.
+fn plan_sets(nodes: &[Node], n: usize) -> Vec<ErasureSet> {
+    let equal = nodes.iter().all(|node| node.drives.len() == nodes[0].drives.len());
+    if equal {
+        // Drive i of the round-robin sequence is on node i mod N; n consecutive entries are on
+        // n consecutive (hence distinct, as N >= n) nodes.
+        let count = nodes.len() * nodes[0].drives.len();
+        let sequence: Vec<DriveRef> =
+            (0..count).map(|i| DriveRef { node_idx: i % nodes.len(), drive_idx: i / nodes.len() }).collect();
+        return sequence.chunks(n).map(|c| ErasureSet { drives: c.to_vec() }).collect();
+    }
+    let mut next_drive = vec![0usize; nodes.len()];
+    let mut sets = Vec::new();
+    loop {
+        let mut order: Vec<usize> = (0..nodes.len()).filter(|&idx| next_drive[idx] < nodes[idx].drives.len()).collect();
+        if order.is_empty() {
+            return sets;
+        }
+        order.sort_by_key(|&idx| (std::cmp::Reverse(nodes[idx].drives.len() - next_drive[idx]), idx));
+        assert!(order.len() >= n, "a node holds more than total/n drives");
+        let mut drives: Vec<DriveRef> = order[..n]
+            .iter()
+            .map(|&node_idx| {
+                next_drive[node_idx] += 1;
+                DriveRef { node_idx, drive_idx: next_drive[node_idx] - 1 }
+            })
+            .collect();
+        drives.sort();
+        sets.push(ErasureSet { drives });
+    }
+}
+
+/// What `tessera init` asks for, for a cluster on this machine.
 #[derive(Clone, Debug)]
 pub struct InitSpec {
     pub nodes: usize,
@@ -204,39 +306,119 @@ impl ClusterMap {
         if spec.nodes < n {
             return Err(Error::TooFewNodes { k: spec.erasure.k, m: spec.erasure.m, nodes: spec.nodes });
         }
-        let drive_count = spec.nodes * spec.drives_per_node;
-        if spec.drives_per_node == 0 || !drive_count.is_multiple_of(n) {
-            return Err(Error::DrivesNotMultiple { drives: drive_count, n });
-        }
         if usize::from(spec.base_port) + spec.nodes > usize::from(u16::MAX) {
             return Err(Error::PortsExhausted { base_port: spec.base_port, nodes: spec.nodes });
         }
-        let nodes = (0..spec.nodes)
-            .map(|node_idx| Node {
-                id: format!("n{}", node_idx + 1),
+        let nodes: Vec<NodeSpec> = (0..spec.nodes)
+            .map(|node_idx| NodeSpec {
                 addr: SocketAddr::from(([127, 0, 0, 1], spec.base_port + node_idx as u16)),
-                drives: (0..spec.drives_per_node)
-                    .map(|d| PathBuf::from(format!("n{}/d{}", node_idx + 1, d + 1)))
-                    .collect(),
+                drives: DriveSpec::Count(spec.drives_per_node),
             })
             .collect();
-        // Drive i of the round-robin sequence is on node i mod N; n consecutive entries are on n
-        // consecutive (hence distinct, as N >= n) nodes.
-        let sequence: Vec<DriveRef> =
-            (0..drive_count).map(|i| DriveRef { node_idx: i % spec.nodes, drive_idx: i / spec.nodes }).collect();
-        let sets = sequence.chunks(n).map(|c| ErasureSet { drives: c.to_vec() }).collect();
+        Self::generate_hosts(&nodes, spec.erasure, spec.chunk_bytes, cluster_id, secret, base_dir)
+    }
+
+    /// Builds a fresh map of the nodes in `nodes` (ids `n1..nN` in that order), for a cluster
+    /// across hosts. Every set takes its `n` drives from the `n` nodes with the most drives not
+    /// yet in a set (round-robin when all nodes have as many drives), so sets span distinct
+    /// nodes and drives spread evenly.
+    pub fn generate_hosts(
+        nodes: &[NodeSpec],
+        erasure: ErasureConfig,
+        chunk_bytes: u32,
+        cluster_id: &str,
+        secret: &str,
+        base_dir: &Path,
+    ) -> Result<Self, Error> {
+        let n = erasure.n();
+        if nodes.len() < n {
+            return Err(Error::TooFewNodes { k: erasure.k, m: erasure.m, nodes: nodes.len() });
+        }
+        let nodes: Vec<Node> = nodes
+            .iter()
+            .enumerate()
+            .map(|(node_idx, spec)| {
+                let id = format!("n{}", node_idx + 1);
+                let drives = match &spec.drives {
+                    DriveSpec::Count(count) => (0..*count).map(|d| PathBuf::from(format!("{id}/d{}", d + 1))).collect(),
+                    DriveSpec::Paths(paths) => paths.clone(),
+                };
+                Node { id, addr: spec.addr, drives }
+            })
+            .collect();
+        let drive_count: usize = nodes.iter().map(|node| node.drives.len()).sum();
+        if nodes.iter().any(|node| node.drives.is_empty()) || !drive_count.is_multiple_of(n) {
+            return Err(Error::DrivesNotMultiple { drives: drive_count, n });
+        }
+        let most = drive_count / n;
+        if let Some(node) = nodes.iter().find(|node| node.drives.len() > most) {
+            let (id, drives) = (node.id.clone(), node.drives.len());
+            return Err(Error::UnevenDrives { id, drives, total: drive_count, n, most });
+        }
+        let sets = plan_sets(&nodes, n);
         let map = Self {
             cluster_id: cluster_id.to_owned(),
             version: 1,
             secret: secret.to_owned(),
-            erasure: spec.erasure,
-            chunk_bytes: spec.chunk_bytes,
+            erasure,
+            chunk_bytes,
             nodes,
             sets,
             base_dir: base_dir.to_owned(),
         };
         map.validate()?;
         Ok(map)
+    }
+
+    /// Checks that `next` may replace this map on a running cluster, as an admin's change:
+    /// version one higher and [`ClusterMap::check_descendant`].
+    pub fn check_successor(&self, next: &ClusterMap) -> Result<(), Error> {
+        if next.cluster_id == self.cluster_id && next.version != self.version + 1 {
+            return Err(Error::BadSuccessor {
+                cluster_id: self.cluster_id.clone(),
+                current: self.version,
+                next: next.version,
+                reason: format!("a change must take version {}", self.version + 1),
+            });
+        }
+        self.check_descendant(next)
+    }
+
+    /// Checks that `next` is a later map of the same cluster: a higher version, the same id,
+    /// secret, erasure config and chunk size, and every node and set of this map still there at
+    /// the same index with the same drives, so that every object stays where it is (a node's
+    /// address may change). New nodes and sets may follow.
+    pub fn check_descendant(&self, next: &ClusterMap) -> Result<(), Error> {
+        let refuse = |reason: String| Error::BadSuccessor {
+            cluster_id: self.cluster_id.clone(),
+            current: self.version,
+            next: next.version,
+            reason,
+        };
+        if next.cluster_id != self.cluster_id {
+            return Err(refuse(format!("it belongs to cluster {}", next.cluster_id)));
+        }
+        if next.version <= self.version {
+            return Err(refuse("it is not newer".into()));
+        }
+        if next.secret != self.secret {
+            return Err(refuse("it changes the cluster secret".into()));
+        }
+        if next.erasure != self.erasure || next.chunk_bytes != self.chunk_bytes {
+            return Err(refuse("it changes the erasure config or the chunk size".into()));
+        }
+        for (idx, node) in self.nodes.iter().enumerate() {
+            match next.nodes.get(idx) {
+                Some(other) if other.id == node.id && other.drives == node.drives => {}
+                _ => return Err(refuse(format!("node {} is removed, moved or has other drives", node.id))),
+            }
+        }
+        for (idx, set) in self.sets.iter().enumerate() {
+            if next.sets.get(idx) != Some(set) {
+                return Err(refuse(format!("erasure set {idx} is removed or changed")));
+            }
+        }
+        Ok(())
     }
 
     /// Parses and validates `cluster.toml`; `base_dir` is the directory the file is in.
@@ -281,6 +463,13 @@ impl ClusterMap {
 
     fn validate(&self) -> Result<(), Error> {
         let n = self.erasure.n();
+        let id_ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if self.cluster_id.is_empty()
+            || self.cluster_id.len() > CLUSTER_ID_BYTES_MAX
+            || !self.cluster_id.chars().all(id_ok)
+        {
+            return Err(Error::InvalidClusterId { id: self.cluster_id.clone() });
+        }
         if !(CHUNK_BYTES_MIN..=CHUNK_BYTES_MAX).contains(&self.chunk_bytes) {
             return Err(Error::ChunkBytesOutOfRange { chunk_bytes: self.chunk_bytes });
         }

@@ -119,3 +119,141 @@ fn placement_balances_objects_over_sets() {
         assert!(count > mean * 8 / 10 && count < mean * 12 / 10, "unbalanced: {count} vs mean {mean}");
     }
 }
+
+fn hosts(specs: &[&str], k: usize, m: usize) -> Result<ClusterMap, Error> {
+    let nodes: Vec<NodeSpec> = specs.iter().map(|s| s.parse().unwrap()).collect();
+    ClusterMap::generate_hosts(
+        &nodes,
+        ErasureConfig::new(k, m).unwrap(),
+        CHUNK_BYTES_DEFAULT,
+        "cid",
+        "00ff",
+        Path::new("/etc/t"),
+    )
+}
+
+#[test]
+fn node_specs_parse_addresses_counts_and_paths() {
+    let spec: NodeSpec = "10.0.0.1:7001".parse().unwrap();
+    assert_eq!(spec, NodeSpec { addr: "10.0.0.1:7001".parse().unwrap(), drives: DriveSpec::Count(1) });
+    let spec: NodeSpec = "10.0.0.2:7001=3".parse().unwrap();
+    assert_eq!(spec.drives, DriveSpec::Count(3));
+    let spec: NodeSpec = "[fd00::1]:7001=/mnt/a,/mnt/b".parse().unwrap();
+    assert_eq!(spec.drives, DriveSpec::Paths(vec![PathBuf::from("/mnt/a"), PathBuf::from("/mnt/b")]));
+    for bad in [
+        "host.example:7001",
+        "10.0.0.1",
+        "10.0.0.1:0",
+        "0.0.0.0:7001",
+        "10.0.0.1:7001=0",
+        "10.0.0.1:7001=99999",
+        "10.0.0.1:7001=/a,,/b",
+        "10.0.0.1:7001=/a,/a",
+        "",
+    ] {
+        let err = bad.parse::<NodeSpec>().unwrap_err();
+        assert!(matches!(err, Error::InvalidNodeSpec { .. }), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn maps_across_hosts_keep_addresses_and_drive_paths() {
+    let specs = [
+        "10.0.0.1:7001=/mnt/a,/mnt/b",
+        "10.0.0.2:7001=2",
+        "10.0.0.3:7001=2",
+        "10.0.0.4:7001=2",
+        "10.0.0.5:7001=2",
+        "10.0.0.6:7001=2",
+    ];
+    let map = hosts(&specs, 4, 2).unwrap();
+    assert_eq!(map.nodes[0].addr, "10.0.0.1:7001".parse().unwrap());
+    assert_eq!(map.drive_path(DriveRef { node_idx: 0, drive_idx: 1 }), PathBuf::from("/mnt/b"));
+    assert_eq!(map.drive_path(DriveRef { node_idx: 1, drive_idx: 0 }), PathBuf::from("/etc/t/n2/d1"));
+    assert_eq!(map.sets.len(), 2);
+    assert_eq!(ClusterMap::from_toml(&map.to_toml(), Path::new("/etc/t")).unwrap(), map);
+}
+
+#[test]
+fn maps_across_hosts_refuse_bad_layouts() {
+    let six = |extra: &str| {
+        let mut specs: Vec<String> = (1..=6).map(|i| format!("10.0.0.{i}:7001")).collect();
+        specs.push(extra.to_owned());
+        specs
+    };
+    fn refs(specs: &[String]) -> Vec<&str> {
+        specs.iter().map(String::as_str).collect()
+    }
+    // The same address twice, too few nodes, a drive count that does not split into sets.
+    assert!(matches!(hosts(&refs(&six("10.0.0.1:7001")), 4, 3), Err(Error::DuplicateAddr { .. })));
+    assert!(matches!(hosts(&["10.0.0.1:7001"; 1], 4, 2), Err(Error::TooFewNodes { .. })));
+    assert!(matches!(hosts(&refs(&six("10.0.0.7:7001")), 4, 2), Err(Error::DrivesNotMultiple { drives: 7, n: 6 })));
+    // One node with more drives than there are sets cannot spread them over distinct sets.
+    let lopsided =
+        ["10.0.0.1:7001=7", "10.0.0.2:7001", "10.0.0.3:7001", "10.0.0.4:7001", "10.0.0.5:7001", "10.0.0.6:7001=1"];
+    assert!(matches!(hosts(&lopsided, 4, 2), Err(Error::UnevenDrives { .. })));
+}
+
+proptest! {
+    #[test]
+    fn uneven_drive_counts_make_sets_on_distinct_nodes(counts in proptest::collection::vec(1usize..5, 3..10), m in 1usize..3) {
+        let k = 2usize;
+        let n = k + m;
+        prop_assume!(counts.len() >= n);
+        let total: usize = counts.iter().sum();
+        prop_assume!(total.is_multiple_of(n) && counts.iter().all(|c| *c <= total / n));
+        let specs: Vec<String> = counts.iter().enumerate().map(|(i, c)| format!("10.0.{}.{}:7001={c}", i / 200, i % 200 + 1)).collect();
+        let refs: Vec<&str> = specs.iter().map(String::as_str).collect();
+        let map = hosts(&refs, k, m).unwrap();
+        let mut seen = HashSet::new();
+        for set in &map.sets {
+            let set_nodes: HashSet<_> = set.drives.iter().map(|d| d.node_idx).collect();
+            prop_assert_eq!(set_nodes.len(), n);
+            for drive in &set.drives {
+                prop_assert!(seen.insert(*drive));
+            }
+        }
+        prop_assert_eq!(seen.len(), total);
+    }
+}
+
+#[test]
+fn successors_keep_every_node_drive_and_set() {
+    let map = generate(6, 1, 4, 2).unwrap();
+    let mut next = map.clone();
+    next.version += 1;
+    next.nodes[2].addr = "10.1.1.1:7001".parse().unwrap();
+    assert_eq!(map.check_successor(&next), Ok(()));
+    assert_eq!(map.check_descendant(&next), Ok(()));
+    let refused = |change: &dyn Fn(&mut ClusterMap)| {
+        let mut bad = next.clone();
+        change(&mut bad);
+        matches!(map.check_successor(&bad), Err(Error::BadSuccessor { .. }))
+    };
+    assert!(refused(&|m| m.version += 1), "a skipped version");
+    assert!(refused(&|m| m.version = map.version), "the same version");
+    assert!(refused(&|m| m.cluster_id = "other".into()), "another cluster");
+    assert!(refused(&|m| m.secret = "11ee".into()), "another secret");
+    assert!(refused(&|m| m.chunk_bytes *= 2), "another chunk size");
+    assert!(refused(&|m| m.nodes[1].drives[0] = PathBuf::from("elsewhere")), "a moved drive");
+    assert!(refused(&|m| m.nodes.swap(0, 1)), "reordered nodes");
+    assert!(refused(&|m| m.sets[0].drives.swap(0, 1)), "a changed set");
+    // A later descendant may skip versions (a node that slept through several changes).
+    let mut later = next.clone();
+    later.version += 3;
+    assert_eq!(map.check_descendant(&later), Ok(()));
+    assert!(map.check_successor(&later).is_err());
+}
+
+#[test]
+fn cluster_ids_are_bounded_plain_names() {
+    let map = generate(6, 1, 4, 2).unwrap();
+    let text = map.to_toml();
+    for bad in ["", "a b", "../x", &"x".repeat(CLUSTER_ID_BYTES_MAX + 1)] {
+        let changed = text.replace("cluster_id = \"cid\"", &format!("cluster_id = {bad:?}"));
+        assert!(
+            matches!(ClusterMap::from_toml(&changed, Path::new("/d")), Err(Error::InvalidClusterId { .. })),
+            "{bad:?}"
+        );
+    }
+}
