@@ -63,6 +63,8 @@ pub use proto::RETAINED_PER_KEY_MAX;
 /// Name of the file that marks a directory as a Tessera drive.
 pub const DRIVE_MARKER: &str = "tessera-drive";
 const DRIVE_MARKER_TEXT: &str = "tessera drive format 1\n";
+/// File in a drive's root naming the cluster it belongs to.
+const DRIVE_LABEL: &str = "cluster-id";
 
 /// What a drive operation can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +93,35 @@ pub enum Error {
     PreconditionFailed { bucket: String, key: String },
     #[error("staged data for version {version} does not match its checksums at stripe {stripe}")]
     StagedChecksumMismatch { version: String, stripe: u64 },
+}
+
+/// Replaces the file at `path` with `bytes` so that a crash leaves the old file or the new one,
+/// never a mix: a temporary file beside it (created with `mode`), fsynced, renamed over it, and
+/// the directory fsynced. For the small files kept beside drives: drive labels, cluster maps.
+/// Several processes may replace one file at once (the nodes of one host sharing a
+/// `cluster.toml`): each writes its own temporary file.
+pub fn write_durably(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let unique = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{}.{}.{unique}.tmp", name.to_string_lossy(), std::process::id()));
+    let written = (|| {
+        let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp); // best effort: a stray temporary file holds no state
+    }
+    written?;
+    File::open(dir)?.sync_all()
 }
 
 /// When a commit's metadata transaction reaches the disk.
@@ -135,6 +166,22 @@ impl Drive {
             fs::write(&marker, DRIVE_MARKER_TEXT).map_err(unusable)?;
         }
         Ok(())
+    }
+
+    /// The label a drive directory was given ([`Drive::set_label`]): the id of the cluster it
+    /// belongs to. `None` for a drive never labelled. Reads nothing else, changes nothing.
+    pub fn label(root: &Path) -> Result<Option<String>, Error> {
+        match fs::read_to_string(root.join(DRIVE_LABEL)) {
+            Ok(text) => Ok(Some(text.trim().to_owned())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(Error::DriveUnusable { path: root.to_owned(), source }),
+        }
+    }
+
+    /// Labels a formatted drive directory durably (see [`Drive::label`]).
+    pub fn set_label(root: &Path, label: &str) -> Result<(), Error> {
+        write_durably(&root.join(DRIVE_LABEL), format!("{label}\n").as_bytes(), 0o644)
+            .map_err(|source| Error::DriveUnusable { path: root.to_owned(), source })
     }
 
     /// Opens a formatted drive, checks it is writable, and sweeps staging files and data files
