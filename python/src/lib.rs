@@ -161,7 +161,7 @@ impl RawClient {
         if let Some(client) = self.client.get() {
             return Ok(client);
         }
-        let client = client::Client::new(self.template.map().clone(), options()).map_err(errors::to_py)?;
+        let client = client::Client::new((*self.template.map()).clone(), options()).map_err(errors::to_py)?;
         Ok(self.client.set(client))
     }
 
@@ -204,7 +204,7 @@ impl RawClient {
                 let client = py
                     .detach(|| runtime().block_on(client::Client::bootstrap(addr, &secret, options())))
                     .map_err(errors::to_py)?;
-                client::Client::new(client.map().clone(), options()).map_err(errors::to_py)?
+                client::Client::new((*client.map()).clone(), options()).map_err(errors::to_py)?
             }
             _ => return Err(PyValueError::new_err("pass exactly one of config and address")),
         };

@@ -1,15 +1,13 @@
 //! `tessera init`, `tessera node`, `tessera gateway` and the `tessera up` supervisor.
 
 use std::fs;
-use std::io::Write as _;
 use std::net::{SocketAddr, TcpStream};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use cluster::{CHUNK_BYTES_DEFAULT, ClusterMap, ErasureConfig, InitSpec};
+use cluster::{CHUNK_BYTES_DEFAULT, ClusterMap, ErasureConfig, InitSpec, NodeSpec};
 
 use crate::size::parse_bytes;
 
@@ -27,20 +25,30 @@ const SECRET_KEY_ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopq
 const CHILD_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("layout").required(true).args(["nodes", "node", "hosts"])))]
 pub(crate) struct InitArgs {
-    /// Number of storage nodes.
-    #[arg(long)]
-    nodes: usize,
-    /// Drives (directories) per node.
-    #[arg(long, default_value_t = 1)]
+    /// Number of storage nodes, all on this machine (127.0.0.1).
+    #[arg(long, conflicts_with_all = ["node", "hosts"])]
+    nodes: Option<usize>,
+    /// With --nodes: drives (directories) per node.
+    #[arg(long, default_value_t = 1, requires = "nodes")]
     drives_per_node: usize,
+    /// A node of a cluster across hosts, as IP:PORT (one drive), IP:PORT=COUNT (drives
+    /// nI/d1.. beside cluster.toml) or IP:PORT=PATH,PATH... (drive directories on that host).
+    /// Repeat it once per node; nodes are named n1, n2... in order.
+    #[arg(long, value_name = "IP:PORT[=DRIVES]", conflicts_with = "hosts")]
+    node: Vec<NodeSpec>,
+    /// A file with one IP:PORT[=DRIVES] per line (as --node; blank lines and # comments are
+    /// skipped).
+    #[arg(long, value_name = "FILE")]
+    hosts: Option<PathBuf>,
     /// Erasure config K+M: K data and M parity chunks per stripe.
     #[arg(long, default_value = "4+2")]
     ec: ErasureConfig,
-    /// Directory for cluster.toml and the drives.
+    /// Directory for cluster.toml (and, with --nodes, the drives).
     #[arg(long)]
     data: PathBuf,
-    /// Node i listens on 127.0.0.1:(base-port + i - 1).
+    /// With --nodes: node i listens on 127.0.0.1:(base-port + i - 1).
     #[arg(long, default_value_t = 7001)]
     base_port: u16,
     /// Bytes per chunk (a stripe holds K chunks of object data).
@@ -95,6 +103,10 @@ pub(crate) struct NodeArgs {
     /// Node id from cluster.toml (n1, n2, ...).
     #[arg(long)]
     id: String,
+    /// Address to listen on, when it is not the node's address in cluster.toml (which is what
+    /// clients and peers dial): 0.0.0.0:PORT, or a private address behind NAT or in a container.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
     /// How long a replaced version stays readable once a newer one is acknowledged (GETs
     /// that chose it have this long to finish).
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
@@ -119,8 +131,21 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
 
 pub(crate) fn init(args: &InitArgs) -> anyhow::Result<()> {
     let chunk_bytes = u32::try_from(args.chunk_size).context("--chunk-size is too large")?;
+    let Some(nodes) = args.nodes else {
+        let nodes = match &args.hosts {
+            Some(path) => read_hosts(path)?,
+            None => args.node.clone(),
+        };
+        let path = init_hosts(&nodes, args.ec, chunk_bytes, &args.data)?;
+        println!("wrote {} for {} nodes", path.display(), nodes.len());
+        println!("on each node's host, with a copy of it (mode 0600: it holds the cluster secret):");
+        println!("  tessera drive format --config {} --node nI   # once: prepares that node's drives", path.display());
+        println!("  tessera node --config {} --id nI", path.display());
+        println!("(deploy/ has a systemd unit)");
+        return Ok(());
+    };
     let spec = InitSpec {
-        nodes: args.nodes,
+        nodes,
         drives_per_node: args.drives_per_node,
         erasure: args.ec,
         base_port: args.base_port,
@@ -136,8 +161,40 @@ pub(crate) fn init(args: &InitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes a new cluster.toml (mode 0600: it holds the cluster secret) and formats the drives.
-fn init_cluster(spec: &InitSpec, data: &Path) -> anyhow::Result<PathBuf> {
+/// Most lines of a `--hosts` file.
+const HOSTS_LINES_MAX: usize = 4096;
+
+/// The nodes of a `--hosts` file: one `IP:PORT[=DRIVES]` per line.
+fn read_hosts(path: &Path) -> anyhow::Result<Vec<NodeSpec>> {
+    let text = fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let mut nodes = Vec::new();
+    for (line_idx, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        if line.is_empty() {
+            continue;
+        }
+        if nodes.len() == HOSTS_LINES_MAX {
+            bail!("{} lists more than {HOSTS_LINES_MAX} nodes", path.display());
+        }
+        nodes.push(line.parse().with_context(|| format!("{} line {}", path.display(), line_idx + 1))?);
+    }
+    Ok(nodes)
+}
+
+/// Writes a new cluster.toml for nodes on several hosts; formats nothing (the drives are on
+/// the nodes' hosts: `tessera drive format` there).
+fn init_hosts(nodes: &[NodeSpec], erasure: ErasureConfig, chunk_bytes: u32, data: &Path) -> anyhow::Result<PathBuf> {
+    let path = refuse_existing(data)?;
+    let (cluster_id, secret) = new_identity();
+    let map = ClusterMap::generate_hosts(nodes, erasure, chunk_bytes, &cluster_id, &secret, data)
+        .context("plan the cluster")?;
+    fs::create_dir_all(data).with_context(|| format!("create {}", data.display()))?;
+    write_map(&path, &map)?;
+    Ok(path)
+}
+
+/// DIR/cluster.toml, unless it exists already.
+fn refuse_existing(data: &Path) -> anyhow::Result<PathBuf> {
     let path = data.join("cluster.toml");
     if path.exists() {
         bail!(
@@ -145,21 +202,27 @@ fn init_cluster(spec: &InitSpec, data: &Path) -> anyhow::Result<PathBuf> {
             path.display()
         );
     }
-    let cluster_id = hex::encode(rand::random::<[u8; 8]>());
-    let secret = hex::encode(rand::random::<[u8; 32]>());
+    Ok(path)
+}
+
+/// A new cluster's id and secret.
+fn new_identity() -> (String, String) {
+    (hex::encode(rand::random::<[u8; 8]>()), hex::encode(rand::random::<[u8; 32]>()))
+}
+
+/// Writes cluster.toml (mode 0600: it holds the cluster secret), crash-safe.
+pub(crate) fn write_map(path: &Path, map: &ClusterMap) -> anyhow::Result<()> {
+    node::write_map_file(path, &map.to_toml()).with_context(|| format!("write {}", path.display()))
+}
+
+/// Writes a new cluster.toml and formats the drives.
+fn init_cluster(spec: &InitSpec, data: &Path) -> anyhow::Result<PathBuf> {
+    let path = refuse_existing(data)?;
+    let (cluster_id, secret) = new_identity();
     let map = ClusterMap::generate(spec, &cluster_id, &secret, data).context("plan the cluster")?;
     fs::create_dir_all(data).with_context(|| format!("create {}", data.display()))?;
     node::format_drives(&map).context("prepare the drives")?;
-    let tmp = data.join(".cluster.toml.tmp");
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("create {}", tmp.display()))?;
-    file.write_all(map.to_toml().as_bytes()).and_then(|()| file.sync_all()).context("write cluster.toml")?;
-    fs::rename(&tmp, &path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
+    write_map(&path, &map)?;
     Ok(path)
 }
 
@@ -194,7 +257,9 @@ pub(crate) fn node(args: &NodeArgs) -> anyhow::Result<()> {
     let config = node::NodeConfig {
         map,
         map_text,
+        map_path: Some(args.config.clone()),
         node_id: args.id.clone(),
+        listen: args.listen,
         retire_grace: args.retire_grace,
         scrub_interval: args.scrub_interval,
         deep_scrub_interval: args.deep_scrub_interval,

@@ -6,6 +6,7 @@
 mod bench;
 mod cluster_cmd;
 mod drive_cmd;
+mod map_cmd;
 mod object_cmd;
 mod repair_cmd;
 mod s3_load;
@@ -60,8 +61,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Background repair on the running cluster: status, pause, resume, rate.
     Repair(repair_cmd::RepairArgs),
-    /// Drives of the running cluster: replace (wipe and rebuild) one.
+    /// Drives: prepare a new node's drives on its host, or replace (wipe and rebuild) one.
     Drive(drive_cmd::DriveArgs),
+    /// The cluster map on the running cluster: which version each node holds; push a change.
+    Map(map_cmd::MapArgs),
 }
 
 fn main() -> ExitCode {
@@ -116,6 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(&args),
         Command::Repair(args) => repair_cmd::run(&args),
         Command::Drive(args) => drive_cmd::run(&args),
+        Command::Map(args) => map_cmd::run(&args),
     }
 }
 

@@ -8,7 +8,16 @@ use crate::{Client, Error};
 impl Client {
     /// Every node's repair state, by node id; a node that does not answer gives its error.
     pub async fn repair_status(&self) -> Vec<(String, Result<RepairStatus, Error>)> {
-        let calls = (0..self.inner.map.nodes.len()).map(|node_idx| async move {
+        let client = self.current();
+        let results = client.repair_status_once().await;
+        if self.refreshed_after(&client, results.iter().any(|(_, r)| r.is_err())).await {
+            return self.current().repair_status_once().await;
+        }
+        results
+    }
+
+    async fn repair_status_once(&self) -> Vec<(String, Result<RepairStatus, Error>)> {
+        let calls = (0..self.topo.map.nodes.len()).map(|node_idx| async move {
             let result = match self.call_now(node_idx, &Request::RepairStatus).await {
                 Ok(Response::RepairStatus { status }) => Ok(status),
                 Ok(Response::Error { kind, message }) => Err(Error::from_node(self.node_id(node_idx), kind, &message)),
@@ -25,8 +34,17 @@ impl Client {
 
     /// Pauses, resumes or re-rates background repair on every node; returns each node's result.
     pub async fn repair_control(&self, action: RepairAction) -> Vec<(String, Result<(), Error>)> {
+        let client = self.current();
+        let results = client.repair_control_once(action).await;
+        if self.refreshed_after(&client, results.iter().any(|(_, r)| r.is_err())).await {
+            return self.current().repair_control_once(action).await;
+        }
+        results
+    }
+
+    async fn repair_control_once(&self, action: RepairAction) -> Vec<(String, Result<(), Error>)> {
         let request = Request::RepairControl { action };
-        let calls = (0..self.inner.map.nodes.len()).map(|node_idx| {
+        let calls = (0..self.topo.map.nodes.len()).map(|node_idx| {
             let request = &request;
             async move {
                 let result = match self.call_now(node_idx, request).await {
@@ -53,7 +71,11 @@ impl Client {
     /// trusted: the node wipes it and rebuilds it from the drive's set, and readers skip it
     /// meanwhile. Fails for an unknown node or drive, before anything changes.
     pub async fn replace_drive(&self, node_id: &str, drive_idx: usize) -> Result<(), Error> {
-        let map = &self.inner.map;
+        self.with_map(|c| async move { c.replace_drive_once(node_id, drive_idx).await }).await
+    }
+
+    async fn replace_drive_once(&self, node_id: &str, drive_idx: usize) -> Result<(), Error> {
+        let map = &self.topo.map;
         let Some(node_idx) = map.node_idx(node_id) else {
             let known: Vec<&str> = map.nodes.iter().map(|n| n.id.as_str()).collect();
             return Err(Error::NoSuchDrive(format!("unknown node {node_id:?}: the cluster has {}", known.join(", "))));
@@ -73,6 +95,119 @@ impl Client {
                 node: node_id.to_owned(),
                 source: proto::Error::Invalid { what: "drive replace", reason: format!("unexpected {other:?}") },
             }),
+        }
+    }
+}
+
+/// What one node holds of the cluster map.
+#[derive(Clone, Debug)]
+pub struct NodeMap {
+    pub node: String,
+    /// The node's map, or why it could not be read.
+    pub map: Result<cluster::ClusterMap, String>,
+}
+
+impl Client {
+    /// The map every node of the newest map this client knows holds (in node order).
+    pub async fn node_maps(&self) -> Vec<NodeMap> {
+        let client = self.current();
+        let base_dir = client.topo.map.base_dir.clone();
+        let calls = (0..client.topo.map.nodes.len()).map(|node_idx| {
+            let client = &client;
+            let base_dir = &base_dir;
+            async move {
+                let map = match client.call_now(node_idx, &Request::GetMap).await {
+                    Ok(Response::Map { toml }) => {
+                        cluster::ClusterMap::from_toml(&toml, base_dir).map_err(|e| e.to_string())
+                    }
+                    Ok(other) => Err(format!("unexpected answer {other:?}")),
+                    Err(e) => Err(e.to_string()),
+                };
+                NodeMap { node: client.node_id(node_idx).to_owned(), map }
+            }
+        });
+        futures_util::future::join_all(calls).await
+    }
+
+    /// Makes `next` the cluster's map: an admin's change (a node's new address, new nodes and
+    /// sets), version one higher than the map the nodes hold now. Refused, changing nothing,
+    /// unless a majority of the current map's nodes answer, every node that answers holds that
+    /// same map (or `next` already: a push cut short can be run again), and `next` keeps every
+    /// node, drive and set of it (`ClusterMap::check_successor`). Each node then checks the
+    /// version it holds, stores `next` durably and serves under it; clients with the old map are
+    /// told to refresh. Nodes that did not answer (down, or the dead host whose address the
+    /// change replaces) take the new map from their peers when they return. Returns their ids.
+    pub async fn push_map(&self, next: &cluster::ClusterMap) -> Result<Vec<String>, Error> {
+        let held = self.node_maps().await;
+        let mut current: Option<cluster::ClusterMap> = None;
+        let mut problems = Vec::new();
+        let mut silent = Vec::new();
+        for node in &held {
+            match &node.map {
+                Ok(map) if map == next => {}
+                Ok(map) => match &current {
+                    None => current = Some(map.clone()),
+                    Some(c) if c == map => {}
+                    Some(c) => problems.push(format!(
+                        "node {} holds map version {}, others {}: finish or undo the change in progress first",
+                        node.node, map.version, c.version
+                    )),
+                },
+                Err(reason) => silent.push((node.node.clone(), reason.clone())),
+            }
+        }
+        if silent.len() * 2 >= held.len() {
+            let reasons: Vec<String> = silent.iter().map(|(node, reason)| format!("{node}: {reason}")).collect();
+            problems.push(format!(
+                "{} of {} nodes did not answer, a map change needs a majority ({})",
+                silent.len(),
+                held.len(),
+                reasons.join("; ")
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(Error::MapChange(problems.join("; ")));
+        }
+        let silent: Vec<String> = silent.into_iter().map(|(node, _)| node).collect();
+        let Some(current) = current else {
+            // Every node that answered holds `next` already.
+            self.adopt(next.clone());
+            return Ok(silent);
+        };
+        current.check_successor(next)?;
+        let client = self.current();
+        let request = Request::MapPut { expected_version: current.version, toml: next.to_toml() };
+        let answered = (0..client.topo.map.nodes.len()).filter(|&idx| !silent.iter().any(|s| s == client.node_id(idx)));
+        let calls = answered.map(|node_idx| {
+            let (client, request) = (&client, &request);
+            async move { (node_idx, client.call_now(node_idx, request).await) }
+        });
+        let mut failed = Vec::new();
+        for (node_idx, answer) in futures_util::future::join_all(calls).await {
+            let node = client.node_id(node_idx);
+            match answer {
+                Ok(Response::Ok) => {}
+                Ok(Response::Error { message, .. }) => failed.push(format!("node {node}: {message}")),
+                Ok(other) => failed.push(format!("node {node}: unexpected answer {other:?}")),
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+        if !failed.is_empty() {
+            return Err(Error::MapChange(format!(
+                "version {} reached only some nodes ({}); run the change again to finish it",
+                next.version,
+                failed.join("; ")
+            )));
+        }
+        self.adopt(next.clone());
+        Ok(silent)
+    }
+
+    /// Plans with `map` from now on (a map this client just made the cluster's).
+    fn adopt(&self, map: cluster::ClusterMap) {
+        let mut latest = self.inner.latest.write().expect("map lock poisoned");
+        if latest.map.version < map.version {
+            *latest = std::sync::Arc::new(crate::Topology::new(map));
         }
     }
 }

@@ -1,12 +1,15 @@
 //! Connections to nodes: handshake, framed requests, and a bounded pool per node.
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cluster::ClusterMap;
+
 use proto::{
-    AuthProof, Challenge, FRAME_HEADER_BYTES, FRAME_TAG_BYTES, FrameHeader, FrameKind, FrameMac, NONCE_BYTES,
-    PROTOCOL_VERSION, Request, Response,
+    AuthProof, Challenge, ErrorKind, FRAME_HEADER_BYTES, FRAME_TAG_BYTES, FrameHeader, FrameKind, FrameMac,
+    NONCE_BYTES, PROTOCOL_VERSION, Request, Response,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -22,24 +25,61 @@ pub(crate) struct Conn {
     outbound: FrameMac,
     /// Checks frames from the node.
     inbound: FrameMac,
+    /// Set when the node shows a newer map than the one this connection plans with.
+    stale: Arc<AtomicBool>,
+}
+
+/// Which map a connection plans with: the node refuses its requests once it holds a newer one.
+#[derive(Clone, Debug)]
+pub(crate) struct MapIdentity {
+    pub(crate) secret: String,
+    /// Empty while bootstrapping (no map yet): the node then serves only its map.
+    pub(crate) cluster_id: String,
+    pub(crate) version: u64,
+    /// Set when a node shows a newer map (in its handshake or a `StaleMap` answer).
+    pub(crate) stale: Arc<AtomicBool>,
+}
+
+impl MapIdentity {
+    pub(crate) fn of(map: &ClusterMap) -> Self {
+        Self {
+            secret: map.secret.clone(),
+            cluster_id: map.cluster_id.clone(),
+            version: map.version,
+            stale: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// For fetching the map from a node whose cluster is not known yet.
+    pub(crate) fn bootstrap(secret: &str) -> Self {
+        Self { secret: secret.to_owned(), cluster_id: String::new(), version: 0, stale: Arc::default() }
+    }
 }
 
 impl Conn {
     /// Connects, and authenticates both ways with the cluster secret: the node checks our proof,
-    /// and its first tagged frame proves it knows the secret too.
-    pub(crate) async fn open(node: &str, addr: SocketAddr, secret: &str, timeout: Duration) -> Result<Self, Error> {
+    /// and its first tagged frame proves it knows the secret too. Refuses a node of another
+    /// cluster; a node with a newer map marks `map` stale (it will refuse every request but
+    /// `GetMap`).
+    pub(crate) async fn open(
+        node: &str,
+        addr: SocketAddr,
+        map: &MapIdentity,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
         let unreachable = |reason: String| Error::NodeUnreachable { node: node.to_owned(), reason };
         let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| unreachable(format!("connect to {addr} timed out after {timeout:?}")))?
             .map_err(|e| unreachable(format!("connect to {addr}: {e}")))?;
         stream.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
-        tokio::time::timeout(timeout, Self::handshake(stream, node, secret))
+        tokio::time::timeout(timeout, Self::handshake(stream, node, addr, map))
             .await
             .map_err(|_| unreachable(format!("handshake with {addr} timed out")))?
     }
 
-    async fn handshake(mut stream: TcpStream, node: &str, secret: &str) -> Result<Self, Error> {
+    async fn handshake(mut stream: TcpStream, node: &str, addr: SocketAddr, map: &MapIdentity) -> Result<Self, Error> {
+        let secret = map.secret.as_str();
         let io = |e: std::io::Error| Error::NodeUnreachable { node: node.to_owned(), reason: e.to_string() };
         let protocol = |source| Error::Protocol { node: node.to_owned(), source };
         let mut header = [0u8; FRAME_HEADER_BYTES];
@@ -62,13 +102,30 @@ impl Conn {
                 supported: PROTOCOL_VERSION,
             }));
         }
+        if !map.cluster_id.is_empty() && challenge.cluster_id != map.cluster_id {
+            return Err(Error::WrongCluster {
+                node: node.to_owned(),
+                addr,
+                ours: map.cluster_id.clone(),
+                theirs: challenge.cluster_id,
+            });
+        }
+        if challenge.map_version > map.version {
+            map.stale.store(true, Ordering::SeqCst);
+        }
         let client_nonce: [u8; NONCE_BYTES] = rand::random();
         let proof = proto::client_proof(secret, &challenge.nonce, &client_nonce);
-        let auth = AuthProof { protocol_version: PROTOCOL_VERSION, client_nonce, proof };
+        let auth = AuthProof {
+            protocol_version: PROTOCOL_VERSION,
+            client_nonce,
+            proof,
+            cluster_id: map.cluster_id.clone(),
+            map_version: map.version,
+        };
         let frame = proto::encode_frame(FrameKind::Auth, &auth).map_err(protocol)?;
         stream.write_all(&frame).await.map_err(io)?;
         let (outbound, inbound) = proto::session_macs(secret, &challenge.nonce, &client_nonce);
-        let mut conn = Self { stream, node: node.to_owned(), outbound, inbound };
+        let mut conn = Self { stream, node: node.to_owned(), outbound, inbound, stale: Arc::clone(&map.stale) };
         match conn.read_response().await {
             Ok(Response::Ok) => Ok(conn),
             Ok(other) => Err(conn.unexpected(&other)),
@@ -103,7 +160,11 @@ impl Conn {
 
     pub(crate) async fn read_response(&mut self) -> Result<Response, Error> {
         let body = self.read_frame().await?;
-        proto::decode_response(&body).map_err(|e| self.protocol(e))
+        let response = proto::decode_response(&body).map_err(|e| self.protocol(e))?;
+        if matches!(response, Response::Error { kind: ErrorKind::StaleMap, .. }) {
+            self.stale.store(true, Ordering::SeqCst);
+        }
+        Ok(response)
     }
 
     /// One request, one response.
@@ -165,14 +226,15 @@ impl Conn {
 pub(crate) struct Pool {
     pub(crate) node: String,
     pub(crate) addr: SocketAddr,
+    map: MapIdentity,
     idle: Mutex<Vec<Conn>>,
     /// When the node last failed, and how.
     down_since: Mutex<Option<(Instant, String)>>,
 }
 
 impl Pool {
-    pub(crate) fn new(node: String, addr: SocketAddr) -> Self {
-        Self { node, addr, idle: Mutex::new(Vec::new()), down_since: Mutex::new(None) }
+    pub(crate) fn new(node: String, addr: SocketAddr, map: MapIdentity) -> Self {
+        Self { node, addr, map, idle: Mutex::new(Vec::new()), down_since: Mutex::new(None) }
     }
 
     /// How the node failed, if it did within `backoff`: readers plan around such a node
@@ -206,16 +268,16 @@ impl Pool {
     }
 
     /// A pooled or new connection, unless the node failed recently (see [`Pool::skip`]).
-    pub(crate) async fn get(&self, secret: &str, timeout: Duration, backoff: Duration) -> Result<Conn, Error> {
+    pub(crate) async fn get(&self, timeout: Duration, backoff: Duration) -> Result<Conn, Error> {
         if let Some(error) = self.skip(backoff) {
             return Err(error);
         }
-        self.get_now(secret, timeout).await
+        self.get_now(timeout).await
     }
 
     /// A pooled or new connection, trying the node even if it failed recently: for callers that
     /// cannot do without it (a write quorum, a bucket operation).
-    pub(crate) async fn get_now(&self, secret: &str, timeout: Duration) -> Result<Conn, Error> {
+    pub(crate) async fn get_now(&self, timeout: Duration) -> Result<Conn, Error> {
         loop {
             let Some(conn) = self.idle.lock().expect("pool lock poisoned").pop() else {
                 break;
@@ -224,7 +286,7 @@ impl Pool {
                 return Ok(conn);
             }
         }
-        match Conn::open(&self.node, self.addr, secret, timeout).await {
+        match Conn::open(&self.node, self.addr, &self.map, timeout).await {
             Ok(conn) => {
                 *self.down_since.lock().expect("pool lock poisoned") = None;
                 Ok(conn)

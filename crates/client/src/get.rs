@@ -247,7 +247,7 @@ fn plan_window(
 fn skip_reason(client: &Client, info: &ObjectInfo, stripe_idx: u64, chunk_idx: usize) -> Option<String> {
     let position = info.placement.position(stripe_idx, chunk_idx);
     let drive = client.set_drives(&info.placement)[position];
-    let pool = &client.inner.pools[drive.node_idx];
+    let pool = &client.topo.pools[drive.node_idx];
     if let Some(reason) = pool.down_reason(client.inner.options.down_backoff) {
         return Some(reason);
     }
@@ -321,7 +321,7 @@ fn unavailable(client: &Client, info: &ObjectInfo, read: &StripeRead) -> Error {
 /// Fetches every requested, not yet fetched chunk: one batched request per node, all nodes at
 /// once, each chunk read straight into its destination and checked against its CRC32C.
 async fn fetch_round(client: &Client, plans: &mut [Plan<'_>], bufs: &mut [&mut [u8]]) {
-    let mut jobs_by_node: Vec<Vec<Job<'_>>> = (0..client.inner.pools.len()).map(|_| Vec::new()).collect();
+    let mut jobs_by_node: Vec<Vec<Job<'_>>> = (0..client.topo.pools.len()).map(|_| Vec::new()).collect();
     for (plan_idx, (plan, buf)) in plans.iter_mut().zip(bufs.iter_mut()).enumerate() {
         if plan.error.is_some() {
             continue;
@@ -449,10 +449,10 @@ async fn fetch_node<'b>(
     if jobs.is_empty() {
         return Vec::new();
     }
-    let pool = &client.inner.pools[node_idx];
+    let pool = &client.topo.pools[node_idx];
     let options = &client.inner.options;
     let exchange = async {
-        let mut conn = pool.get(&client.inner.map.secret, options.connect_timeout, options.down_backoff).await?;
+        let mut conn = pool.get(options.connect_timeout, options.down_backoff).await?;
         let items = jobs.iter().map(|job| job.item.clone()).collect();
         conn.send_request(&Request::Read { items }).await?;
         let statuses = match conn.read_response().await? {

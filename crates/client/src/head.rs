@@ -10,7 +10,7 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
     let mut answers = readable(versions_many(client, keys, MetaDetail::Versions).await);
     // Keys whose newest version is not readable (a write in flight, or failures) need each
     // drive's acknowledged floor before a version is chosen: ask again for those only.
-    let erasure = client.inner.map.erasure;
+    let erasure = client.topo.map.erasure;
     let unsure: Vec<usize> =
         (0..keys.len()).filter(|&i| !crate::newest_is_readable(&answers[i].replies, erasure.marker_quorum())).collect();
     if !unsure.is_empty() {
@@ -23,7 +23,7 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
     keys.iter()
         .zip(answers)
         .map(|((bucket, key), answer)| {
-            let placement = client.inner.map.placement(bucket, key);
+            let placement = client.topo.map.placement(bucket, key);
             resolve(client, bucket, key, placement, &answer)
         })
         .collect()
@@ -69,8 +69,8 @@ pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str
     let keys = [(bucket.to_owned(), key.to_owned())];
     let mut replies =
         versions_many(client, &keys, MetaDetail::WithFloor).await.pop().expect("one result per key").replies;
-    let erasure = client.inner.map.erasure;
-    let placement = client.inner.map.placement(bucket, key);
+    let erasure = client.topo.map.erasure;
+    let placement = client.topo.map.placement(bucket, key);
     let drives = client.set_drives(&placement);
     if replies.iter().flatten().count() < erasure.write_quorum() {
         // Drives skipped for a recent failure may be back, and the write needs them: ask now.
@@ -112,11 +112,11 @@ pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str
 
 /// Every version each key has on each drive of its set, in key order.
 async fn versions_many(client: &Client, keys: &[(String, String)], detail: MetaDetail) -> Vec<KeyAnswers> {
-    let n = client.inner.map.erasure.n();
+    let n = client.topo.map.erasure.n();
     // (key index, set position) of every item each node is asked for.
-    let mut asked: Vec<Vec<(usize, usize)>> = vec![Vec::new(); client.inner.pools.len()];
-    let mut items: Vec<Vec<MetaKey>> = vec![Vec::new(); client.inner.pools.len()];
-    let placements: Vec<_> = keys.iter().map(|(bucket, key)| client.inner.map.placement(bucket, key)).collect();
+    let mut asked: Vec<Vec<(usize, usize)>> = vec![Vec::new(); client.topo.pools.len()];
+    let mut items: Vec<Vec<MetaKey>> = vec![Vec::new(); client.topo.pools.len()];
+    let placements: Vec<_> = keys.iter().map(|(bucket, key)| client.topo.map.placement(bucket, key)).collect();
     for (key_idx, ((bucket, key), placement)) in keys.iter().zip(&placements).enumerate() {
         for (position, drive) in client.set_drives(placement).iter().enumerate() {
             asked[drive.node_idx].push((key_idx, position));
@@ -178,7 +178,7 @@ fn resolve(
 ) -> Result<ObjectInfo, Error> {
     let replies = &answers.replies;
     let drives = client.set_drives(&placement);
-    let erasure = client.inner.map.erasure;
+    let erasure = client.topo.map.erasure;
     let k = erasure.k;
     let reachable = replies.iter().filter(|r| r.is_some()).count();
     let Some(meta) = choose_version(replies, erasure.marker_quorum(), erasure.write_quorum()) else {

@@ -40,8 +40,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use cluster::{ClusterMap, DriveRef, Placement};
 use proto::{ErrorKind, ObjectMeta, Request, Response, VersionId};
 
-use conn::{Conn, Pool};
+use conn::{Conn, MapIdentity, Pool};
 
+pub use admin::NodeMap;
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
 pub use proto::{BucketEntry, CommitCondition, DriveRepairStatus, ListEntry, RepairAction, RepairStatus, ScrubStatus};
@@ -138,6 +139,16 @@ pub enum Error {
     AuthRejected { node: String },
     #[error("node {node} could not prove it knows the cluster secret: not a node of this cluster, or an impostor")]
     NodeNotAuthenticated { node: String },
+    #[error(
+        "node {node} at {addr} belongs to cluster {theirs}, the map is of cluster {ours}: wrong address or wrong cluster.toml"
+    )]
+    WrongCluster { node: String, addr: SocketAddr, ours: String, theirs: String },
+    #[error(
+        "the cluster map changed (version {version} is stale) and no node served a newer one it could take: {reason}"
+    )]
+    MapRefresh { version: u64, reason: String },
+    #[error("cannot change the cluster map: {0}")]
+    MapChange(String),
     #[error("{bucket}/{key} already exists")]
     PreconditionFailed { bucket: String, key: String },
     #[error("bucket {bucket:?} has more than {max} multipart upload records; abort some uploads")]
@@ -203,16 +214,47 @@ impl Error {
 }
 
 /// A smart client of one cluster. Cheap to clone; safe to share between tasks.
+///
+/// Every operation plans with one version of the cluster map from start to end. When a node
+/// holds a newer map it refuses the operation's requests (`StaleMap`); the client then fetches
+/// the newer map from the nodes and runs the operation once more. A streaming PUT (its source
+/// cannot be read twice) plans again before it sends its first chunk if the set's nodes show a
+/// newer map, and fails if the map changes later in its upload.
 #[derive(Clone, Debug)]
 pub struct Client {
     inner: Arc<Inner>,
+    /// The map (and connections) this handle's operations plan with.
+    topo: Arc<Topology>,
+}
+
+/// One version of the cluster map and the connection pools that speak for it.
+#[derive(Debug)]
+struct Topology {
+    map: Arc<ClusterMap>,
+    pools: Vec<Pool>,
+    /// A node showed a newer map than `map`.
+    stale: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Topology {
+    fn new(map: ClusterMap) -> Self {
+        let identity = MapIdentity::of(&map);
+        let pools = map.nodes.iter().map(|node| Pool::new(node.id.clone(), node.addr, identity.clone())).collect();
+        Self { map: Arc::new(map), pools, stale: identity.stale }
+    }
+
+    fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::SeqCst)
+    }
 }
 
 #[derive(Debug)]
 struct Inner {
-    map: ClusterMap,
+    /// The newest map this client knows.
+    latest: std::sync::RwLock<Arc<Topology>>,
+    /// Held while the map is fetched anew, so one refresh serves every waiting operation.
+    refreshing: tokio::sync::Mutex<()>,
     codec: ec::Codec,
-    pools: Vec<Pool>,
     options: ClientOptions,
     writer_id: u64,
     last_version_ns: AtomicU64,
@@ -236,11 +278,11 @@ impl Client {
     /// A client of the cluster described by `map`.
     pub fn new(map: ClusterMap, options: ClientOptions) -> Result<Self, Error> {
         let codec = ec::Codec::new(map.erasure.k, map.erasure.m)?;
-        let pools = map.nodes.iter().map(|node| Pool::new(node.id.clone(), node.addr)).collect();
+        let topo = Arc::new(Topology::new(map));
         let inner = Inner {
-            map,
+            latest: std::sync::RwLock::new(Arc::clone(&topo)),
+            refreshing: tokio::sync::Mutex::new(()),
             codec,
-            pools,
             options,
             writer_id: rand::random(),
             last_version_ns: AtomicU64::new(0),
@@ -249,7 +291,7 @@ impl Client {
             finalizing: std::sync::atomic::AtomicUsize::new(0),
             finalized: tokio::sync::Notify::new(),
         };
-        Ok(Self { inner: Arc::new(inner) })
+        Ok(Self { inner: Arc::new(inner), topo })
     }
 
     /// A client of the cluster described by `text` (the contents of `cluster.toml`); relative
@@ -260,7 +302,8 @@ impl Client {
 
     /// Fetches the cluster map from any node at `addr` (authenticated with `secret`).
     pub async fn bootstrap(addr: SocketAddr, secret: &str, options: ClientOptions) -> Result<Self, Error> {
-        let mut conn = Conn::open(&addr.to_string(), addr, secret, options.connect_timeout).await?;
+        let identity = MapIdentity::bootstrap(secret);
+        let mut conn = Conn::open(&addr.to_string(), addr, &identity, options.connect_timeout).await?;
         let response = tokio::time::timeout(options.request_timeout, conn.call(&Request::GetMap))
             .await
             .map_err(|_| Error::Timeout { node: addr.to_string(), timeout: options.request_timeout })??;
@@ -271,22 +314,105 @@ impl Client {
         Self::new(map, options)
     }
 
-    /// The cluster map this client uses.
-    pub fn map(&self) -> &ClusterMap {
-        &self.inner.map
+    /// The newest cluster map this client knows.
+    pub fn map(&self) -> Arc<ClusterMap> {
+        Arc::clone(&self.current().topo.map)
+    }
+
+    /// This client with the newest map it knows.
+    fn current(&self) -> Client {
+        let topo = Arc::clone(&self.inner.latest.read().expect("map lock poisoned"));
+        Client { inner: Arc::clone(&self.inner), topo }
+    }
+
+    /// Runs `op` with the newest map; once more (with the newer map) if it failed and a node
+    /// showed that map to be stale meanwhile.
+    async fn with_map<T, F, Fut>(&self, op: F) -> Result<T, Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let client = self.current();
+        let result = op(client.clone()).await;
+        if self.refreshed_after(&client, result.is_err()).await {
+            return op(self.current()).await;
+        }
+        result
+    }
+
+    /// After an operation that planned with `used`'s map: if a node showed that map to be
+    /// stale, fetches the newer one. Whether the operation should run again: it `failed` and
+    /// the map was refreshed.
+    async fn refreshed_after(&self, used: &Client, failed: bool) -> bool {
+        if !used.topo.is_stale() {
+            return false;
+        }
+        match self.refresh_map(&used.topo).await {
+            Ok(()) => failed,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot refresh the cluster map");
+                false
+            }
+        }
+    }
+
+    /// Replaces `stale` (a map a node showed to be old) with the newest map a node serves that
+    /// descends from it. Nothing to do if another task did it already.
+    async fn refresh_map(&self, stale: &Arc<Topology>) -> Result<(), Error> {
+        let _refreshing = self.inner.refreshing.lock().await;
+        if !Arc::ptr_eq(&self.inner.latest.read().expect("map lock poisoned"), stale) {
+            return Ok(());
+        }
+        let client = Client { inner: Arc::clone(&self.inner), topo: Arc::clone(stale) };
+        let calls = (0..stale.map.nodes.len()).map(|node_idx| client.call_now(node_idx, &Request::GetMap));
+        let mut newest: Option<ClusterMap> = None;
+        let mut reasons = Vec::new();
+        for (node_idx, answer) in futures_util::future::join_all(calls).await.into_iter().enumerate() {
+            let node = &stale.map.nodes[node_idx].id;
+            let map = match answer {
+                Ok(Response::Map { toml }) => ClusterMap::from_toml(&toml, &stale.map.base_dir),
+                Ok(other) => {
+                    reasons.push(format!("{node} answered {other:?}"));
+                    continue;
+                }
+                Err(e) => {
+                    reasons.push(e.to_string());
+                    continue;
+                }
+            };
+            match map {
+                Ok(map) if newest.as_ref().is_some_and(|n| n.version >= map.version) => {}
+                Ok(map) => match stale.map.check_descendant(&map) {
+                    Ok(()) => newest = Some(map),
+                    Err(e) => reasons.push(format!("{node}: {e}")),
+                },
+                Err(e) => reasons.push(format!("{node}: {e}")),
+            }
+        }
+        let Some(map) = newest else {
+            return Err(Error::MapRefresh { version: stale.map.version, reason: reasons.join("; ") });
+        };
+        tracing::info!(from = stale.map.version, to = map.version, "cluster map refreshed");
+        *self.inner.latest.write().expect("map lock poisoned") = Arc::new(Topology::new(map));
+        Ok(())
     }
 
     /// Metadata of the current version of `bucket/key` (quorum read over its erasure set).
     pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectInfo, Error> {
         proto::validate_bucket(bucket)?;
         proto::validate_key(key)?;
-        self.head_inner(bucket, key).await
+        self.with_map(|c| async move { c.head_inner(bucket, key).await }).await
     }
 
     /// Reads `buf.len()` bytes (fewer at the end of the object) at `offset` of the version in
     /// `info` straight into `buf`; returns how many bytes were read.
     pub async fn read_at(&self, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
-        get::read_at(self, info, offset, buf).await
+        let client = self.current();
+        let result = get::read_at(&client, info, offset, buf).await;
+        if self.refreshed_after(&client, result.is_err()).await {
+            return get::read_at(&self.current(), info, offset, buf).await;
+        }
+        result
     }
 
     /// Metadata of many objects: one metadata request per node covers all of them.
@@ -300,7 +426,12 @@ impl Client {
             .collect();
         let valid: Vec<(String, String)> =
             keys.iter().zip(&results).filter(|(_, r)| r.is_none()).map(|(k, _)| k.clone()).collect();
-        let mut heads = head::head_many(self, &valid).await.into_iter();
+        let client = self.current();
+        let mut heads = head::head_many(&client, &valid).await;
+        if self.refreshed_after(&client, heads.iter().any(Result::is_err)).await {
+            heads = head::head_many(&self.current(), &valid).await;
+        }
+        let mut heads = heads.into_iter();
         for slot in results.iter_mut().filter(|r| r.is_none()) {
             *slot = heads.next();
         }
@@ -310,8 +441,23 @@ impl Client {
     /// Reads many objects at once, each `(info, offset, buffer)` like [`Client::read_at`]; every
     /// fetch round sends one batched request per node for all of them. One object's failure
     /// does not fail the others.
-    pub async fn read_many(&self, reads: Vec<(&ObjectInfo, u64, &mut [u8])>) -> Vec<Result<usize, Error>> {
-        get::read_many(self, reads).await
+    pub async fn read_many(&self, mut reads: Vec<(&ObjectInfo, u64, &mut [u8])>) -> Vec<Result<usize, Error>> {
+        let client = self.current();
+        let again: Vec<_> = reads.iter_mut().map(|(info, offset, buf)| (*info, *offset, &mut **buf)).collect();
+        let mut results = get::read_many(&client, again).await;
+        if self.refreshed_after(&client, results.iter().any(Result::is_err)).await {
+            let failed: Vec<usize> = (0..results.len()).filter(|&i| results[i].is_err()).collect();
+            let again: Vec<_> = reads
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| results[*i].is_err())
+                .map(|(_, (info, offset, buf))| (*info, *offset, &mut **buf))
+                .collect();
+            for (idx, result) in failed.into_iter().zip(get::read_many(&self.current(), again).await) {
+                results[idx] = result;
+            }
+        }
+        results
     }
 
     /// The whole object in a new buffer.
@@ -319,7 +465,7 @@ impl Client {
         let info = self.head(bucket, key).await?;
         let size = usize::try_from(info.meta.size).expect("object size fits in memory on 64-bit");
         let mut buf = vec![0u8; size];
-        let read = get::read_at(self, &info, 0, &mut buf).await?;
+        let read = self.read_at(&info, 0, &mut buf).await?;
         assert_eq!(read, size, "a whole-object read returns the whole object");
         Ok(buf)
     }
@@ -332,8 +478,9 @@ impl Client {
         data: &[u8],
         options: &PutOptions,
     ) -> Result<ObjectInfo, Error> {
-        let mut source = data;
-        self.put(bucket, key, &mut source, options).await
+        proto::validate_bucket(bucket)?;
+        proto::validate_key(key)?;
+        self.with_map(|c| async move { c.put_once(bucket, key, &mut &data[..], options).await }).await
     }
 
     /// Streams `source` to `bucket/key` until it ends; memory stays bounded by two stripes.
@@ -350,6 +497,21 @@ impl Client {
     ) -> Result<ObjectInfo, Error> {
         proto::validate_bucket(bucket)?;
         proto::validate_key(key)?;
+        // `put::put` plans again with a newer map if the set's nodes show one before the first
+        // chunk is sent; a map change later in the upload fails it (the source is consumed).
+        let client = self.current();
+        let result = client.put_once(bucket, key, source, options).await;
+        self.refreshed_after(&client, false).await;
+        result
+    }
+
+    async fn put_once(
+        &self,
+        bucket: &str,
+        key: &str,
+        source: &mut (dyn tokio::io::AsyncRead + Unpin + Send),
+        options: &PutOptions,
+    ) -> Result<ObjectInfo, Error> {
         let (info, replaced) = put::put(self, bucket, key, source, options).await?;
         multipart::delete_pieces(self, &replaced).await;
         Ok(info)
@@ -359,9 +521,12 @@ impl Client {
     pub async fn delete(&self, bucket: &str, key: &str) -> Result<(), Error> {
         proto::validate_bucket(bucket)?;
         proto::validate_key(key)?;
-        let replaced = put::delete(self, bucket, key).await?;
-        multipart::delete_pieces(self, &replaced).await;
-        Ok(())
+        self.with_map(|c| async move {
+            let replaced = put::delete(&c, bucket, key).await?;
+            multipart::delete_pieces(&c, &replaced).await;
+            Ok(())
+        })
+        .await
     }
 
     /// A version for a new write of `bucket/key`, newer than every version of the key that
@@ -449,11 +614,11 @@ impl Client {
     }
 
     fn set_drives(&self, placement: &Placement) -> &[DriveRef] {
-        &self.inner.map.sets[placement.set_idx].drives
+        &self.topo.map.sets[placement.set_idx].drives
     }
 
     fn node_id(&self, node_idx: usize) -> &str {
-        &self.inner.map.nodes[node_idx].id
+        &self.topo.map.nodes[node_idx].id
     }
 
     /// One request to one node with the request timeout; the connection goes back to the pool
@@ -468,13 +633,12 @@ impl Client {
     }
 
     async fn exchange(&self, node_idx: usize, request: &Request, backoff: Backoff) -> Result<Response, Error> {
-        let pool = &self.inner.pools[node_idx];
+        let pool = &self.topo.pools[node_idx];
         let options = &self.inner.options;
         let exchange = async {
-            let secret = &self.inner.map.secret;
             let mut conn = match backoff {
-                Backoff::Respect => pool.get(secret, options.connect_timeout, options.down_backoff).await?,
-                Backoff::Ignore => pool.get_now(secret, options.connect_timeout).await?,
+                Backoff::Respect => pool.get(options.connect_timeout, options.down_backoff).await?,
+                Backoff::Ignore => pool.get_now(options.connect_timeout).await?,
             };
             let response = conn.call(request).await?;
             pool.put_back(conn, options.idle_connections_per_node_max);

@@ -19,6 +19,10 @@ pub struct ListPage {
 impl Client {
     /// Creates `bucket` on every node; succeeds once a majority of nodes have it.
     pub async fn make_bucket(&self, bucket: &str) -> Result<(), Error> {
+        self.with_map(|c| async move { c.make_bucket_once(bucket).await }).await
+    }
+
+    async fn make_bucket_once(&self, bucket: &str) -> Result<(), Error> {
         proto::validate_bucket(bucket)?;
         self.bucket_call(&Request::BucketCreate { bucket: bucket.into() }, bucket).await
     }
@@ -28,6 +32,10 @@ impl Client {
     /// deletes it on every node; a node that still refuses (an object written in between) gets
     /// the bucket back on the nodes that had dropped it, and the call fails `BucketNotEmpty`.
     pub async fn remove_bucket(&self, bucket: &str) -> Result<(), Error> {
+        self.with_map(|c| async move { c.remove_bucket_once(bucket).await }).await
+    }
+
+    async fn remove_bucket_once(&self, bucket: &str) -> Result<(), Error> {
         proto::validate_bucket(bucket)?;
         if !self.list_inner(bucket, "", "", 1).await?.entries.is_empty() {
             return Err(Error::BucketNotEmpty { bucket: bucket.into() });
@@ -61,20 +69,29 @@ impl Client {
     /// Buckets known to a majority of reachable nodes, sorted by name, each with the earliest
     /// creation time any node recorded.
     pub async fn buckets(&self) -> Result<Vec<BucketEntry>, Error> {
+        self.with_map(|c| async move { c.buckets_once().await }).await
+    }
+
+    async fn buckets_once(&self) -> Result<Vec<BucketEntry>, Error> {
         let responses = self.call_all_nodes(&Request::BucketList).await;
         let mut seen: BTreeMap<String, (usize, u64)> = BTreeMap::new();
         let mut reachable = 0;
-        for response in responses.into_iter().flatten() {
-            if let Response::Buckets { buckets } = response {
-                reachable += 1;
-                for bucket in buckets {
-                    let entry = seen.entry(bucket.name).or_insert((0, bucket.created_ms));
-                    entry.0 += 1;
-                    entry.1 = entry.1.min(bucket.created_ms);
+        let mut failed = Vec::new();
+        for (node_idx, response) in responses.into_iter().enumerate() {
+            match response {
+                Ok(Response::Buckets { buckets }) => {
+                    reachable += 1;
+                    for bucket in buckets {
+                        let entry = seen.entry(bucket.name).or_insert((0, bucket.created_ms));
+                        entry.0 += 1;
+                        entry.1 = entry.1.min(bucket.created_ms);
+                    }
                 }
+                Ok(other) => failed.push(self.failed_node(node_idx, &format!("answered {other:?}"))),
+                Err(e) => failed.push(self.failed_node(node_idx, &e.to_string())),
             }
         }
-        self.require_majority(reachable)?;
+        self.require_majority(reachable, failed)?;
         // Internal buckets (a leading dot: not a valid S3 name) stay hidden.
         let visible = seen.into_iter().filter(|(name, (count, _))| *count * 2 > reachable && !name.starts_with('.'));
         Ok(visible.map(|(name, (_, created_ms))| BucketEntry { name, created_ms }).collect())
@@ -90,6 +107,10 @@ impl Client {
     /// at most `limit` of them. Asks every drive of every erasure set and keeps, per key, the
     /// newest version; delete markers hide their key.
     pub async fn list(&self, bucket: &str, prefix: &str, start_after: &str, limit: u32) -> Result<ListPage, Error> {
+        self.with_map(|c| async move { c.list_once(bucket, prefix, start_after, limit).await }).await
+    }
+
+    async fn list_once(&self, bucket: &str, prefix: &str, start_after: &str, limit: u32) -> Result<ListPage, Error> {
         proto::validate_bucket(bucket)?;
         self.list_inner(bucket, prefix, start_after, limit).await
     }
@@ -103,7 +124,7 @@ impl Client {
         limit: u32,
     ) -> Result<ListPage, Error> {
         let limit = limit.clamp(1, LIST_LIMIT_MAX);
-        let map = &self.inner.map;
+        let map = &self.topo.map;
         let mut calls = Vec::new();
         for set in &map.sets {
             for drive in &set.drives {
@@ -121,6 +142,7 @@ impl Client {
         let mut missing_bucket = 0;
         let mut answered = 0;
         let mut truncated = false;
+        let mut failed: Vec<crate::FailedNode> = Vec::new();
         for (node_idx, response) in futures_util::future::join_all(calls).await {
             match response {
                 Ok(Response::Listing { entries }) => {
@@ -136,17 +158,25 @@ impl Client {
                     }
                 }
                 Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => missing_bucket += 1,
+                Ok(Response::Error { message, .. }) => failed.push(self.failed_node(node_idx, &message)),
                 Ok(other) => {
-                    tracing::warn!(node = %self.node_id(node_idx), ?other, "unexpected listing answer")
+                    tracing::warn!(node = %self.node_id(node_idx), ?other, "unexpected listing answer");
+                    failed.push(self.failed_node(node_idx, &format!("answered {other:?}")));
                 }
-                Err(e) => tracing::debug!(error = %e, "drive did not answer a listing"),
+                Err(e) => {
+                    tracing::debug!(error = %e, "drive did not answer a listing");
+                    failed.push(self.failed_node(node_idx, &e.to_string()));
+                }
             }
         }
+        // A node with several drives fails each the same way: name it once.
+        failed.sort_by(|a, b| a.node.cmp(&b.node));
+        failed.dedup();
         if missing_bucket > answered {
             return Err(Error::NoSuchBucket { bucket: bucket.into() });
         }
         let drives_total: usize = map.sets.iter().map(|s| s.drives.len()).sum();
-        self.require_majority_of(answered + missing_bucket, drives_total)?;
+        self.require_majority_of(answered + missing_bucket, drives_total, failed)?;
         // Only keys up to the `limit`-th merged key are complete: every drive returned all its
         // keys up to there.
         let keys: Vec<String> = newest.keys().take(limit as usize).cloned().collect();
@@ -168,6 +198,7 @@ impl Client {
         responses: Vec<Result<Response, Error>>,
     ) -> Result<(), Error> {
         let mut ok = 0;
+        let mut failed = Vec::new();
         for (node_idx, response) in responses.into_iter().enumerate() {
             match response {
                 Ok(Response::Ok) => ok += 1,
@@ -177,28 +208,35 @@ impl Client {
                 Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => {}
                 Ok(Response::Error { kind, message }) => {
                     tracing::warn!(node = %self.node_id(node_idx), ?kind, %message, "bucket operation failed on a node");
+                    failed.push(self.failed_node(node_idx, &message));
                 }
-                Ok(_) | Err(_) => {}
+                Ok(other) => failed.push(self.failed_node(node_idx, &format!("answered {other:?}"))),
+                Err(e) => failed.push(self.failed_node(node_idx, &e.to_string())),
             }
         }
         if ok == 0 && matches!(request, Request::BucketDelete { .. }) {
             return Err(Error::NoSuchBucket { bucket: bucket.into() });
         }
-        self.require_majority(ok)
+        self.require_majority(ok, failed)
+    }
+
+    fn failed_node(&self, node_idx: usize, reason: &str) -> crate::FailedNode {
+        crate::FailedNode { node: self.node_id(node_idx).to_owned(), reason: reason.to_owned() }
     }
 
     /// Bucket operations are rare and need a majority of all nodes: they try every node, even
     /// one that failed recently.
     async fn call_all_nodes(&self, request: &Request) -> Vec<Result<Response, Error>> {
-        let calls = (0..self.inner.map.nodes.len()).map(|node_idx| self.call_now(node_idx, request));
+        let calls = (0..self.topo.map.nodes.len()).map(|node_idx| self.call_now(node_idx, request));
         futures_util::future::join_all(calls).await
     }
 
-    fn require_majority(&self, reachable: usize) -> Result<(), Error> {
-        self.require_majority_of(reachable, self.inner.map.nodes.len())
+    /// `failed`: the nodes that could not serve, and why (for the error).
+    fn require_majority(&self, reachable: usize, failed: Vec<crate::FailedNode>) -> Result<(), Error> {
+        self.require_majority_of(reachable, self.topo.map.nodes.len(), failed)
     }
 
-    fn require_majority_of(&self, reachable: usize, total: usize) -> Result<(), Error> {
+    fn require_majority_of(&self, reachable: usize, total: usize, failed: Vec<crate::FailedNode>) -> Result<(), Error> {
         if reachable * 2 > total {
             return Ok(());
         }
@@ -209,7 +247,7 @@ impl Client {
             available: reachable,
             total,
             needed: total / 2 + 1,
-            unreachable: Vec::new(),
+            unreachable: failed,
         })
     }
 }

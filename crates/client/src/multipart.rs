@@ -75,6 +75,10 @@ fn valid_upload_id(upload_id: &str) -> bool {
 impl Client {
     /// Starts a multipart upload of `bucket/key`; returns its upload id.
     pub async fn create_multipart(&self, bucket: &str, key: &str, options: &PutOptions) -> Result<String, Error> {
+        self.with_map(|c| async move { c.create_multipart_once(bucket, key, options).await }).await
+    }
+
+    async fn create_multipart_once(&self, bucket: &str, key: &str, options: &PutOptions) -> Result<String, Error> {
         proto::validate_bucket(bucket)?;
         proto::validate_key(key)?;
         if !self.bucket_exists(bucket).await? {
@@ -98,6 +102,21 @@ impl Client {
         number: u32,
         source: &mut (dyn AsyncRead + Unpin + Send),
     ) -> Result<PartInfo, Error> {
+        // Like `Client::put`: `put::put` plans again if a node shows a newer map early.
+        let client = self.current();
+        let result = client.put_part_once(bucket, key, upload_id, number, source).await;
+        self.refreshed_after(&client, false).await;
+        result
+    }
+
+    async fn put_part_once(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        source: &mut (dyn AsyncRead + Unpin + Send),
+    ) -> Result<PartInfo, Error> {
         if !(1..=PART_NUMBER_MAX).contains(&number) {
             return Err(Error::InvalidPart { number, reason: format!("part numbers are 1 to {PART_NUMBER_MAX}") });
         }
@@ -110,6 +129,10 @@ impl Client {
 
     /// Parts uploaded so far, by number (the newest upload of each number).
     pub async fn list_parts(&self, bucket: &str, key: &str, upload_id: &str) -> Result<Vec<PartInfo>, Error> {
+        self.with_map(|c| async move { c.list_parts_once(bucket, key, upload_id).await }).await
+    }
+
+    async fn list_parts_once(&self, bucket: &str, key: &str, upload_id: &str) -> Result<Vec<PartInfo>, Error> {
         self.upload_marker(bucket, key, upload_id).await?;
         let newest = self.newest_pieces(bucket, upload_id).await?;
         Ok(newest
@@ -163,6 +186,16 @@ impl Client {
     /// Completes an upload from `parts` (number, etag; quotes allowed), ascending, each but the
     /// last at least 5 MiB. The object's bytes stay in the pieces: nothing is copied.
     pub async fn complete_multipart(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+    ) -> Result<ObjectInfo, Error> {
+        self.with_map(|c| async move { c.complete_multipart_once(bucket, key, upload_id, parts).await }).await
+    }
+
+    async fn complete_multipart_once(
         &self,
         bucket: &str,
         key: &str,
@@ -250,6 +283,10 @@ impl Client {
     /// uses (an Abort after a Complete whose marker delete failed): then it only drops the
     /// marker and answers `NoSuchUpload`, as S3 does for a completed upload.
     pub async fn abort_multipart(&self, bucket: &str, key: &str, upload_id: &str) -> Result<(), Error> {
+        self.with_map(|c| async move { c.abort_multipart_once(bucket, key, upload_id).await }).await
+    }
+
+    async fn abort_multipart_once(&self, bucket: &str, key: &str, upload_id: &str) -> Result<(), Error> {
         self.upload_marker(bucket, key, upload_id).await?;
         let prefix = piece_prefix(bucket, upload_id);
         let used: Vec<String> = match self.head_inner(bucket, key).await {
@@ -291,6 +328,10 @@ impl Client {
     /// initiation time. Reads every page of markers (finished uploads leave delete markers that
     /// fill pages without live entries), up to [`UPLOAD_MARKERS_SCANNED_MAX`].
     pub async fn list_multipart_uploads(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>, Error> {
+        self.with_map(|c| async move { c.list_multipart_uploads_once(bucket, prefix).await }).await
+    }
+
+    async fn list_multipart_uploads_once(&self, bucket: &str, prefix: &str) -> Result<Vec<UploadInfo>, Error> {
         proto::validate_bucket(bucket)?;
         let marker_prefix = format!("u/{bucket}/");
         let mut markers = Vec::new();
@@ -419,7 +460,7 @@ fn multipart_etag(pieces: &[PartPiece]) -> String {
 
 /// The `ObjectInfo` of one part's piece, for reading it like a single-piece object.
 pub(crate) fn piece_info(client: &Client, object: &ObjectMeta, piece: &PartPiece) -> Result<ObjectInfo, Error> {
-    if piece.set_idx as usize >= client.inner.map.sets.len() {
+    if piece.set_idx as usize >= client.topo.map.sets.len() {
         return Err(Error::Protocol {
             node: String::from("metadata"),
             source: proto::Error::Invalid {

@@ -1,6 +1,7 @@
 //! PUT: read stripes from the source, encode parity, fan chunks out to the set's drives with two
 //! stripes in flight, then commit the metadata on at least W drives (or roll back).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -132,17 +133,25 @@ pub(crate) async fn put(
     source: &mut (dyn AsyncRead + Unpin + Send),
     options: &PutOptions,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
-    let map = &client.inner.map;
+    let map = Arc::clone(&client.topo.map);
     let (k, n) = (map.erasure.k, map.erasure.n());
     let chunk_bytes = map.chunk_bytes as usize;
-    let placement = map.placement(bucket, key);
     let mut md5 = Md5::new();
     let mut crcs = Vec::new();
     let mut size = 0u64;
     let mut current = StripeBuffer::take(client, n * chunk_bytes);
     // The version read (a round trip to the set) overlaps reading and encoding the first stripe.
-    let (version, filled) =
+    let (mut version, filled) =
         tokio::join!(client.write_version(bucket, key), fill_stripe(client, source, &mut current, &mut md5));
+    let mut planner = client.clone();
+    if filled.is_ok() && planner.refreshed_after(client, true).await {
+        // A node holds a newer map: plan with it, keeping the stripe already read (a map
+        // change keeps the erasure config and chunk size).
+        planner = client.current();
+        version = planner.write_version(bucket, key).await;
+    }
+    let client = &planner;
+    let placement = client.topo.map.placement(bucket, key);
     let opened = match (version, filled) {
         (Ok(version), Ok(())) => Fanout::open(client, bucket, key, version, &placement).await,
         (Err(e), _) | (_, Err(e)) => Err(e),
@@ -241,7 +250,7 @@ pub(crate) async fn commit_without_data(
     condition: CommitCondition,
     fill: impl FnOnce(&mut ObjectMeta) -> Result<(), Error>,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
-    let map = &client.inner.map;
+    let map = &client.topo.map;
     let placement = map.placement(bucket, key);
     let version = client.write_version(bucket, key).await?;
     let mut fanout = Fanout::open(client, bucket, key, version, &placement).await?;
@@ -312,7 +321,7 @@ async fn fill_stripe(
 ) -> Result<(), Error> {
     let codec = &client.inner.codec;
     let (k, n) = (codec.k(), codec.n());
-    let capacity = k * client.inner.map.chunk_bytes as usize;
+    let capacity = k * client.topo.map.chunk_bytes as usize;
     let mut filled = 0;
     while filled < capacity {
         let read = source.read(&mut stripe.bytes[filled..capacity]).await.map_err(Error::Source)?;
@@ -336,7 +345,7 @@ async fn fill_stripe(
     let data: Vec<&[u8]> = data.chunks(chunk_len).collect();
     let mut parity: Vec<&mut [u8]> = parity.chunks_mut(chunk_len).collect();
     codec.encode(&data, &mut parity)?;
-    let block = block_bytes(client.inner.map.chunk_bytes) as usize;
+    let block = block_bytes(client.topo.map.chunk_bytes) as usize;
     stripe.blocks_per_chunk = chunk_len.div_ceil(block);
     for chunk_idx in 0..n {
         let chunk = &stripe.bytes[chunk_idx * chunk_len..(chunk_idx + 1) * chunk_len];
@@ -354,11 +363,9 @@ impl<'a> Fanout<'a> {
         placement: &cluster::Placement,
     ) -> Result<Self, Error> {
         let drives = client.set_drives(placement).to_vec();
-        let secret = &client.inner.map.secret;
         let options = &client.inner.options;
-        let opens = drives
-            .iter()
-            .map(|d| client.inner.pools[d.node_idx].get(secret, options.connect_timeout, options.down_backoff));
+        let opens =
+            drives.iter().map(|d| client.topo.pools[d.node_idx].get(options.connect_timeout, options.down_backoff));
         let results = futures_util::future::join_all(opens).await;
         let mut fanout = Self { client, bucket, key, version, drives, conns: Vec::new(), failures: Vec::new() };
         let mut skipped = Vec::new();
@@ -374,12 +381,12 @@ impl<'a> Fanout<'a> {
                 }
             }
         }
-        if fanout.alive() < client.inner.map.erasure.write_quorum() {
+        if fanout.alive() < client.topo.map.erasure.write_quorum() {
             // Skipping recently failed nodes would cost the quorum: try them now (they may be
             // back) rather than fail the PUT.
             for position in skipped {
-                let pool = &client.inner.pools[fanout.drives[position].node_idx];
-                if let Ok(conn) = pool.get_now(secret, options.connect_timeout).await {
+                let pool = &client.topo.pools[fanout.drives[position].node_idx];
+                if let Ok(conn) = pool.get_now(options.connect_timeout).await {
                     fanout.conns[position] = Some(conn);
                 }
             }
@@ -404,9 +411,7 @@ impl<'a> Fanout<'a> {
                 continue;
             }
             tracing::info!(node = %self.client.node_id(node_idx), bucket = self.bucket, "created a bucket the node missed");
-            if let Ok(conn) =
-                self.client.inner.pools[node_idx].get_now(&self.client.inner.map.secret, options.connect_timeout).await
-            {
+            if let Ok(conn) = self.client.topo.pools[node_idx].get_now(options.connect_timeout).await {
                 self.conns[position] = Some(conn);
                 healed.push(position);
             }
@@ -433,7 +438,7 @@ impl<'a> Fanout<'a> {
     }
 
     fn check_quorum(&self) -> Result<(), Error> {
-        let erasure = self.client.inner.map.erasure;
+        let erasure = self.client.topo.map.erasure;
         if self.alive() >= erasure.write_quorum() {
             return Ok(());
         }
@@ -441,7 +446,7 @@ impl<'a> Fanout<'a> {
     }
 
     fn quorum_error(&self, acked: usize) -> Error {
-        let erasure = self.client.inner.map.erasure;
+        let erasure = self.client.topo.map.erasure;
         let tolerated = erasure.n() - erasure.write_quorum();
         let precondition = |e: &&Error| matches!(e, Error::Node { kind: proto::ErrorKind::PreconditionFailed, .. });
         if self.failures.iter().any(|e| precondition(&e)) {
@@ -479,7 +484,7 @@ impl<'a> Fanout<'a> {
         let timeout = self.client.inner.options.request_timeout;
         let (bucket, version) = (self.bucket, self.version);
         let target =
-            ChunkTarget { bucket, version, offset, block_bytes: block_bytes(self.client.inner.map.chunk_bytes) };
+            ChunkTarget { bucket, version, offset, block_bytes: block_bytes(self.client.topo.map.chunk_bytes) };
         let target = &target;
         let sends = self.conns.iter_mut().zip(&self.drives).enumerate().map(|(position, (conn, drive))| {
             let chunk_idx = placement.chunk_at(stripe_idx, position);
@@ -583,7 +588,7 @@ impl<'a> Fanout<'a> {
                 None => {}
             }
         }
-        let quorum = self.client.inner.map.erasure.write_quorum();
+        let quorum = self.client.topo.map.erasure.write_quorum();
         if applied.len() >= quorum {
             self.release();
             self.finalize(&applied).await;
@@ -677,7 +682,7 @@ impl<'a> Fanout<'a> {
         let idle_max = self.client.inner.options.idle_connections_per_node_max;
         for (conn, drive) in self.conns.drain(..).zip(&self.drives) {
             if let Some(conn) = conn {
-                self.client.inner.pools[drive.node_idx].put_back(conn, idle_max);
+                self.client.topo.pools[drive.node_idx].put_back(conn, idle_max);
             }
         }
     }

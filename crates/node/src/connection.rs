@@ -28,6 +28,8 @@ enum ConnError {
     UnexpectedFrame { found: FrameKind },
     #[error("authentication failed (wrong cluster secret or protocol version)")]
     AuthFailed,
+    #[error("the client's map is of cluster {theirs}, this node is in cluster {ours}")]
+    WrongCluster { ours: String, theirs: String },
     #[error("the handshake did not finish within {HANDSHAKE_TIMEOUT:?}")]
     HandshakeTimeout,
     #[error("the node already serves {CONNECTIONS_MAX} authenticated connections")]
@@ -41,6 +43,9 @@ struct Session {
     inbound: FrameMac,
     /// Tags frames to the client.
     outbound: FrameMac,
+    /// The version of the map the client plans with: once this node holds a newer one, it
+    /// refuses the connection's requests with `StaleMap`.
+    map_version: u64,
 }
 
 /// Serves one connection to its end: the handshake (while it holds a pending slot, released by
@@ -99,7 +104,13 @@ fn handshake(mut stream: TcpStream, state: &State) -> Result<Session, ConnError>
     stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let mut nonce = [0u8; NONCE_BYTES];
     rand::thread_rng().fill_bytes(&mut nonce);
-    let challenge = Challenge { protocol_version: PROTOCOL_VERSION, nonce };
+    let map = state.map.get();
+    let challenge = Challenge {
+        protocol_version: PROTOCOL_VERSION,
+        nonce,
+        cluster_id: map.cluster_id.clone(),
+        map_version: map.version,
+    };
     stream.write_all(&proto::encode_frame(FrameKind::Challenge, &challenge)?)?;
     let mut header = [0u8; FRAME_HEADER_BYTES];
     read_exact_before(&mut stream, &mut header, deadline)?;
@@ -117,8 +128,15 @@ fn handshake(mut stream: TcpStream, state: &State) -> Result<Session, ConnError>
     {
         return Err(ConnError::AuthFailed);
     }
+    // An empty cluster id: a client bootstrapping, which may only ask for the map.
+    if !auth.cluster_id.is_empty() && auth.cluster_id != map.cluster_id {
+        return Err(ConnError::WrongCluster { ours: map.cluster_id.clone(), theirs: auth.cluster_id });
+    }
+    if auth.map_version > state.map.version() {
+        state.map.newer_seen();
+    }
     let (inbound, outbound) = proto::session_macs(&state.secret, &nonce, &auth.client_nonce);
-    let mut session = Session { stream, inbound, outbound };
+    let mut session = Session { stream, inbound, outbound, map_version: auth.map_version };
     // The first tagged frame proves to the client that this node knows the secret.
     session.send(&Response::Ok)?;
     session.stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
@@ -184,6 +202,20 @@ fn serve_requests(
     let mut chunk_buffer = Vec::new();
     while let Some(body) = session.read_request()? {
         let request = proto::decode_request(&body)?;
+        let node_version = state.map.version();
+        if session.map_version < node_version && !matches!(request, Request::GetMap | Request::MapPut { .. }) {
+            if let Request::ChunkWrite { len, .. } = request {
+                // The bytes follow the frame: read past them to stay in step.
+                chunk_buffer.resize(len as usize, 0);
+                session.stream.read_exact(&mut chunk_buffer)?;
+            }
+            let message = format!(
+                "node {} holds cluster map version {node_version}, the request was planned with version {}: fetch the map and retry",
+                state.node_id, session.map_version
+            );
+            session.send(&Response::Error { kind: ErrorKind::StaleMap, message })?;
+            continue;
+        }
         match request {
             Request::Read { items } => serve_read(session, state, &items)?,
             Request::ChunkWrite { drive, bucket, version, offset, len, block_bytes, crcs } => {
@@ -222,7 +254,18 @@ fn first_bad_block(data: &[u8], block_bytes: u32, crcs: &[u32]) -> Option<usize>
 
 fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, VersionId)>) -> Response {
     match request {
-        Request::GetMap => Response::Map { toml: state.map_text.clone() },
+        Request::GetMap => Response::Map { toml: state.map.text().to_string() },
+        Request::MapPut { expected_version, toml } => match state.map.put(expected_version, &toml) {
+            Ok(_) => Response::Ok,
+            Err(e @ crate::map::MapError::Conflict { .. }) => {
+                Response::Error { kind: ErrorKind::MapConflict, message: e.to_string() }
+            }
+            Err(e @ crate::map::MapError::Invalid(_)) => refuse(e.to_string()),
+            Err(e @ crate::map::MapError::Write { .. }) => {
+                tracing::error!(error = %e, "cannot store a map update; refused");
+                Response::Error { kind: ErrorKind::Io, message: e.to_string() }
+            }
+        },
         Request::Background => {
             // One thread per connection: the priority lasts as long as the connection.
             crate::background_priority();
@@ -334,9 +377,10 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
 
 /// Whether `drive` of this node is one of the drives `meta`'s key is placed on.
 fn owns(state: &State, drive: u32, meta: &proto::ObjectMeta) -> bool {
-    let placement = state.map.placement(&meta.bucket, &meta.key);
+    let map = state.map.get();
+    let placement = map.placement(&meta.bucket, &meta.key);
     let me = cluster::DriveRef { node_idx: state.node_idx, drive_idx: drive as usize };
-    placement.set_idx == meta.set_idx as usize && state.map.sets[placement.set_idx].drives.contains(&me)
+    placement.set_idx == meta.set_idx as usize && map.sets[placement.set_idx].drives.contains(&me)
 }
 
 fn refuse(message: String) -> Response {

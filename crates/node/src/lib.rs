@@ -12,11 +12,12 @@
 //! missing, corrupt or unreadable, and the client decodes around it.
 //!
 //! ```ignore
-//! let server = Server::bind(NodeConfig { map, map_text, node_id: "n1".into() })?;
+//! let server = Server::bind(NodeConfig { map, map_text, map_path, node_id: "n1".into(), listen: None, .. })?;
 //! server.serve()?; // runs until the process exits
 //! ```
 
 mod connection;
+mod map;
 mod peer;
 mod rebuild;
 mod repair;
@@ -65,18 +66,63 @@ pub enum Error {
     Drive { id: String, idx: usize, source: chunkstore::Error },
     #[error("refusing to start: {0}")]
     Secret(proto::Error),
+    #[error(
+        "refusing to start: drive {idx} of node {id} ({path}) belongs to cluster {theirs}, the map is of cluster {ours} (wrong --config?)"
+    )]
+    ForeignDrive { id: String, idx: usize, path: std::path::PathBuf, theirs: String, ours: String },
 }
 
 /// Creates and formats every drive directory of every node in `map` (on this machine), so the
 /// nodes can open them. Idempotent.
 pub fn format_drives(map: &ClusterMap) -> Result<(), Error> {
-    for (node_idx, node) in map.nodes.iter().enumerate() {
-        for drive_idx in 0..node.drives.len() {
-            let path = map.drive_path(cluster::DriveRef { node_idx, drive_idx });
-            Drive::format(&path).map_err(|source| Error::Drive { id: node.id.clone(), idx: drive_idx, source })?;
-        }
+    for node in &map.nodes {
+        format_node_drives(map, &node.id)?;
     }
     Ok(())
+}
+
+/// Creates, formats and labels the drive directories of node `node_id`, as drives of a new
+/// cluster (no rebuild): the first start of a node on its own host. Refuses, changing
+/// nothing, if any of them belongs to another cluster. Idempotent.
+pub fn format_node_drives(map: &ClusterMap, node_id: &str) -> Result<(), Error> {
+    let node_idx = map.node_idx(node_id).ok_or_else(|| unknown_node(map, node_id))?;
+    let paths = check_drive_labels(map, node_idx)?;
+    for (drive_idx, path) in paths.iter().enumerate() {
+        let drive_error = |source| Error::Drive { id: node_id.to_owned(), idx: drive_idx, source };
+        Drive::format(path).map_err(drive_error)?;
+        Drive::set_label(path, &map.cluster_id).map_err(drive_error)?;
+    }
+    Ok(())
+}
+
+fn unknown_node(map: &ClusterMap, id: &str) -> Error {
+    let known = map.nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>().join(", ");
+    Error::UnknownNode { id: id.to_owned(), known }
+}
+
+/// The drive directories of node `node_idx`, after checking that none is labelled with
+/// another cluster's id (reads only).
+fn check_drive_labels(map: &ClusterMap, node_idx: usize) -> Result<Vec<std::path::PathBuf>, Error> {
+    let node = &map.nodes[node_idx];
+    let mut paths = Vec::with_capacity(node.drives.len());
+    for drive_idx in 0..node.drives.len() {
+        let path = map.drive_path(cluster::DriveRef { node_idx, drive_idx });
+        let label =
+            Drive::label(&path).map_err(|source| Error::Drive { id: node.id.clone(), idx: drive_idx, source })?;
+        if let Some(theirs) = label.filter(|label| *label != map.cluster_id) {
+            let (id, ours) = (node.id.clone(), map.cluster_id.clone());
+            return Err(Error::ForeignDrive { id, idx: drive_idx, path, theirs, ours });
+        }
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
+/// Writes a `cluster.toml` crash-safe (the old file or the new one, never a mix) with mode 0600:
+/// it holds the cluster secret. What a node does with a map update; `tessera init` and
+/// `tessera map push` too.
+pub fn write_map_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    chunkstore::write_durably(path, text.as_bytes(), 0o600)
 }
 
 /// Everything a node needs to start.
@@ -85,7 +131,12 @@ pub struct NodeConfig {
     pub map: ClusterMap,
     /// The `cluster.toml` text, served to clients that bootstrap from this node.
     pub map_text: String,
+    /// Where `map_text` came from: map updates are written there. `None` keeps them in memory.
+    pub map_path: Option<std::path::PathBuf>,
     pub node_id: String,
+    /// Address to listen on; `None` listens on the node's address in the map. (The map's
+    /// address is what peers and clients dial: behind NAT or in a container it differs.)
+    pub listen: Option<SocketAddr>,
     /// How long replaced versions stay after a newer one is acknowledged
     /// ([`RETIRE_GRACE_DEFAULT`]).
     pub retire_grace: Duration,
@@ -106,13 +157,13 @@ pub struct Server {
 struct State {
     node_id: String,
     node_idx: usize,
-    map: ClusterMap,
+    /// The cluster map this node serves under; updated by admins and from peers.
+    map: map::MapHolder,
     /// The background repair's mode and byte budget.
     repair: repair::Control,
     /// Per drive, in order.
     repair_stats: Vec<repair::DriveStats>,
     secret: String,
-    map_text: String,
     drives: Vec<Drive>,
     /// Per drive: being rebuilt (wiped or replaced); readers skip it meanwhile.
     rebuilding: Vec<AtomicBool>,
@@ -268,17 +319,16 @@ impl Server {
     /// Opens the node's drives (sweeping crash leftovers) and binds its address.
     pub fn bind(config: NodeConfig) -> Result<Self, Error> {
         let map = &config.map;
-        let node_idx = map.node_idx(&config.node_id).ok_or_else(|| Error::UnknownNode {
-            id: config.node_id.clone(),
-            known: map.nodes.iter().map(|n| n.id.as_str()).collect::<Vec<_>>().join(", "),
-        })?;
+        let node_idx = map.node_idx(&config.node_id).ok_or_else(|| unknown_node(map, &config.node_id))?;
         proto::validate_secret(&map.secret).map_err(Error::Secret)?;
         let node = &map.nodes[node_idx];
+        // Before anything on the drives changes: a node started with another cluster's map
+        // stops here.
+        let paths = check_drive_labels(map, node_idx)?;
         let mut drives = Vec::with_capacity(node.drives.len());
         let mut rebuilding = Vec::with_capacity(node.drives.len());
         let mut scrub_soon = false;
-        for drive_idx in 0..node.drives.len() {
-            let path = map.drive_path(cluster::DriveRef { node_idx, drive_idx });
+        for (drive_idx, path) in paths.into_iter().enumerate() {
             let drive_error = |source| Error::Drive { id: config.node_id.clone(), idx: drive_idx, source };
             let fresh = is_empty_dir(&path);
             if fresh {
@@ -288,6 +338,9 @@ impl Server {
                 Drive::format(&path).map_err(drive_error)?;
             }
             let drive = Drive::open(&path).map_err(drive_error)?;
+            if Drive::label(&path).map_err(drive_error)?.is_none() {
+                Drive::set_label(&path, &map.cluster_id).map_err(drive_error)?;
+            }
             if fresh {
                 rebuild::mark(&drive).map_err(drive_error)?;
                 tracing::warn!(drive = drive_idx, path = %path.display(), "empty drive directory: formatted; rebuilding it from its set (readers skip it meanwhile)");
@@ -307,17 +360,17 @@ impl Server {
             rebuilding.push(AtomicBool::new(rebuild::is_marked(&drive)));
             drives.push(drive);
         }
-        let listener = TcpListener::bind(node.addr).map_err(|source| Error::Bind { addr: node.addr, source })?;
+        let listen = config.listen.unwrap_or(node.addr);
+        let listener = TcpListener::bind(listen).map_err(|source| Error::Bind { addr: listen, source })?;
         let (mode, bytes_per_s) = repair_settings(&drives[0]);
         let repair_stats = drives.iter().map(|_| repair::DriveStats::default()).collect();
         let state = State {
             node_id: config.node_id,
             node_idx,
-            map: config.map.clone(),
+            secret: map.secret.clone(),
+            map: map::MapHolder::new(config.map, config.map_text, config.map_path),
             repair: repair::Control::new(mode, bytes_per_s),
             repair_stats,
-            secret: map.secret.clone(),
-            map_text: config.map_text,
             rebuild_generation: drives.iter().map(|_| AtomicU64::new(0)).collect(),
             rebuild_locks: drives.iter().map(|_| Mutex::new(())).collect(),
             rebuild_stats: drives.iter().map(|_| rebuild::Stats::default()).collect(),
@@ -342,6 +395,8 @@ impl Server {
     /// Accepts and serves connections until the process exits.
     pub fn serve(self) -> std::io::Result<()> {
         tracing::info!(node = %self.state.node_id, addr = %self.listener.local_addr()?, drives = self.state.drives.len(), "node ready");
+        let mapper = Arc::clone(&self.state);
+        std::thread::Builder::new().name("map".into()).spawn(move || map::worker(&mapper))?;
         let retirer = Arc::clone(&self.state);
         std::thread::Builder::new().name("retire".into()).spawn(move || retire_loop(&retirer))?;
         let repairer = Arc::clone(&self.state);

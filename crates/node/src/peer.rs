@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use cluster::ClusterMap;
 use proto::{
     AuthProof, Challenge, FRAME_HEADER_BYTES, FRAME_TAG_BYTES, FrameHeader, FrameKind, FrameMac, ItemStatus,
     NONCE_BYTES, PROTOCOL_VERSION, ReadItem, Request, Response,
@@ -22,6 +23,10 @@ pub(crate) enum PeerError {
     Proto { addr: SocketAddr, source: proto::Error },
     #[error("{addr} answered {answer}")]
     Unexpected { addr: SocketAddr, answer: String },
+    #[error("{addr} belongs to cluster {theirs}, not {ours}")]
+    WrongCluster { addr: SocketAddr, ours: String, theirs: String },
+    #[error("{addr} holds cluster map version {theirs}, this node {ours}: catching up")]
+    StaleMap { addr: SocketAddr, ours: u64, theirs: u64 },
 }
 
 /// An authenticated connection to a peer node.
@@ -33,8 +38,25 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    /// Connects and authenticates both ways with the cluster secret.
-    pub(crate) fn open(addr: SocketAddr, secret: &str) -> Result<Self, PeerError> {
+    /// Connects, authenticates both ways with the cluster secret, and marks the connection as
+    /// background work. Fails with [`PeerError::StaleMap`] if the peer holds a newer map than
+    /// `map` (it would refuse every request): the caller tells the node to catch up.
+    pub(crate) fn open(addr: SocketAddr, map: &ClusterMap) -> Result<Self, PeerError> {
+        let (mut peer, theirs) = Self::connect(addr, map)?;
+        if theirs > map.version {
+            return Err(PeerError::StaleMap { addr, ours: map.version, theirs });
+        }
+        // Everything a node asks of a peer is background work: served after clients.
+        match peer.call(&Request::Background)? {
+            Response::Ok => Ok(peer),
+            other => Err(PeerError::Unexpected { addr, answer: format!("{other:?}") }),
+        }
+    }
+
+    /// Connects and authenticates both ways with the cluster secret; also the version of the
+    /// peer's map. Refuses a peer of another cluster.
+    pub(crate) fn connect(addr: SocketAddr, map: &ClusterMap) -> Result<(Self, u64), PeerError> {
+        let secret = map.secret.as_str();
         let io = |source| PeerError::Io { addr, source };
         let mut stream = TcpStream::connect_timeout(&addr, PEER_TIMEOUT).map_err(io)?;
         stream.set_read_timeout(Some(PEER_TIMEOUT)).map_err(io)?;
@@ -59,20 +81,24 @@ impl Peer {
             };
             return Err(PeerError::Proto { addr, source });
         }
+        if challenge.cluster_id != map.cluster_id {
+            return Err(PeerError::WrongCluster { addr, ours: map.cluster_id.clone(), theirs: challenge.cluster_id });
+        }
         let client_nonce: [u8; NONCE_BYTES] = rand::random();
         let proof = proto::client_proof(secret, &challenge.nonce, &client_nonce);
-        let auth = AuthProof { protocol_version: PROTOCOL_VERSION, client_nonce, proof };
+        let auth = AuthProof {
+            protocol_version: PROTOCOL_VERSION,
+            client_nonce,
+            proof,
+            cluster_id: map.cluster_id.clone(),
+            map_version: map.version,
+        };
         let frame = proto::encode_frame(FrameKind::Auth, &auth).map_err(|source| PeerError::Proto { addr, source })?;
         stream.write_all(&frame).map_err(io)?;
         let (outbound, inbound) = proto::session_macs(secret, &challenge.nonce, &client_nonce);
         let mut peer = Self { addr, stream, outbound, inbound };
         match peer.read_response()? {
-            Response::Ok => {}
-            other => return Err(PeerError::Unexpected { addr, answer: format!("{other:?}") }),
-        }
-        // Everything a node asks of a peer is background work: served after clients.
-        match peer.call(&Request::Background)? {
-            Response::Ok => Ok(peer),
+            Response::Ok => Ok((peer, challenge.map_version)),
             other => Err(PeerError::Unexpected { addr, answer: format!("{other:?}") }),
         }
     }

@@ -110,7 +110,7 @@ pub(crate) fn worker(state: &State) {
 /// on a cluster whose repair was paused.
 fn adopt_repair_settings(state: &State) {
     let mut peers = Peers::new(state);
-    for node_idx in (0..state.map.nodes.len()).filter(|&i| i != state.node_idx) {
+    for node_idx in (0..state.map.get().nodes.len()).filter(|&i| i != state.node_idx) {
         let answer = peers.get(node_idx).and_then(|p| p.call(&Request::RepairStatus).map_err(Into::into));
         if let Ok(Response::RepairStatus { status }) = answer {
             let mut result = state.control_repair(proto::RepairAction::SetRate { bytes_per_s: status.bytes_per_s });
@@ -120,7 +120,7 @@ fn adopt_repair_settings(state: &State) {
             }
             match result {
                 Ok(()) => {
-                    tracing::info!(from = %state.map.nodes[node_idx].id, paused = status.paused, bytes_per_s = status.bytes_per_s, "repair settings taken from a peer (the first drive is new)")
+                    tracing::info!(from = %state.map.get().nodes[node_idx].id, paused = status.paused, bytes_per_s = status.bytes_per_s, "repair settings taken from a peer (the first drive is new)")
                 }
                 Err(e) => tracing::error!(error = %e, "cannot store the repair settings taken from a peer"),
             }
@@ -190,7 +190,7 @@ fn rebuild_drive(state: &State, drive_idx: usize, generation: u64) -> Result<(),
     // files a power loss took: their chunks are checked, not trusted.
     let check_until = cursor(drive, SETTING_UNSYNCED_UNTIL);
     let mut failures = 0usize;
-    for (set_idx, set) in state.map.sets.iter().enumerate() {
+    for (set_idx, set) in state.map.get().sets.iter().enumerate() {
         let Some(position) = set.drives.iter().position(|d| *d == me) else { continue };
         if start.as_ref().is_some_and(|(s, _, _)| *s > set_idx) {
             continue;
@@ -260,7 +260,7 @@ fn others(set: &ErasureSet, position: usize) -> impl Iterator<Item = (usize, Dri
 /// How many of the other drives must answer a listing for it to include every acknowledged
 /// key: n - W + 1 (an acknowledged key is on at least W - 1 of the n - 1 others).
 fn listing_quorum(state: &State) -> usize {
-    let erasure = state.map.erasure;
+    let erasure = state.map.get().erasure;
     erasure.n() - erasure.write_quorum() + 1
 }
 
@@ -423,7 +423,7 @@ impl Target<'_> {
             // without it.
             let silent = (0..replies.len()).filter(|&p| p != position && replies[p].is_none()).count();
             if silent > 0
-                && proto::VersionTally::of(replies).most_held() + silent + 1 >= state.map.erasure.write_quorum()
+                && proto::VersionTally::of(replies).most_held() + silent + 1 >= state.map.get().erasure.write_quorum()
             {
                 return Err(RepairError::Refused(format!("{silent} peers did not answer for {key}")));
             }
@@ -528,6 +528,6 @@ fn set_versions(
 /// whether it is acknowledged. `None` when no version is readable.
 fn readable_version(state: &State, replies: &[Option<KeyVersions>]) -> Option<(ObjectMeta, bool)> {
     let tally = proto::VersionTally::of(replies);
-    let meta = tally.newest_readable(state.map.erasure.marker_quorum())?;
+    let meta = tally.newest_readable(state.map.get().erasure.marker_quorum())?;
     Some((meta.clone(), tally.floor.is_some_and(|f| f >= meta.version)))
 }

@@ -235,7 +235,7 @@ fn repair_entry(
         Err(RepairError::Paused) => return false,
         Err(e) => {
             if let RepairError::Peer(PeerError::Io { addr, .. }) = &e
-                && unreachable.len() < state.map.nodes.len()
+                && unreachable.len() < state.map.get().nodes.len()
             {
                 unreachable.entry(*addr).or_insert_with(Instant::now);
             }
@@ -273,7 +273,8 @@ fn plan_and_repair(
     if versions.finalized.is_some_and(|f| f > version) {
         return Ok(Outcome::Dropped { positions: all, why: "a newer version is acknowledged" });
     }
-    let set = state.map.sets.get(meta.set_idx as usize).ok_or_else(|| RepairError::Refused("unknown set".into()))?;
+    let map = state.map.get();
+    let set = map.sets.get(meta.set_idx as usize).ok_or_else(|| RepairError::Refused("unknown set".into()))?;
     let me = DriveRef { node_idx: state.node_idx, drive_idx };
     let Some(my_position) = set.drives.iter().position(|d| *d == me) else {
         return Ok(Outcome::Dropped { positions: all, why: "this drive is not in the version's set" });
@@ -333,8 +334,12 @@ impl<'a> Peers<'a> {
 
     pub(crate) fn get(&mut self, node_idx: usize) -> Result<&mut Peer, RepairError> {
         if !self.open.contains_key(&node_idx) {
-            let addr = self.state.map.nodes[node_idx].addr;
-            let peer = Peer::open(addr, &self.state.map.secret)?;
+            let map = self.state.map.get();
+            let peer = Peer::open(map.nodes[node_idx].addr, &map).inspect_err(|e| {
+                if matches!(e, PeerError::StaleMap { .. }) {
+                    self.state.map.newer_seen();
+                }
+            })?;
             self.open.insert(node_idx, peer);
         }
         Ok(self.open.get_mut(&node_idx).expect("just inserted"))
@@ -662,7 +667,7 @@ fn expect_ok(answer: Response, what: &str) -> Result<(), RepairError> {
 /// Every drive's repair state, for `tessera repair status`.
 pub(crate) fn status(state: &State) -> proto::RepairStatus {
     let (mode, bytes_per_s) = state.repair.get();
-    let m = state.map.erasure.m;
+    let m = state.map.get().erasure.m;
     let drives = (0..state.drives.len())
         .map(|idx| {
             let mut status = drive_status(&state.drives[idx], &state.repair_stats[idx], m);

@@ -191,7 +191,7 @@ fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], d
             continue;
         }
         let Some(position) =
-            state.map.sets.get(meta.set_idx as usize).and_then(|s| s.drives.iter().position(|d| *d == me))
+            state.map.get().sets.get(meta.set_idx as usize).and_then(|s| s.drives.iter().position(|d| *d == me))
         else {
             tracing::error!(drive = drive_idx, key, set = meta.set_idx, "a version names a set this drive is not in");
             continue;
@@ -206,7 +206,7 @@ fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], d
         checked.push((meta, position, floor, retains));
     }
     let replies = peer_versions(state, peers, &checked);
-    let erasure = state.map.erasure;
+    let erasure = state.map.get().erasure;
     for ((meta, position, floor, retains), replies) in checked.iter().zip(replies) {
         // A drive that collected this delete marker holds it as far as anyone can tell.
         let holds = |v: &KeyVersions| {
@@ -361,7 +361,7 @@ fn peer_versions(
     // Per node: (key index, position) and the items asked.
     let mut asked: HashMap<usize, Vec<(usize, usize, MetaKey)>> = HashMap::new();
     for (i, (meta, position, ..)) in checked.iter().enumerate() {
-        let set = &state.map.sets[meta.set_idx as usize];
+        let set = &state.map.get().sets[meta.set_idx as usize];
         replies.push(vec![None; set.drives.len()]);
         for (p, drive) in set.drives.iter().enumerate() {
             if p == *position {

@@ -43,9 +43,10 @@ use sha2::Sha256;
 /// Version of the node protocol; the handshake rejects peers that speak another. Version 2
 /// added per-frame MACs, the client nonce, chunk checksums on writes and commit conditions;
 /// version 3 drive replacement, per-key "unavailable" and truncation flags, scrub and rebuild
-/// status. postcard encodes enum variants by index and structs by position: any change to a
-/// message bumps this.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// status; version 4 the cluster id and map version in the handshake, stale-map refusals and
+/// map updates. postcard encodes enum variants by index and structs by position: any change to
+/// a message bumps this.
+pub const PROTOCOL_VERSION: u16 = 4;
 /// First four bytes of every frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"TSR1";
 /// Bytes of a frame header.
@@ -192,19 +193,29 @@ pub fn decode_message<T: for<'de> Deserialize<'de>>(body: &[u8], what: &'static 
     postcard::from_bytes(body).map_err(|source| Error::Decode { what, source })
 }
 
-/// The node's first message on a new connection.
+/// The node's first message on a new connection: also which cluster it belongs to and the
+/// version of its map, so a client learns before anything else that it dialled another
+/// cluster's node or that its map is older.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Challenge {
     pub protocol_version: u16,
     pub nonce: [u8; NONCE_BYTES],
+    pub cluster_id: String,
+    pub map_version: u64,
 }
 
-/// The client's answer to [`Challenge`]: its own nonce and [`client_proof`] over both.
+/// The client's answer to [`Challenge`]: its own nonce and [`client_proof`] over both, and the
+/// cluster id and version of the map it plans with. Every request on the connection is served
+/// under that map version: once the node holds a newer map it answers each of them with
+/// [`ErrorKind::StaleMap`] (except [`Request::GetMap`] and [`Request::MapPut`]). A client
+/// without a map yet (bootstrapping) sends an empty cluster id and version 0.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AuthProof {
     pub protocol_version: u16,
     pub client_nonce: [u8; NONCE_BYTES],
     pub proof: [u8; NONCE_BYTES],
+    pub cluster_id: String,
+    pub map_version: u64,
 }
 
 type HmacSha256 = Hmac<Sha256>;
@@ -560,9 +571,14 @@ pub enum Request {
     DriveReplace { drive: u32 },
     /// This connection carries background work (repair, rebuild, scrubbing; nodes send it to
     /// each other): the node serves the rest of it at lowered CPU priority, so that foreground
-    /// requests go first. Answered with [`Response::Ok`]. (Last, so earlier variants keep their
-    /// encoding.)
+    /// requests go first. Answered with [`Response::Ok`].
     Background,
+    /// Replace the node's map (`cluster.toml` text) with the next version, if the node holds
+    /// `expected_version` now ([`ErrorKind::MapConflict`] if not) and the new map keeps every
+    /// node, drive and set of the old one (`cluster::ClusterMap::check_successor`). The node
+    /// writes it to its `cluster.toml` durably before it answers. Idempotent: a node that
+    /// already holds exactly this map answers `Ok`.
+    MapPut { expected_version: u64, toml: String },
 }
 
 /// How much a [`Request::MetaGet`] answers per key.
@@ -660,6 +676,11 @@ pub enum ErrorKind {
     PreconditionFailed,
     /// Chunk bytes did not match the checksums sent with them (damaged in transit).
     ChecksumMismatch,
+    /// The node holds a newer cluster map than the connection's: fetch it
+    /// ([`Request::GetMap`]) and retry.
+    StaleMap,
+    /// A [`Request::MapPut`] expected another map version than the node holds.
+    MapConflict,
 }
 
 /// A node's answer to a [`Request`].

@@ -168,9 +168,18 @@ fn handshake_frames_are_small_before_anything_is_allocated() {
     assert!(FrameHeader::decode(&at_limit).is_ok());
     let over = FrameHeader::new(FrameKind::Auth, HANDSHAKE_BODY_BYTES_MAX + 1).unwrap().encode();
     assert!(matches!(FrameHeader::decode(&over), Err(Error::FrameTooLargeForKind { .. })));
-    let proof =
-        AuthProof { protocol_version: PROTOCOL_VERSION, client_nonce: [0xff; NONCE_BYTES], proof: [0xff; NONCE_BYTES] };
+    let cluster_id = "x".repeat(cluster::CLUSTER_ID_BYTES_MAX);
+    let proof = AuthProof {
+        protocol_version: PROTOCOL_VERSION,
+        client_nonce: [0xff; NONCE_BYTES],
+        proof: [0xff; NONCE_BYTES],
+        cluster_id: cluster_id.clone(),
+        map_version: u64::MAX,
+    };
     assert!(encode_body(&proof).len() <= HANDSHAKE_BODY_BYTES_MAX);
+    let challenge =
+        Challenge { protocol_version: PROTOCOL_VERSION, nonce: [0xff; NONCE_BYTES], cluster_id, map_version: u64::MAX };
+    assert!(encode_body(&challenge).len() <= HANDSHAKE_BODY_BYTES_MAX);
 }
 
 #[test]

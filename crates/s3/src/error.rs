@@ -45,6 +45,9 @@ pub(crate) fn s3_error(error: client::Error) -> S3Error {
         | E::Timeout { .. }
         | E::AuthRejected { .. }
         | E::NodeNotAuthenticated { .. }
+        | E::WrongCluster { .. }
+        | E::MapRefresh { .. }
+        | E::MapChange(_)
         | E::Node { .. }
         | E::Protocol { .. } => {
             tracing::warn!("{message}");

@@ -280,7 +280,13 @@ fn protocol_garbage_oversized_frames_and_wrong_secret_leave_the_node_up() {
         // An auth frame with a wrong proof.
         proto::encode_frame(
             proto::FrameKind::Auth,
-            &proto::AuthProof { protocol_version: proto::PROTOCOL_VERSION, client_nonce: [3; 32], proof: [7; 32] },
+            &proto::AuthProof {
+                protocol_version: proto::PROTOCOL_VERSION,
+                client_nonce: [3; 32],
+                proof: [7; 32],
+                cluster_id: String::new(),
+                map_version: 0,
+            },
         )
         .unwrap(),
         // An auth frame that declares a 16 MiB body: refused before anything is allocated.

@@ -47,6 +47,9 @@ pub(crate) struct Cluster {
     pub(crate) config: PathBuf,
     pub(crate) addrs: Vec<SocketAddr>,
     nodes: Vec<Option<Child>>,
+    /// Per node: its own cluster.toml instead of `config`, and extra `tessera node` arguments.
+    node_configs: Vec<Option<PathBuf>>,
+    node_args: Vec<Vec<String>>,
     retire_grace: &'static str,
     scrub_interval: &'static str,
     deep_scrub_interval: &'static str,
@@ -100,17 +103,53 @@ impl Cluster {
             .expect("run tessera init");
         assert!(output.status.success(), "init failed: {}", String::from_utf8_lossy(&output.stderr));
         let addrs = (0..shape.nodes).map(|i| SocketAddr::from(([127, 0, 0, 1], base + i as u16))).collect();
-        let nodes = (0..shape.nodes).map(|_| None).collect();
+        Self::with_nodes(dir, addrs, &shape)
+    }
+
+    /// `tessera init --node ADDR=DRIVES` for nodes on the given addresses ("hosts": any
+    /// 127.0.0.0/8 address is this machine's), then `tessera drive format` for each node, as
+    /// an operator does on each host; nodes are not started.
+    pub(crate) fn init_across(addrs: Vec<SocketAddr>, shape: Shape) -> Self {
+        let dir = tempfile::tempdir().expect("create a temp dir");
+        let data = dir.path().join("data");
+        let mut init = Command::new(TESSERA);
+        init.args(["init", "--ec", shape.ec, "--chunk-size", shape.chunk_size, "--data"]).arg(&data);
+        for addr in &addrs {
+            init.args(["--node", &format!("{addr}={}", shape.drives_per_node)]);
+        }
+        let output = init.output().expect("run tessera init");
+        assert!(output.status.success(), "init failed: {}", String::from_utf8_lossy(&output.stderr));
+        let cluster = Self::with_nodes(dir, addrs, &shape);
+        for idx in 0..cluster.addrs.len() {
+            cluster.cli_ok(&["drive", "format", "--node", &format!("n{}", idx + 1)]);
+        }
+        cluster
+    }
+
+    fn with_nodes(dir: tempfile::TempDir, addrs: Vec<SocketAddr>, shape: &Shape) -> Self {
+        let count = addrs.len();
         Self {
-            config: data.join("cluster.toml"),
+            config: dir.path().join("data").join("cluster.toml"),
             dir,
             addrs,
-            nodes,
+            nodes: (0..count).map(|_| None).collect(),
+            node_configs: vec![None; count],
+            node_args: vec![Vec::new(); count],
             retire_grace: shape.retire_grace,
             scrub_interval: shape.scrub_interval,
             deep_scrub_interval: shape.deep_scrub_interval,
             allowed_errors: Vec::new(),
         }
+    }
+
+    /// Node `idx` starts with its own cluster.toml at `path` from now on (a host of its own).
+    pub(crate) fn set_node_config(&mut self, idx: usize, path: PathBuf) {
+        self.node_configs[idx] = Some(path);
+    }
+
+    /// Node `idx` starts with these extra `tessera node` arguments from now on.
+    pub(crate) fn set_node_args(&mut self, idx: usize, args: &[&str]) {
+        self.node_args[idx] = args.iter().map(|a| a.to_string()).collect();
     }
 
     pub(crate) fn data_dir(&self) -> PathBuf {
@@ -131,7 +170,8 @@ impl Cluster {
         let log = fs::OpenOptions::new().create(true).append(true).open(self.log_path(idx)).expect("open node log");
         let child = Command::new(TESSERA)
             .args(["node", "--config"])
-            .arg(&self.config)
+            .arg(self.node_configs[idx].as_ref().unwrap_or(&self.config))
+            .args(&self.node_args[idx])
             .args(["--id", &format!("n{}", idx + 1), "--retire-grace", self.retire_grace])
             .args(["--scrub-interval", self.scrub_interval, "--deep-scrub-interval", self.deep_scrub_interval])
             .env("TESSERA_LOG", "info")
@@ -270,9 +310,11 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for idx in 0..self.nodes.len() {
-            if self.nodes[idx].is_some() {
-                // A stopped (SIGSTOP) node must be continued to die cleanly.
-                self.signal_node(idx, libc::SIGCONT);
+            if let Some(child) = &self.nodes[idx] {
+                // A stopped (SIGSTOP) node must be continued to die cleanly. One that exited
+                // and was reaped (a failed start) has no process left to signal.
+                // SAFETY: kill(2) on a child we spawned.
+                let _ = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGCONT) };
             }
             self.kill_node(idx);
         }

@@ -9,3 +9,4 @@ mod objects;
 mod protocol;
 mod repair;
 mod scrub;
+mod topology;

@@ -26,7 +26,13 @@ impl RawSession {
         let challenge: proto::Challenge = proto::decode_message(&body, "challenge").unwrap();
         let client_nonce = [42u8; NONCE_BYTES];
         let proof = proto::client_proof(secret, &challenge.nonce, &client_nonce);
-        let auth = proto::AuthProof { protocol_version: proto::PROTOCOL_VERSION, client_nonce, proof };
+        let auth = proto::AuthProof {
+            protocol_version: proto::PROTOCOL_VERSION,
+            client_nonce,
+            proof,
+            cluster_id: challenge.cluster_id.clone(),
+            map_version: challenge.map_version,
+        };
         stream.write_all(&proto::encode_frame(FrameKind::Auth, &auth).unwrap()).unwrap();
         let (outbound, inbound) = proto::session_macs(secret, &challenge.nonce, &client_nonce);
         let mut session = Self { stream, outbound, inbound };
@@ -189,7 +195,12 @@ fn client_refuses_a_node_that_cannot_prove_it_knows_the_secret() {
     let addr = listener.local_addr().unwrap();
     let impostor = std::thread::spawn(move || {
         let (mut stream, _) = listener.accept().unwrap();
-        let challenge = proto::Challenge { protocol_version: proto::PROTOCOL_VERSION, nonce: [1; NONCE_BYTES] };
+        let challenge = proto::Challenge {
+            protocol_version: proto::PROTOCOL_VERSION,
+            nonce: [1; NONCE_BYTES],
+            cluster_id: "impostor".into(),
+            map_version: 1,
+        };
         stream.write_all(&proto::encode_frame(FrameKind::Challenge, &challenge).unwrap()).unwrap();
         let _ = read_plain_frame(&mut stream);
         let (_, mut guessed) = proto::session_macs("a-guess-at-the-secret", &[1; NONCE_BYTES], &[0; NONCE_BYTES]);
