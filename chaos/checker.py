@@ -7,7 +7,10 @@ ranged GET from several clients, some with skewed clocks (libfaketime), while fa
 SIGKILL and restart, SIGSTOP and SIGCONT, partitions (link down, or node-to-node only:
 nftables drops a node's traffic with its peers, so repair loses them), lossy links (nftables random
 drop: this kernel has no netem), slow links (tbf rate limits) and a full disk (a small tmpfs
-drive). Clients are `tessera` CLI processes, so the checker runs against any build of the
+drive). With `--readdress`, nodes also move to new addresses (a host replaced by one with
+another IP: the node is killed, its namespace gets a new address, `tessera map push` makes the
+edited map the next version, the node restarts there) while one client keeps planning with the
+map of the start (stale: every operation must fetch the new map and still be correct). Clients are `tessera` CLI processes, so the checker runs against any build of the
 binary (`--tessera PATH`): that is how a bug is reproduced on the build before its fix.
 
 Every operation is recorded with its invocation and completion times; the checker verifies:
@@ -96,6 +99,8 @@ class Topology:
         self.bridge = f"{self.prefix}br"
         self.nodes = nodes
         self.created: list[str] = []
+        self.moved: dict[int, str] = {}  # node -> its address after a readdress
+        self.moves = 0
 
     def ns(self, i: int) -> str:
         return f"{self.prefix}n{i}"
@@ -104,7 +109,16 @@ class Topology:
         return f"{self.prefix}v{i}"
 
     def ip(self, i: int) -> str:
-        return f"169.254.{self.subnet}.{10 + i}"
+        """Node i's address now."""
+        return self.moved.get(i, f"169.254.{self.subnet}.{10 + i}")
+
+    def add_ip(self, i: int) -> str:
+        """A new address for node i, on its namespace's interface (the old one stays)."""
+        self.moves += 1
+        assert self.moves < 140, "out of addresses for readdressed nodes"
+        ip = f"169.254.{self.subnet}.{100 + self.moves}"
+        run("ip", "-n", self.ns(i), "addr", "add", f"{ip}/24", "dev", "eth0")
+        return ip
 
     def create(self) -> None:
         if os.geteuid() != 0:
@@ -188,6 +202,8 @@ class Cluster:
         self.work = work
         self.data = work / "data"
         self.config = self.data / "cluster.toml"
+        # The map as it was at the start, for a client that never reloads it (--readdress).
+        self.stale_config = self.data / "stale.toml"
         self.procs: dict[int, subprocess.Popen] = {}
         self.mounted: list[Path] = []
         self.full_drive = full_drive
@@ -200,6 +216,8 @@ class Cluster:
         for i in range(1, NODES + 1):
             text = text.replace(f'addr = "127.0.0.1:{NODE_PORT + i - 1}"', f'addr = "{self.topo.ip(i)}:{NODE_PORT}"')
         self.config.write_text(text)
+        self.stale_config.write_text(text)
+        self.stale_config.chmod(0o600)
         if self.full_drive:
             drive = self.data / f"n{NODES}" / "d1"
             marker = (drive / "tessera-drive").read_bytes()
@@ -209,6 +227,13 @@ class Cluster:
 
     def log(self, i: int) -> Path:
         return self.work / f"n{i}.log"
+
+    def address_in_map(self, i: int) -> str:
+        """Node i's address in the shared cluster.toml."""
+        text = self.config.read_text()
+        found = re.search(rf'id = "n{i}"\naddr = "([0-9.]+):{NODE_PORT}"', text)
+        assert found, f"n{i} has no address in {self.config}"
+        return found.group(1)
 
     def start(self, i: int) -> None:
         assert i not in self.procs, f"n{i} is running"
@@ -309,9 +334,13 @@ class Op:
 
 
 class Workload:
-    def __init__(self, cluster: Cluster, seed: int, deadline: float, ranged: bool, skews: list[int]):
+    STALE_CLIENT = CLIENTS - 1  # with --readdress: plans with the start's map, always
+
+    def __init__(self, cluster: Cluster, seed: int, deadline: float, ranged: bool, skews: list[int],
+                 stale_client: bool = False):
         self.cluster = cluster
         self.skews = skews
+        self.stale_client = stale_client
         self.seed = seed
         self.deadline = deadline
         self.ranged = ranged
@@ -324,7 +353,9 @@ class Workload:
         self.files.mkdir(exist_ok=True)
 
     def cli(self, client: int, *args: str, data: Path | None = None) -> subprocess.CompletedProcess:
-        cmd = [str(self.cluster.tessera), *args, "--config", str(self.cluster.config)]
+        stale = self.stale_client and client == self.STALE_CLIENT
+        config = self.cluster.stale_config if stale else self.cluster.config
+        cmd = [str(self.cluster.tessera), *args, "--config", str(config)]
         skew = self.skews[client]
         env = {**os.environ, "NO_COLOR": "1", "TESSERA_LOG": "error"}
         if skew:
@@ -448,9 +479,15 @@ class Faults:
     PAIR_KINDS = ("kill", "stop", "partition")
     PAIR_CHANCE = 0.3
 
-    def __init__(self, cluster: Cluster, topo: Topology, seed: int, deadline: float, start: float):
+    # With --readdress: how often a single fault is a move to a new address instead.
+    READDRESS_CHANCE = 0.5
+
+    def __init__(self, cluster: Cluster, topo: Topology, seed: int, deadline: float, start: float,
+                 readdress: bool = False):
         self.cluster = cluster
         self.topo = topo
+        self.readdress = readdress
+        self.readdressed = 0  # moves the cluster took (map pushed)
         self.rng = random.Random(seed)
         self.deadline = deadline
         self.start = start
@@ -472,8 +509,35 @@ class Faults:
         self.schedule.append(line)
         print("  fault", line, flush=True)
 
+    def move(self, node: int) -> None:
+        """Node `node` moves to a new address: killed, its namespace gets a new address, and
+        `tessera map push` makes a map naming it the next version (the node restarts there when
+        healed). A push the cluster refuses (too many nodes unreachable) leaves it where it was."""
+        self.cluster.kill(node)
+        old, new = self.topo.ip(node), self.topo.add_ip(node)
+        text = self.cluster.config.read_text()
+        edited = self.cluster.work / "readdress.toml"
+        edited.write_text(text.replace(f'"{old}:{NODE_PORT}"', f'"{new}:{NODE_PORT}"'))
+        edited.chmod(0o600)
+        try:
+            result = subprocess.run([str(self.cluster.tessera), "map", "push", str(edited), "--config",
+                                     str(self.cluster.config)], capture_output=True, text=True, timeout=OP_TIMEOUT_S)
+            pushed, why = result.returncode == 0, (result.stdout + result.stderr).strip()
+        except subprocess.TimeoutExpired:
+            pushed, why = False, "timed out"
+        # Nodes that took the push rewrote the shared cluster.toml: the node restarts at the
+        # address it names, whatever the push's outcome.
+        now = self.cluster.address_in_map(node)
+        if now == new:
+            self.topo.moved[node] = new
+            self.readdressed += 1
+        self.log(f"  n{node} {old} -> {new}: {'moved' if now == new else 'not moved'} "
+                 f"({'pushed' if pushed else 'push refused'}: {why.splitlines()[-1] if why else ''})")
+
     def inject(self, node: int, kind: str) -> None:
-        if kind == "wipe":
+        if kind == "readdress":
+            self.move(node)
+        elif kind == "wipe":
             self.cluster.kill(node)
             drive = self.cluster.data / f"n{node}" / "d1"
             for entry in drive.iterdir():
@@ -532,7 +596,7 @@ class Faults:
     def heal(self, node: int, kind: str) -> None:
         if kind in self.HEALING_KINDS:
             self.corrupted.pop(node, None)
-        elif kind == "kill":
+        elif kind in ("kill", "readdress"):
             self.cluster.start(node)
             self.cluster.wait_ready(node)
         elif kind == "stop":
@@ -578,6 +642,8 @@ class Faults:
             else:
                 nodes = [self.rng.choice(candidates)]
                 kind = self.rng.choice(self.kinds)
+                if self.readdress and self.rng.random() < self.READDRESS_CHANCE:
+                    kind = "readdress"
             until = now + self.rng.uniform(1.0, 5.0)
             for node in nodes:
                 self.struck_at[node] = time.monotonic()
@@ -770,12 +836,17 @@ class Report:
     anomalies: list[str]
     errors_logged: list[str]
     read_errors: list[str] = dataclasses.field(default_factory=list)
+    readdressed: int = 0  # nodes moved to a new address (with --readdress)
+    stale_client_done: int = 0  # operations the stale-map client completed (with --readdress)
 
     def text(self) -> str:
         lines = [f"seed {self.seed}, {self.duration:.0f} s of faults, {sum(self.counts.values())} operations",
                  "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())),
                  f"faults: {len(self.schedule)} events"]
         lines += [f"  {line}" for line in self.schedule]
+        if self.readdressed:
+            lines.append(f"nodes moved to new addresses: {self.readdressed}; operations completed by the client "
+                         f"with the start's map: {self.stale_client_done}")
         lines.append(f"anomalies: {len(self.anomalies)}")
         lines += [f"  {a}" for a in self.anomalies[:50]]
         if self.read_errors:
@@ -787,9 +858,11 @@ class Report:
         return "\n".join(lines)
 
 
-def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, faults_on: bool = True) -> Report:
+def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, faults_on: bool = True,
+                readdress: bool = False) -> Report:
     """One seeded run. Without faults (`faults_on=False`) the workload races reads against
-    overwrites on a healthy cluster: every read must then succeed."""
+    overwrites on a healthy cluster: every read must then succeed. With `readdress`, nodes move
+    to new addresses too, and one client plans with the start's map throughout."""
     rng = random.Random(seed)
     full_drive = faults_on and rng.random() < 0.3
     topo = Topology(NODES)
@@ -809,8 +882,8 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
         start = time.monotonic()
         deadline = start + duration
         skews = CLIENT_SKEWS_S if skew else [0] * CLIENTS
-        workload = Workload(cluster, seed, deadline, ranged, skews)
-        faults = Faults(cluster, topo, seed, deadline, start)
+        workload = Workload(cluster, seed, deadline, ranged, skews, stale_client=readdress)
+        faults = Faults(cluster, topo, seed, deadline, start, readdress=readdress)
         threads = [threading.Thread(target=workload.client_loop, args=(c,), daemon=True) for c in range(CLIENTS)]
         if faults_on:
             threads.append(threading.Thread(target=faults.loop, daemon=True))
@@ -839,7 +912,10 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
         read_errors = [f"{op.kind} op {op.op_id} of {op.key} at {op.invoke - start:.2f}s "
                        f"(took {op.complete - op.invoke:.2f}s): {op.detail}"
                        for op in workload.ops if op.kind in ("get", "rget") and op.outcome == "error"]
-        return Report(seed, duration, faults.schedule, counts, anomalies, cluster.error_lines(), read_errors)
+        stale_done = sum(1 for op in workload.ops if readdress and op.client == Workload.STALE_CLIENT
+                         and op.outcome in ("ok", "value", "absent", "past-end"))
+        return Report(seed, duration, faults.schedule, counts, anomalies, cluster.error_lines(), read_errors,
+                      faults.readdressed, stale_done)
     finally:
         cluster.stop_all()
         topo.destroy()
@@ -855,13 +931,15 @@ def main() -> int:
     parser.add_argument("--no-skew", action="store_true", help="every client on the machine's clock")
     parser.add_argument("--no-faults", action="store_true",
                         help="no faults: reads race overwrites on a healthy cluster, and every read must succeed")
+    parser.add_argument("--readdress", action="store_true",
+                        help="nodes also move to new addresses (map pushes); one client keeps the start's map")
     args = parser.parse_args()
     seeds = args.seed or [random.SystemRandom().randrange(1, 1 << 31)]
     failed = 0
     for seed in seeds:
         try:
             report = run_checker(seed, args.duration, args.tessera, skew=not args.no_skew,
-                                 faults_on=not args.no_faults)
+                                 faults_on=not args.no_faults, readdress=args.readdress)
         except CheckerError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

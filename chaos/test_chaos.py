@@ -23,6 +23,9 @@ import checker
 # after space was freed. Every seed's redundancy check found writes that missed a drive never
 # repaired on 7960c51.
 REGRESSION_CASES = [(1, True), (2, True), (3, True), (5, True), (11, False), (15, False)]  # (seed, skew)
+# Nodes moving to new addresses (map pushes) among the other faults, with one client that plans
+# with the map of the start throughout: seed 8 moves nodes six times.
+READDRESS_SEED = 8
 # Reads racing overwrites on a healthy cluster: on 7960c51 they failed (the old data file was
 # unlinked under them); every read must succeed.
 RACING_SEED = 21
@@ -54,3 +57,13 @@ def test_reads_racing_overwrites_never_fail() -> None:
     assert report.counts.get("put:ok", 0) > 50 and report.counts.get("get:value", 0) > 50
     assert not report.schedule, "no faults in this run"
     assert not report.read_errors and not report.anomalies, report.text()
+
+
+def test_nodes_moving_to_new_addresses_lose_nothing_and_stale_clients_follow() -> None:
+    report = run(READDRESS_SEED, readdress=True)
+    assert report.readdressed >= 2, "nodes must move during the run:\n" + report.text()
+    assert report.counts.get("put:ok", 0) > 50, "the workload must write under faults"
+    # The stale client planned every operation with version 1 of the map, which names the old
+    # addresses: each was refused, fetched the new map and ran again.
+    assert report.stale_client_done > 50, report.text()
+    assert not report.anomalies, report.text()
