@@ -478,9 +478,8 @@ impl Client {
         data: &[u8],
         options: &PutOptions,
     ) -> Result<ObjectInfo, Error> {
-        proto::validate_bucket(bucket)?;
-        proto::validate_key(key)?;
-        self.with_map(|c| async move { c.put_once(bucket, key, &mut &data[..], options).await }).await
+        let mut source = data;
+        self.put(bucket, key, &mut source, options).await
     }
 
     /// Streams `source` to `bucket/key` until it ends; memory stays bounded by two stripes.
@@ -500,21 +499,14 @@ impl Client {
         // `put::put` plans again with a newer map if the set's nodes show one before the first
         // chunk is sent; a map change later in the upload fails it (the source is consumed).
         let client = self.current();
-        let result = client.put_once(bucket, key, source, options).await;
+        let result = async {
+            let (info, replaced) = put::put(&client, bucket, key, source, options).await?;
+            multipart::delete_pieces(&client, &replaced).await;
+            Ok(info)
+        }
+        .await;
         self.refreshed_after(&client, false).await;
         result
-    }
-
-    async fn put_once(
-        &self,
-        bucket: &str,
-        key: &str,
-        source: &mut (dyn tokio::io::AsyncRead + Unpin + Send),
-        options: &PutOptions,
-    ) -> Result<ObjectInfo, Error> {
-        let (info, replaced) = put::put(self, bucket, key, source, options).await?;
-        multipart::delete_pieces(self, &replaced).await;
-        Ok(info)
     }
 
     /// Deletes `bucket/key` by committing a delete marker (a newer version) on the quorum.

@@ -102,29 +102,20 @@ impl Client {
         number: u32,
         source: &mut (dyn AsyncRead + Unpin + Send),
     ) -> Result<PartInfo, Error> {
-        // Like `Client::put`: `put::put` plans again if a node shows a newer map early.
-        let client = self.current();
-        let result = client.put_part_once(bucket, key, upload_id, number, source).await;
-        self.refreshed_after(&client, false).await;
-        result
-    }
-
-    async fn put_part_once(
-        &self,
-        bucket: &str,
-        key: &str,
-        upload_id: &str,
-        number: u32,
-        source: &mut (dyn AsyncRead + Unpin + Send),
-    ) -> Result<PartInfo, Error> {
         if !(1..=PART_NUMBER_MAX).contains(&number) {
             return Err(Error::InvalidPart { number, reason: format!("part numbers are 1 to {PART_NUMBER_MAX}") });
         }
-        self.upload_marker(bucket, key, upload_id).await?;
-        let options = PutOptions::default();
-        let (info, _) =
-            crate::put::put(self, MULTIPART_BUCKET, &piece_key(bucket, upload_id, number), source, &options).await?;
-        Ok(PartInfo { number, size: info.meta.size, etag: info.meta.etag, modified_ms: info.meta.modified_ms })
+        // Like `Client::put`: `put::put` plans again if a node shows a newer map early.
+        let client = self.current();
+        let result = async {
+            client.upload_marker(bucket, key, upload_id).await?;
+            let piece = piece_key(bucket, upload_id, number);
+            let (info, _) = crate::put::put(&client, MULTIPART_BUCKET, &piece, source, &PutOptions::default()).await?;
+            Ok(PartInfo { number, size: info.meta.size, etag: info.meta.etag, modified_ms: info.meta.modified_ms })
+        }
+        .await;
+        self.refreshed_after(&client, false).await;
+        result
     }
 
     /// Parts uploaded so far, by number (the newest upload of each number).
