@@ -85,14 +85,7 @@ impl Peer {
             return Err(PeerError::WrongCluster { addr, ours: map.cluster_id.clone(), theirs: challenge.cluster_id });
         }
         let client_nonce: [u8; NONCE_BYTES] = rand::random();
-        let proof = proto::client_proof(secret, &challenge.nonce, &client_nonce);
-        let auth = AuthProof {
-            protocol_version: PROTOCOL_VERSION,
-            client_nonce,
-            proof,
-            cluster_id: map.cluster_id.clone(),
-            map_version: map.version,
-        };
+        let auth = AuthProof::new(secret, &challenge.nonce, client_nonce, &map.cluster_id, map.version);
         let frame = proto::encode_frame(FrameKind::Auth, &auth).map_err(|source| PeerError::Proto { addr, source })?;
         stream.write_all(&frame).map_err(io)?;
         let (outbound, inbound) = proto::session_macs(secret, &challenge.nonce, &client_nonce);

@@ -218,6 +218,26 @@ pub struct AuthProof {
     pub map_version: u64,
 }
 
+impl AuthProof {
+    /// The answer to `challenge_nonce` of a client that knows `secret`, with a fresh
+    /// `client_nonce`, planning with version `map_version` of cluster `cluster_id`'s map.
+    pub fn new(
+        secret: &str,
+        challenge_nonce: &[u8; NONCE_BYTES],
+        client_nonce: [u8; NONCE_BYTES],
+        cluster_id: &str,
+        map_version: u64,
+    ) -> Self {
+        Self {
+            protocol_version: PROTOCOL_VERSION,
+            client_nonce,
+            proof: client_proof(secret, challenge_nonce, &client_nonce),
+            cluster_id: cluster_id.to_owned(),
+            map_version,
+        }
+    }
+}
+
 type HmacSha256 = Hmac<Sha256>;
 
 fn keyed(secret: &str, label: &[u8], node_nonce: &[u8; NONCE_BYTES], client_nonce: &[u8; NONCE_BYTES]) -> HmacSha256 {
