@@ -71,6 +71,20 @@ fn relative_drives_resolve_against_base_dir() {
     assert_eq!(map.drive_path(drive), PathBuf::from("/data/n1/d1"));
 }
 
+/// Checks that every set has `n` drives on `n` distinct nodes and no drive is in two sets;
+/// returns how many drives the sets use.
+fn sets_on_distinct_nodes(map: &ClusterMap, n: usize) -> Result<usize, TestCaseError> {
+    let mut seen = HashSet::new();
+    for set in &map.sets {
+        let set_nodes: HashSet<_> = set.drives.iter().map(|d| d.node_idx).collect();
+        prop_assert_eq!(set_nodes.len(), n);
+        for drive in &set.drives {
+            prop_assert!(seen.insert(*drive));
+        }
+    }
+    Ok(seen.len())
+}
+
 proptest! {
     #[test]
     fn sets_have_distinct_nodes_and_use_each_drive_once(
@@ -81,15 +95,7 @@ proptest! {
         let Ok(map) = generate(nodes, drives_per_node * n, k, m) else {
             return Err(TestCaseError::fail("a multiple of n drives must always generate"));
         };
-        let mut seen = HashSet::new();
-        for set in &map.sets {
-            let set_nodes: HashSet<_> = set.drives.iter().map(|d| d.node_idx).collect();
-            prop_assert_eq!(set_nodes.len(), n);
-            for drive in &set.drives {
-                prop_assert!(seen.insert(*drive));
-            }
-        }
-        prop_assert_eq!(seen.len(), nodes * drives_per_node * n);
+        prop_assert_eq!(sets_on_distinct_nodes(&map, n)?, nodes * drives_per_node * n);
     }
 
     #[test]
@@ -205,15 +211,7 @@ proptest! {
         let specs: Vec<String> = counts.iter().enumerate().map(|(i, c)| format!("10.0.{}.{}:7001={c}", i / 200, i % 200 + 1)).collect();
         let refs: Vec<&str> = specs.iter().map(String::as_str).collect();
         let map = hosts(&refs, k, m).unwrap();
-        let mut seen = HashSet::new();
-        for set in &map.sets {
-            let set_nodes: HashSet<_> = set.drives.iter().map(|d| d.node_idx).collect();
-            prop_assert_eq!(set_nodes.len(), n);
-            for drive in &set.drives {
-                prop_assert!(seen.insert(*drive));
-            }
-        }
-        prop_assert_eq!(seen.len(), total);
+        prop_assert_eq!(sets_on_distinct_nodes(&map, n)?, total);
     }
 }
 
