@@ -1,4 +1,5 @@
-//! `tessera map status|push FILE`: the cluster map the nodes hold, and an admin's change to it.
+//! `tessera map status|push FILE`: the cluster map the nodes hold, and an admin's change to it
+//! (today a node's address; capacity grows by pools).
 
 use std::path::PathBuf;
 
@@ -18,13 +19,13 @@ pub(crate) struct MapArgs {
 enum MapAction {
     /// The map version each node holds (they agree unless a change is in progress).
     Status,
-    /// Make FILE (an edited copy of cluster.toml: a node's new address, new nodes and sets)
-    /// the cluster's map, as the next version, on every node; then write it to --config too.
-    /// Refused, changing nothing, unless a majority of nodes answer, all that answer hold the
-    /// same map, and FILE keeps every node, drive and erasure set of it. Nodes that do not
-    /// answer take the new map from their peers when they return.
+    /// Make FILE (an edited copy of cluster.toml: a node's new address) the cluster's map, as
+    /// the version after FILE's, on every node; then write it to --config too. Refused,
+    /// changing nothing, unless a majority of nodes answer, all that answer hold the map FILE
+    /// was copied from (its version), and FILE keeps every node, drive and erasure set. Nodes
+    /// that do not answer take the new map from their peers when they return.
     Push {
-        /// The new map; its `version` may be the current one (it is raised by one) or the next.
+        /// The edited map, its `version` left as it was in the copy.
         file: PathBuf,
     },
 }
@@ -75,17 +76,10 @@ async fn push(client: &client::Client, file: &std::path::Path, config: &std::pat
     let (mut next, _) = crate::cluster_cmd::load_map(file)?;
     // Drive paths resolve against the directory of --config, as every command reads them.
     next.base_dir = client.map().base_dir.clone();
-    let held = client
-        .node_maps()
-        .await
-        .into_iter()
-        .filter_map(|node| node.map.ok())
-        .map(|map| map.version)
-        .max()
-        .context("no node answered")?;
-    if next.version == held {
-        next.version += 1;
-    }
+    // The file is an edited copy of the map at its `version`: the change is the next one, and
+    // only nodes that still hold that version take it (an edit of an older map never undoes a
+    // newer change).
+    next.version += 1;
     let silent = client.push_map(&next).await?;
     crate::cluster_cmd::write_map(config, &next)?;
     if silent.is_empty() {

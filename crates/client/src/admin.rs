@@ -129,10 +129,10 @@ impl Client {
         futures_util::future::join_all(calls).await
     }
 
-    /// Makes `next` the cluster's map: an admin's change (a node's new address, new nodes and
-    /// sets), version one higher than the map the nodes hold now. Refused, changing nothing,
-    /// unless a majority of the current map's nodes answer, every node that answers holds that
-    /// same map (or `next` already: a push cut short can be run again), and `next` keeps every
+    /// Makes `next` the cluster's map: an admin's change (today a node's new address), the
+    /// version after the one the nodes hold. Refused, changing nothing, unless a majority of
+    /// the current map's nodes answer, every node that answers holds the map of version
+    /// `next.version - 1` (or `next` already: a push cut short can be run again), and `next` keeps every
     /// node, drive and set of it (`ClusterMap::check_successor`). Each node then checks the
     /// version it holds, stores `next` durably and serves under it; clients with the old map are
     /// told to refresh. Nodes that did not answer (down, or the dead host whose address the

@@ -371,7 +371,7 @@ impl ClusterMap {
     }
 
     /// Checks that `next` may replace this map on a running cluster, as an admin's change:
-    /// version one higher and [`ClusterMap::check_descendant`].
+    /// version one higher and [`ClusterMap::check_descendant`] (today: nodes' addresses only).
     pub fn check_successor(&self, next: &ClusterMap) -> Result<(), Error> {
         if next.cluster_id == self.cluster_id && next.version != self.version + 1 {
             return Err(Error::BadSuccessor {
@@ -385,9 +385,9 @@ impl ClusterMap {
     }
 
     /// Checks that `next` is a later map of the same cluster: a higher version, the same id,
-    /// secret, erasure config and chunk size, and every node and set of this map still there at
-    /// the same index with the same drives, so that every object stays where it is (a node's
-    /// address may change). New nodes and sets may follow.
+    /// secret, erasure config and chunk size, and the same nodes (ids, drives, order) and sets,
+    /// so that every object stays where it is. Only a node's address may change: placement is
+    /// `hash % sets`, so any added set would move most objects (growth comes with pools).
     pub fn check_descendant(&self, next: &ClusterMap) -> Result<(), Error> {
         let refuse = |reason: String| Error::BadSuccessor {
             cluster_id: self.cluster_id.clone(),
@@ -413,10 +413,11 @@ impl ClusterMap {
                 _ => return Err(refuse(format!("node {} is removed, moved or has other drives", node.id))),
             }
         }
-        for (idx, set) in self.sets.iter().enumerate() {
-            if next.sets.get(idx) != Some(set) {
-                return Err(refuse(format!("erasure set {idx} is removed or changed")));
-            }
+        if next.nodes.len() != self.nodes.len() {
+            return Err(refuse("it adds nodes (capacity grows by pools, not by editing the map)".into()));
+        }
+        if next.sets != self.sets {
+            return Err(refuse("it changes the erasure sets (objects would move)".into()));
         }
         Ok(())
     }

@@ -236,6 +236,16 @@ fn successors_keep_every_node_drive_and_set() {
     assert!(refused(&|m| m.nodes[1].drives[0] = PathBuf::from("elsewhere")), "a moved drive");
     assert!(refused(&|m| m.nodes.swap(0, 1)), "reordered nodes");
     assert!(refused(&|m| m.sets[0].drives.swap(0, 1)), "a changed set");
+    // Growth by editing the map would move objects: placement is hash % sets.
+    let grown = generate(6, 2, 4, 2).unwrap();
+    assert!(
+        refused(&|m| {
+            m.nodes = grown.nodes.clone();
+            m.sets = grown.sets.clone();
+        }),
+        "added drives and a set"
+    );
+    assert!(refused(&|m| m.sets.push(m.sets[0].clone())), "an added set");
     // A later descendant may skip versions (a node that slept through several changes).
     let mut later = next.clone();
     later.version += 3;
