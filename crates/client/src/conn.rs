@@ -114,10 +114,10 @@ impl Conn {
             map.stale.store(true, Ordering::SeqCst);
         }
         let client_nonce: [u8; NONCE_BYTES] = rand::random();
-        let auth = AuthProof::new(secret, &challenge.nonce, client_nonce, &map.cluster_id, map.version);
+        let auth = AuthProof::new(secret, &challenge, client_nonce, &map.cluster_id, map.version);
         let frame = proto::encode_frame(FrameKind::Auth, &auth).map_err(protocol)?;
         stream.write_all(&frame).await.map_err(io)?;
-        let (outbound, inbound) = proto::session_macs(secret, &challenge.nonce, &client_nonce);
+        let (outbound, inbound) = proto::session_macs(secret, &auth.transcript(&challenge));
         let mut conn = Self { stream, node: node.to_owned(), outbound, inbound, stale: Arc::clone(&map.stale) };
         match conn.read_response().await {
             Ok(Response::Ok) => Ok(conn),

@@ -124,7 +124,7 @@ fn handshake(mut stream: TcpStream, state: &State) -> Result<Session, ConnError>
     read_exact_before(&mut stream, body, deadline)?;
     let auth: AuthProof = proto::decode_message(body, "authentication")?;
     if auth.protocol_version != PROTOCOL_VERSION
-        || !proto::verify_client_proof(&state.secret, &nonce, &auth.client_nonce, &auth.proof)
+        || !proto::verify_client_proof(&state.secret, &auth.transcript(&challenge), &auth.proof)
     {
         return Err(ConnError::AuthFailed);
     }
@@ -135,7 +135,7 @@ fn handshake(mut stream: TcpStream, state: &State) -> Result<Session, ConnError>
     if auth.map_version > state.map.version() {
         state.map.newer_seen();
     }
-    let (inbound, outbound) = proto::session_macs(&state.secret, &nonce, &auth.client_nonce);
+    let (inbound, outbound) = proto::session_macs(&state.secret, &auth.transcript(&challenge));
     let mut session = Session { stream, inbound, outbound, map_version: auth.map_version };
     // The first tagged frame proves to the client that this node knows the secret.
     session.send(&Response::Ok)?;

@@ -85,10 +85,10 @@ impl Peer {
             return Err(PeerError::WrongCluster { addr, ours: map.cluster_id.clone(), theirs: challenge.cluster_id });
         }
         let client_nonce: [u8; NONCE_BYTES] = rand::random();
-        let auth = AuthProof::new(secret, &challenge.nonce, client_nonce, &map.cluster_id, map.version);
+        let auth = AuthProof::new(secret, &challenge, client_nonce, &map.cluster_id, map.version);
         let frame = proto::encode_frame(FrameKind::Auth, &auth).map_err(|source| PeerError::Proto { addr, source })?;
         stream.write_all(&frame).map_err(io)?;
-        let (outbound, inbound) = proto::session_macs(secret, &challenge.nonce, &client_nonce);
+        let (outbound, inbound) = proto::session_macs(secret, &auth.transcript(&challenge));
         let mut peer = Self { addr, stream, outbound, inbound };
         match peer.read_response()? {
             Response::Ok => Ok((peer, challenge.map_version)),

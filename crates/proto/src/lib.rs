@@ -12,9 +12,10 @@
 //! no header: their length is in the message before them.
 //!
 //! A connection starts with a handshake that authenticates both peers with the cluster secret
-//! and derives per-connection keys: the node sends [`Challenge`] (a fresh nonce), the client
-//! answers [`AuthProof`] (its own fresh nonce and an HMAC-SHA256 of both nonces under the
-//! secret, see [`client_proof`]); both then derive one [`FrameMac`] per direction
+//! and derives per-connection keys: the node sends [`Challenge`] (a fresh nonce, its cluster id
+//! and map version), the client answers [`AuthProof`] (its own fresh nonce, cluster id and map
+//! version, and an HMAC-SHA256 under the secret of all of that, the [`Transcript`], see
+//! [`client_proof`]); both then derive one [`FrameMac`] per direction over the transcript
 //! ([`session_macs`]). From then on every `Request` and `Response` frame is followed by a
 //! [`FRAME_TAG_BYTES`] tag: HMAC-SHA256 (truncated) over a per-direction sequence number, the
 //! header and the body. The node's first tagged frame ([`Response::Ok`]) proves to the client
@@ -219,65 +220,84 @@ pub struct AuthProof {
 }
 
 impl AuthProof {
-    /// The answer to `challenge_nonce` of a client that knows `secret`, with a fresh
-    /// `client_nonce`, planning with version `map_version` of cluster `cluster_id`'s map.
+    /// The answer to `challenge` of a client that knows `secret`, with a fresh `client_nonce`,
+    /// planning with version `map_version` of cluster `cluster_id`'s map.
     pub fn new(
         secret: &str,
-        challenge_nonce: &[u8; NONCE_BYTES],
+        challenge: &Challenge,
         client_nonce: [u8; NONCE_BYTES],
         cluster_id: &str,
         map_version: u64,
     ) -> Self {
+        let transcript = Transcript { challenge, client_nonce: &client_nonce, cluster_id, map_version };
         Self {
             protocol_version: PROTOCOL_VERSION,
             client_nonce,
-            proof: client_proof(secret, challenge_nonce, &client_nonce),
+            proof: client_proof(secret, &transcript),
             cluster_id: cluster_id.to_owned(),
             map_version,
         }
     }
+
+    /// What this answer and `challenge` said, for [`verify_client_proof`] and [`session_macs`].
+    pub fn transcript<'a>(&'a self, challenge: &'a Challenge) -> Transcript<'a> {
+        Transcript {
+            challenge,
+            client_nonce: &self.client_nonce,
+            cluster_id: &self.cluster_id,
+            map_version: self.map_version,
+        }
+    }
+}
+
+/// Everything both sides said in a handshake: the node's [`Challenge`] (nonce, cluster id, map
+/// version) and the client's nonce, cluster id and map version. The client's proof and both
+/// frame keys are derived over all of it, so none of it can be changed on the path unnoticed
+/// (a changed field makes the proof or the node's first tagged frame fail).
+#[derive(Clone, Copy, Debug)]
+pub struct Transcript<'a> {
+    pub challenge: &'a Challenge,
+    pub client_nonce: &'a [u8; NONCE_BYTES],
+    pub cluster_id: &'a str,
+    pub map_version: u64,
 }
 
 type HmacSha256 = Hmac<Sha256>;
 
-fn keyed(secret: &str, label: &[u8], node_nonce: &[u8; NONCE_BYTES], client_nonce: &[u8; NONCE_BYTES]) -> HmacSha256 {
+fn keyed(secret: &str, label: &[u8], transcript: &Transcript<'_>) -> HmacSha256 {
     let mut mac = HmacSha256::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
-    mac.update(b"tessera node protocol v2\0");
+    mac.update(b"tessera node protocol v4\0");
     mac.update(label);
-    mac.update(node_nonce);
-    mac.update(client_nonce);
+    mac.update(&transcript.challenge.nonce);
+    mac.update(transcript.client_nonce);
+    // Length-prefixed, so no two different transcripts feed the MAC the same bytes.
+    for (id, version) in [
+        (transcript.challenge.cluster_id.as_str(), transcript.challenge.map_version),
+        (transcript.cluster_id, transcript.map_version),
+    ] {
+        mac.update(&(id.len() as u64).to_le_bytes());
+        mac.update(id.as_bytes());
+        mac.update(&version.to_le_bytes());
+    }
     mac
 }
 
 /// The client's proof that it knows the cluster secret: HMAC-SHA256 under the secret of a domain
-/// tag and both nonces (the node's nonce is fresh, so a proof cannot be replayed).
-pub fn client_proof(
-    secret: &str,
-    node_nonce: &[u8; NONCE_BYTES],
-    client_nonce: &[u8; NONCE_BYTES],
-) -> [u8; NONCE_BYTES] {
-    keyed(secret, b"client proof\0", node_nonce, client_nonce).finalize().into_bytes().into()
+/// tag and the whole handshake (the node's nonce is fresh, so a proof cannot be replayed).
+pub fn client_proof(secret: &str, transcript: &Transcript<'_>) -> [u8; NONCE_BYTES] {
+    keyed(secret, b"client proof\0", transcript).finalize().into_bytes().into()
 }
 
 /// Checks a [`client_proof`] in constant time.
-pub fn verify_client_proof(
-    secret: &str,
-    node_nonce: &[u8; NONCE_BYTES],
-    client_nonce: &[u8; NONCE_BYTES],
-    proof: &[u8; NONCE_BYTES],
-) -> bool {
-    keyed(secret, b"client proof\0", node_nonce, client_nonce).verify_slice(proof).is_ok()
+pub fn verify_client_proof(secret: &str, transcript: &Transcript<'_>, proof: &[u8; NONCE_BYTES]) -> bool {
+    keyed(secret, b"client proof\0", transcript).verify_slice(proof).is_ok()
 }
 
 /// The per-connection frame MACs, `(client to node, node to client)`: keys derived from the
-/// secret and both nonces, so each connection and direction has its own.
-pub fn session_macs(
-    secret: &str,
-    node_nonce: &[u8; NONCE_BYTES],
-    client_nonce: &[u8; NONCE_BYTES],
-) -> (FrameMac, FrameMac) {
+/// secret and the whole handshake, so each connection and direction has its own.
+pub fn session_macs(secret: &str, transcript: &Transcript<'_>) -> (FrameMac, FrameMac) {
     let derive = |label: &[u8]| {
-        let key: [u8; 32] = keyed(secret, label, node_nonce, client_nonce).finalize().into_bytes().into();
+        let key: [u8; 32] = keyed(secret, label, transcript).finalize().into_bytes().into();
         FrameMac { mac: HmacSha256::new_from_slice(&key).expect("HMAC takes keys of any length"), seq: 0 }
     };
     (derive(b"key client to node\0"), derive(b"key node to client\0"))

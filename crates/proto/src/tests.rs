@@ -112,14 +112,34 @@ fn bad_headers_are_refused() {
     assert!(matches!(FrameHeader::decode(&kind), Err(Error::UnknownKind { kind: 99 })));
 }
 
+fn challenge(nonce: u8, cluster_id: &str, map_version: u64) -> Challenge {
+    Challenge {
+        protocol_version: PROTOCOL_VERSION,
+        nonce: [nonce; NONCE_BYTES],
+        cluster_id: cluster_id.into(),
+        map_version,
+    }
+}
+
 #[test]
-fn client_proof_needs_the_secret_and_both_nonces() {
-    let (node_nonce, client_nonce) = ([7u8; NONCE_BYTES], [9u8; NONCE_BYTES]);
-    let proof = client_proof("secret", &node_nonce, &client_nonce);
-    assert!(verify_client_proof("secret", &node_nonce, &client_nonce, &proof));
-    assert!(!verify_client_proof("other", &node_nonce, &client_nonce, &proof));
-    assert!(!verify_client_proof("secret", &[8u8; NONCE_BYTES], &client_nonce, &proof));
-    assert!(!verify_client_proof("secret", &node_nonce, &[8u8; NONCE_BYTES], &proof));
+fn client_proof_needs_the_secret_and_covers_the_whole_handshake() {
+    let node = challenge(7, "c1", 3);
+    let auth = AuthProof::new("secret", &node, [9u8; NONCE_BYTES], "c1", 2);
+    assert!(verify_client_proof("secret", &auth.transcript(&node), &auth.proof));
+    assert!(!verify_client_proof("other", &auth.transcript(&node), &auth.proof));
+    // Any field of either message changed on the path: the proof no longer holds.
+    for changed in [challenge(8, "c1", 3), challenge(7, "c2", 3), challenge(7, "c1", 4)] {
+        assert!(!verify_client_proof("secret", &auth.transcript(&changed), &auth.proof));
+    }
+    let mut altered = auth.clone();
+    altered.client_nonce = [8u8; NONCE_BYTES];
+    assert!(!verify_client_proof("secret", &altered.transcript(&node), &altered.proof));
+    let mut altered = auth.clone();
+    altered.map_version = 9;
+    assert!(!verify_client_proof("secret", &altered.transcript(&node), &altered.proof));
+    let mut altered = auth.clone();
+    altered.cluster_id = "c9".into();
+    assert!(!verify_client_proof("secret", &altered.transcript(&node), &altered.proof));
 }
 
 fn sealed(
@@ -136,9 +156,10 @@ fn sealed(
 
 #[test]
 fn frame_macs_accept_frames_in_order_and_nothing_else() {
-    let (node_nonce, client_nonce) = ([1u8; NONCE_BYTES], [2u8; NONCE_BYTES]);
-    let (mut c2n_send, _) = session_macs("secret-secret-secret", &node_nonce, &client_nonce);
-    let (mut c2n_recv, mut n2c) = session_macs("secret-secret-secret", &node_nonce, &client_nonce);
+    let node = challenge(1, "c1", 1);
+    let auth = AuthProof::new("secret-secret-secret", &node, [2u8; NONCE_BYTES], "c1", 1);
+    let (mut c2n_send, _) = session_macs("secret-secret-secret", &auth.transcript(&node));
+    let (mut c2n_recv, mut n2c) = session_macs("secret-secret-secret", &auth.transcript(&node));
     let first = sealed(FrameKind::Request, &Response::Ok, &mut c2n_send);
     let second = sealed(FrameKind::Request, &Response::Map { toml: "x".into() }, &mut c2n_send);
     // Out of order (the second frame first) fails, and so does a replay of the first.
@@ -155,10 +176,14 @@ fn frame_macs_accept_frames_in_order_and_nothing_else() {
     assert!(c2n_recv.clone().open(&header, &second.1, &second.2).is_err());
     assert!(n2c.open(&second.0, &second.1, &second.2).is_err());
     c2n_recv.open(&second.0, &second.1, &second.2).unwrap();
-    // Another connection (other nonces) or another secret derives other keys.
-    let (mut other, _) = session_macs("secret-secret-secret", &node_nonce, &[3u8; NONCE_BYTES]);
+    // Another connection (other nonces), a handshake changed on the path (another map
+    // version), or another secret derives other keys.
+    let other_auth = AuthProof::new("secret-secret-secret", &node, [3u8; NONCE_BYTES], "c1", 1);
+    let (mut other, _) = session_macs("secret-secret-secret", &other_auth.transcript(&node));
     assert!(other.open(&first.0, &first.1, &first.2).is_err());
-    let (mut other, _) = session_macs("another-secret-here", &node_nonce, &client_nonce);
+    let (mut other, _) = session_macs("secret-secret-secret", &auth.transcript(&challenge(1, "c1", 2)));
+    assert!(other.open(&first.0, &first.1, &first.2).is_err());
+    let (mut other, _) = session_macs("another-secret-here", &auth.transcript(&node));
     assert!(other.open(&first.0, &first.1, &first.2).is_err());
 }
 

@@ -25,16 +25,10 @@ impl RawSession {
         let (_, body) = read_plain_frame(&mut stream);
         let challenge: proto::Challenge = proto::decode_message(&body, "challenge").unwrap();
         let client_nonce = [42u8; NONCE_BYTES];
-        let proof = proto::client_proof(secret, &challenge.nonce, &client_nonce);
-        let auth = proto::AuthProof {
-            protocol_version: proto::PROTOCOL_VERSION,
-            client_nonce,
-            proof,
-            cluster_id: challenge.cluster_id.clone(),
-            map_version: challenge.map_version,
-        };
+        let auth =
+            proto::AuthProof::new(secret, &challenge, client_nonce, &challenge.cluster_id, challenge.map_version);
         stream.write_all(&proto::encode_frame(FrameKind::Auth, &auth).unwrap()).unwrap();
-        let (outbound, inbound) = proto::session_macs(secret, &challenge.nonce, &client_nonce);
+        let (outbound, inbound) = proto::session_macs(secret, &auth.transcript(&challenge));
         let mut session = Self { stream, outbound, inbound };
         assert_eq!(session.read_response().unwrap(), Response::Ok);
         session
@@ -79,7 +73,7 @@ impl RawSession {
     }
 }
 
-fn read_plain_frame(stream: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
+pub(crate) fn read_plain_frame(stream: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
     let mut header = [0u8; FRAME_HEADER_BYTES];
     stream.read_exact(&mut header).unwrap();
     let decoded = FrameHeader::decode(&header).unwrap();
@@ -110,7 +104,14 @@ fn forged_or_replayed_frames_on_an_authenticated_connection_close_it_and_change_
 
     // A frame tagged with a key derived from the wrong secret.
     let mut session = RawSession::open(cluster.addrs[0], &secret);
-    let (mut wrong, _) = proto::session_macs("not-the-cluster-secret", &[0; NONCE_BYTES], &[42; NONCE_BYTES]);
+    let guess = proto::Challenge {
+        protocol_version: proto::PROTOCOL_VERSION,
+        nonce: [0; NONCE_BYTES],
+        cluster_id: String::new(),
+        map_version: 0,
+    };
+    let guessed = proto::AuthProof::new("not-the-cluster-secret", &guess, [42; NONCE_BYTES], "", 0);
+    let (mut wrong, _) = proto::session_macs("not-the-cluster-secret", &guessed.transcript(&guess));
     let forged = proto::encode_sealed_frame(FrameKind::Request, &request, &mut wrong).unwrap();
     session.stream.write_all(&forged).unwrap();
     assert!(session.closed_by_node(), "a frame under another key must close the connection");
@@ -202,8 +203,9 @@ fn client_refuses_a_node_that_cannot_prove_it_knows_the_secret() {
             map_version: 1,
         };
         stream.write_all(&proto::encode_frame(FrameKind::Challenge, &challenge).unwrap()).unwrap();
-        let _ = read_plain_frame(&mut stream);
-        let (_, mut guessed) = proto::session_macs("a-guess-at-the-secret", &[1; NONCE_BYTES], &[0; NONCE_BYTES]);
+        let (_, body) = read_plain_frame(&mut stream);
+        let auth: proto::AuthProof = proto::decode_message(&body, "authentication").unwrap();
+        let (_, mut guessed) = proto::session_macs("a-guess-at-the-secret", &auth.transcript(&challenge));
         let ok = proto::encode_sealed_frame(FrameKind::Response, &Response::Ok, &mut guessed).unwrap();
         stream.write_all(&ok).unwrap();
         let mut rest = Vec::new();
