@@ -252,8 +252,9 @@ impl Topology {
 struct Inner {
     /// The newest map this client knows.
     latest: std::sync::RwLock<Arc<Topology>>,
-    /// Held while the map is fetched anew, so one refresh serves every waiting operation.
-    refreshing: tokio::sync::Mutex<()>,
+    /// Held while the map is fetched anew, so one refresh serves every waiting operation; holds
+    /// when the last refresh failed, and why: another is tried only after `down_backoff`.
+    refreshing: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
     codec: ec::Codec,
     options: ClientOptions,
     writer_id: u64,
@@ -281,7 +282,7 @@ impl Client {
         let topo = Arc::new(Topology::new(map));
         let inner = Inner {
             latest: std::sync::RwLock::new(Arc::clone(&topo)),
-            refreshing: tokio::sync::Mutex::new(()),
+            refreshing: tokio::sync::Mutex::new(None),
             codec,
             options,
             writer_id: rand::random(),
@@ -359,9 +360,15 @@ impl Client {
     /// Replaces `stale` (a map a node showed to be old) with the newest map a node serves that
     /// descends from it. Nothing to do if another task did it already.
     async fn refresh_map(&self, stale: &Arc<Topology>) -> Result<(), Error> {
-        let _refreshing = self.inner.refreshing.lock().await;
+        let mut last_failure = self.inner.refreshing.lock().await;
         if !Arc::ptr_eq(&self.inner.latest.read().expect("map lock poisoned"), stale) {
             return Ok(());
+        }
+        if let Some((at, reason)) = last_failure.as_ref()
+            && at.elapsed() < self.inner.options.down_backoff
+        {
+            let reason = format!("{reason} ({:?} ago; not tried again yet)", at.elapsed());
+            return Err(Error::MapRefresh { version: stale.map.version, reason });
         }
         let client = Client { inner: Arc::clone(&self.inner), topo: Arc::clone(stale) };
         let calls = (0..stale.map.nodes.len()).map(|node_idx| client.call_now(node_idx, &Request::GetMap));
@@ -390,8 +397,11 @@ impl Client {
             }
         }
         let Some(map) = newest else {
-            return Err(Error::MapRefresh { version: stale.map.version, reason: reasons.join("; ") });
+            let reason = reasons.join("; ");
+            *last_failure = Some((std::time::Instant::now(), reason.clone()));
+            return Err(Error::MapRefresh { version: stale.map.version, reason });
         };
+        *last_failure = None;
         tracing::info!(from = stale.map.version, to = map.version, "cluster map refreshed");
         *self.inner.latest.write().expect("map lock poisoned") = Arc::new(Topology::new(map));
         Ok(())
@@ -499,14 +509,12 @@ impl Client {
         // `put::put` plans again with a newer map if the set's nodes show one before the first
         // chunk is sent; a map change later in the upload fails it (the source is consumed).
         let client = self.current();
-        let result = async {
-            let (info, replaced) = put::put(&client, bucket, key, source, options).await?;
-            multipart::delete_pieces(&client, &replaced).await;
-            Ok(info)
-        }
-        .await;
+        let result = put::put(&client, bucket, key, source, options).await;
         self.refreshed_after(&client, false).await;
-        result
+        let (info, replaced) = result?;
+        // With the newest map: `put::put` may have planned with a newer one than `client`'s.
+        multipart::delete_pieces(&self.current(), &replaced).await;
+        Ok(info)
     }
 
     /// Deletes `bucket/key` by committing a delete marker (a newer version) on the quorum.

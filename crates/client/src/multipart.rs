@@ -105,10 +105,17 @@ impl Client {
         if !(1..=PART_NUMBER_MAX).contains(&number) {
             return Err(Error::InvalidPart { number, reason: format!("part numbers are 1 to {PART_NUMBER_MAX}") });
         }
-        // Like `Client::put`: `put::put` plans again if a node shows a newer map early.
-        let client = self.current();
-        let result = async {
+        // The marker check reads nothing from `source`: it may run again with a newer map.
+        // Then, like `Client::put`, `put::put` plans again if a node shows a newer map early.
+        let mut client = self.current();
+        let marker = client.upload_marker(bucket, key, upload_id).await;
+        if self.refreshed_after(&client, marker.is_err()).await {
+            client = self.current();
             client.upload_marker(bucket, key, upload_id).await?;
+        } else {
+            marker?;
+        }
+        let result = async {
             let piece = piece_key(bucket, upload_id, number);
             let (info, _) = crate::put::put(&client, MULTIPART_BUCKET, &piece, source, &PutOptions::default()).await?;
             Ok(PartInfo { number, size: info.meta.size, etag: info.meta.etag, modified_ms: info.meta.modified_ms })

@@ -23,6 +23,9 @@ use crate::peer::Peer;
 
 /// How often a node asks its peers for a newer map even if nothing hinted at one.
 pub(crate) const CATCH_UP_INTERVAL: Duration = Duration::from_secs(300);
+/// Least time between two rounds of asking the peers: hints (any connection that names a newer
+/// version, which a stale or hostile peer can send often) cost at most one round per second.
+const CATCH_UP_GAP: Duration = Duration::from_secs(1);
 
 /// Why a map update was refused.
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +139,7 @@ impl MapHolder {
 pub(crate) fn worker(state: &State) {
     loop {
         catch_up(state);
+        std::thread::sleep(CATCH_UP_GAP);
         state.map.wait_for_hint(CATCH_UP_INTERVAL);
     }
 }

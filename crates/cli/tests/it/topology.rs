@@ -89,22 +89,30 @@ fn a_node_listens_where_told_and_is_reached_at_its_advertised_address() {
 
 #[test]
 fn a_client_with_an_older_map_fetches_the_new_one_and_retries() {
-    let cluster = Cluster::start(Shape::default());
+    let mut cluster = Cluster::start(Shape::default());
     let stale = cluster.client();
     let streaming = cluster.client();
+    let reader = cluster.client();
     block_on(async {
         stale.make_bucket("bkt").await.unwrap();
         stale.put_bytes("bkt", "before", b"old map", &Default::default()).await.unwrap();
     });
     assert_eq!(stale.map().version, 1);
-    let edited = cluster.dir.path().join("next.toml");
-    fs::copy(&cluster.config, &edited).unwrap();
+    // n6's host is replaced by one at another address: the map says so from version 2.
+    cluster.kill_node(5);
+    let moved = SocketAddr::from(([127, 0, 0, 1], free_ports(1)));
+    let text = fs::read_to_string(&cluster.config).unwrap();
+    let edited =
+        private_file(cluster.dir.path(), "next.toml", &text.replace(&cluster.addrs[5].to_string(), &moved.to_string()));
     let out = cluster.cli_ok(&["map", "push", edited.to_str().unwrap()]);
-    assert!(out.contains("every node holds map version 2"), "{out}");
+    assert!(out.contains("map version 2 is on every node but n6"), "{out}");
     assert_eq!(map_version(&cluster.config), 2);
-    for idx in 0..6 {
+    for idx in 0..5 {
         assert!(cluster.log(idx).contains("cluster map updated"), "n{} did not take the map", idx + 1);
     }
+    cluster.addrs[5] = moved;
+    cluster.start_node(5);
+    cluster.wait_ready();
     block_on(async {
         // Planned with version 1: refused by the nodes, refreshed, retried.
         assert_eq!(stale.get("bkt", "before").await.unwrap(), b"old map");
@@ -115,14 +123,35 @@ fn a_client_with_an_older_map_fetches_the_new_one_and_retries() {
         streaming.put("bkt", "streamed", &mut source, &Default::default()).await.unwrap();
         assert_eq!(streaming.map().version, 2);
     });
-    let fresh = cluster.client();
+    // With n1 and n2 down every read needs n6, at its new address only: a client that still
+    // plans with version 1 (n6 at the old address) must find it there.
+    cluster.kill_node(0);
+    cluster.kill_node(1);
     block_on(async {
-        assert_eq!(fresh.map().version, 2);
-        assert_eq!(fresh.get("bkt", "after").await.unwrap(), b"new map");
-        assert_eq!(fresh.get("bkt", "streamed").await.unwrap(), payload(200_000, 3));
+        assert_eq!(reader.map().version, 1);
+        assert_eq!(reader.get("bkt", "after").await.unwrap(), b"new map");
+        assert_eq!(reader.get("bkt", "streamed").await.unwrap(), payload(200_000, 3));
+        assert_eq!(reader.get("bkt", "before").await.unwrap(), b"old map");
     });
-    let status = cluster.cli_ok(&["map", "status"]);
-    assert!(status.contains("all 6 nodes hold version 2"), "{status}");
+}
+
+#[test]
+fn a_node_refuses_a_client_of_another_cluster_even_with_the_secret() {
+    use std::io::{Read as _, Write as _};
+    let cluster = Cluster::start(Shape::default());
+    let map = cluster.client().map();
+    let mut stream = TcpStream::connect(cluster.addrs[0]).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let (_, body) = crate::protocol::read_plain_frame(&mut stream);
+    let challenge: proto::Challenge = proto::decode_message(&body, "challenge").unwrap();
+    assert_eq!(challenge.cluster_id, map.cluster_id);
+    // The right secret, a valid proof, another cluster's id.
+    let auth = proto::AuthProof::new(&map.secret, &challenge, [5; proto::NONCE_BYTES], "another-cluster", 1);
+    stream.write_all(&proto::encode_frame(proto::FrameKind::Auth, &auth).unwrap()).unwrap();
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "the node must close the connection without answering");
+    assert!(cluster.log(0).contains("the client's map is of cluster another-cluster"), "{}", cluster.log(0));
 }
 
 #[test]
@@ -163,12 +192,24 @@ fn map_changes_that_would_move_data_or_race_another_change_are_refused() {
     let moved = text.replacen("\"n6/d1\"", "\"n6/elsewhere\"", 1);
     assert_ne!(moved, text);
     one_line_error(&push("moved.toml", &moved), "cannot follow version 1");
+    // Growing by editing the map (a second drive per node, a second set) would move objects.
+    let mut grown = cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap();
+    for node in &mut grown.nodes {
+        node.drives.push(format!("{}/d2", node.id).into());
+    }
+    let second = (0..6).map(|node_idx| cluster::DriveRef { node_idx, drive_idx: 1 }).collect();
+    grown.sets.push(cluster::ErasureSet { drives: second });
+    one_line_error(&push("grown.toml", &grown.to_toml()), "cannot follow version 1");
     let other_cluster = text.replacen("cluster_id = \"", "cluster_id = \"x", 1);
     one_line_error(&push("other.toml", &other_cluster), "belongs to cluster");
     assert!(cluster.cli_ok(&["map", "status"]).contains("all 6 nodes hold version 1"));
     // A change goes through; a second one edited from the old map must not undo it.
     assert!(push("first.toml", &text).status.success());
-    one_line_error(&push("late.toml", &text), "must take version 3");
+    // An edit of version 1 made before that change: refused, and running the first change
+    // again is a no-op (pushes cut short can be finished).
+    let elsewhere = SocketAddr::from(([127, 0, 0, 1], free_ports(1))).to_string();
+    one_line_error(&push("late.toml", &text.replace(&cluster.addrs[5].to_string(), &elsewhere)), "must take version 3");
+    assert!(push("again.toml", &text).status.success());
     assert!(cluster.cli_ok(&["map", "status"]).contains("all 6 nodes hold version 2"));
 }
 
