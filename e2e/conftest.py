@@ -18,6 +18,7 @@ import ctypes
 import json
 import http.client
 import os
+import random
 import re
 import secrets
 import shutil
@@ -69,15 +70,26 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
+def _ephemeral_floor() -> int:
+    """First port of the kernel's ephemeral range (what outgoing connections take locally)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def _free_port_range(count: int) -> int:
-    """First of `count` consecutive ports free on 127.0.0.1 (node i listens on base + i - 1)."""
+    """First of `count` consecutive ports free on 127.0.0.1 (node i listens on base + i - 1).
+
+    Below the ephemeral range: a node killed and restarted on its port must not find it taken
+    as the local port of somebody's outgoing connection."""
+    ceiling = _ephemeral_floor()
+    rng = random.Random(os.getpid())
     for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = sock.getsockname()[1]
-        if base + count < 65_000 and all(_port_is_free(base + i) for i in range(count)):
+        base = rng.randrange(10_000, ceiling - count)
+        if all(_port_is_free(base + i) for i in range(count)):
             return base
-    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1 below {ceiling}")
 
 
 def _wait_tcp(port: int, proc: subprocess.Popen, name: str, log: Path, deadline: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -26,14 +27,23 @@ CHUNK_SIZE = "64KiB"
 READY_TIMEOUT_S = 30.0
 
 
+def _ephemeral_floor() -> int:
+    """First port of the kernel's ephemeral range (what outgoing connections take locally)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port_range(count: int) -> int:
-    """The first of `count` consecutive free ports on 127.0.0.1."""
+    """The first of `count` consecutive free ports on 127.0.0.1.
+
+    Below the ephemeral range: a node killed and restarted on its port must not find it taken
+    as the local port of somebody's outgoing connection."""
+    ceiling = _ephemeral_floor()
+    rng = random.Random(os.getpid())
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + count >= 65535:
-            continue
+        base = rng.randrange(10_000, ceiling - count)
         socks = []
         try:
             for port in range(base, base + count):
@@ -47,7 +57,7 @@ def free_port_range(count: int) -> int:
         finally:
             for s in socks:
                 s.close()
-    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1 below {ceiling}")
 
 
 class Cluster:

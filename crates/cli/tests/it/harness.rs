@@ -57,16 +57,31 @@ pub(crate) struct Cluster {
     allowed_errors: Vec<&'static str>,
 }
 
-/// `count` consecutive free ports on 127.0.0.1.
+/// Lowest port the harness hands out.
+const PORT_FLOOR: u16 = 10_000;
+
+/// First port of the kernel's ephemeral range: ports at or above it are what outgoing
+/// connections (from any test or process) take as their local port, so a node restarted on
+/// such a port can find it held by somebody's connection ("Address already in use").
+fn ephemeral_floor() -> u16 {
+    let range = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    range.split_whitespace().next().and_then(|low| low.parse().ok()).unwrap_or(32_768)
+}
+
+/// `count` consecutive free ports on 127.0.0.1, below the ephemeral range so that a node can
+/// be restarted on its port.
 pub(crate) fn free_ports(count: usize) -> u16 {
+    let ceiling = ephemeral_floor();
+    assert!(ceiling > PORT_FLOOR + 1024, "ephemeral port range starts at {ceiling}: too low for the tests");
     if NEXT_PORT.load(Ordering::SeqCst) == 0 {
-        let seed = 20_000 + (std::process::id() % 2000) as u16 * 16;
+        let span = u32::from(ceiling - PORT_FLOOR) / 2;
+        let seed = PORT_FLOOR + (std::process::id() % span) as u16;
         let _ = NEXT_PORT.compare_exchange(0, seed, Ordering::SeqCst, Ordering::SeqCst);
     }
     for _ in 0..200 {
         let base = NEXT_PORT.fetch_add(count as u16 + 1, Ordering::SeqCst);
-        if base > 60_000 {
-            NEXT_PORT.store(20_000, Ordering::SeqCst);
+        if base < PORT_FLOOR || base + count as u16 >= ceiling {
+            NEXT_PORT.store(PORT_FLOOR, Ordering::SeqCst);
             continue;
         }
         let all_free = (0..count as u16).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
@@ -74,7 +89,7 @@ pub(crate) fn free_ports(count: usize) -> u16 {
             return base;
         }
     }
-    panic!("no {count} consecutive free ports on 127.0.0.1");
+    panic!("no {count} consecutive free ports on 127.0.0.1 below {ceiling}");
 }
 
 impl Cluster {
@@ -236,6 +251,20 @@ impl Cluster {
 
     pub(crate) fn log(&self, idx: usize) -> String {
         fs::read_to_string(self.log_path(idx)).unwrap_or_default()
+    }
+
+    /// Node `idx`'s log once it contains `text` (a node may log after it has answered or closed
+    /// the connection); fails the test after 10 s.
+    pub(crate) fn wait_log(&self, idx: usize, text: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.log(idx);
+            if log.contains(text) {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "n{} never logged {text:?}:\n{log}", idx + 1);
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Runs the CLI against this cluster.

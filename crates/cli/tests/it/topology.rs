@@ -108,7 +108,7 @@ fn a_client_with_an_older_map_fetches_the_new_one_and_retries() {
     assert!(out.contains("map version 2 is on every node but n6"), "{out}");
     assert_eq!(map_version(&cluster.config), 2);
     for idx in 0..5 {
-        assert!(cluster.log(idx).contains("cluster map updated"), "n{} did not take the map", idx + 1);
+        cluster.wait_log(idx, "cluster map updated");
     }
     cluster.addrs[5] = moved;
     cluster.start_node(5);
@@ -151,7 +151,7 @@ fn a_node_refuses_a_client_of_another_cluster_even_with_the_secret() {
     let mut rest = Vec::new();
     let _ = stream.read_to_end(&mut rest);
     assert!(rest.is_empty(), "the node must close the connection without answering");
-    assert!(cluster.log(0).contains("the client's map is of cluster another-cluster"), "{}", cluster.log(0));
+    cluster.wait_log(0, "the client's map is of cluster another-cluster");
 }
 
 #[test]
