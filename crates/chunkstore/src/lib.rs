@@ -1159,6 +1159,20 @@ impl Drive {
         Ok(result)
     }
 
+    /// Free bytes (for an unprivileged writer) and total bytes of the drive's file system.
+    pub fn space(&self) -> Result<(u64, u64), Error> {
+        let path = std::ffi::CString::new(self.root.as_os_str().as_encoded_bytes())
+            .map_err(|e| self.io_err(&self.root, io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `path` is a NUL-terminated string and `stat` a valid statvfs to fill.
+        let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
+        if rc != 0 {
+            return Err(self.io_err(&self.root, io::Error::last_os_error()));
+        }
+        let fragment = stat.f_frsize as u64;
+        Ok((stat.f_bavail as u64 * fragment, stat.f_blocks as u64 * fragment))
+    }
+
     /// Flushes the file system that holds the drive.
     fn syncfs(&self) -> Result<(), Error> {
         let synced = File::open(&self.root).and_then(|dir| {

@@ -165,7 +165,7 @@ pub(crate) fn init(args: &InitArgs) -> anyhow::Result<()> {
 const HOSTS_LINES_MAX: usize = 4096;
 
 /// The nodes of a `--hosts` file: one `IP:PORT[=DRIVES]` per line.
-fn read_hosts(path: &Path) -> anyhow::Result<Vec<NodeSpec>> {
+pub(crate) fn read_hosts(path: &Path) -> anyhow::Result<Vec<NodeSpec>> {
     let text = fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
     let mut nodes = Vec::new();
     for (line_idx, line) in text.lines().enumerate() {

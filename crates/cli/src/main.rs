@@ -8,6 +8,7 @@ mod cluster_cmd;
 mod drive_cmd;
 mod map_cmd;
 mod object_cmd;
+mod pool_cmd;
 mod repair_cmd;
 mod s3_load;
 mod size;
@@ -65,6 +66,8 @@ enum Command {
     Drive(drive_cmd::DriveArgs),
     /// The cluster map on the running cluster: which version each node holds; push a change.
     Map(map_cmd::MapArgs),
+    /// Storage pools: add a pool of new nodes to grow the cluster; free space per pool.
+    Pool(pool_cmd::PoolArgs),
 }
 
 fn main() -> ExitCode {
@@ -120,6 +123,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Repair(args) => repair_cmd::run(&args),
         Command::Drive(args) => drive_cmd::run(&args),
         Command::Map(args) => map_cmd::run(&args),
+        Command::Pool(args) => pool_cmd::run(&args),
     }
 }
 

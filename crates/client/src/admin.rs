@@ -107,7 +107,71 @@ pub struct NodeMap {
     pub map: Result<cluster::ClusterMap, String>,
 }
 
+/// The space of one node's drives.
+#[derive(Clone, Debug)]
+pub struct NodeSpace {
+    pub node: String,
+    /// Per drive, in the node's order; or why the node could not tell.
+    pub drives: Result<Vec<proto::DriveSpace>, String>,
+}
+
 impl Client {
+    /// Free and total bytes of every drive of every node (in node order), as the nodes' file
+    /// systems report them.
+    pub async fn node_space(&self) -> Vec<NodeSpace> {
+        let client = self.current();
+        let calls = (0..client.topo.map.nodes.len()).map(|node_idx| {
+            let client = &client;
+            async move {
+                let drives = match client.call_now(node_idx, &Request::Space).await {
+                    Ok(Response::Space { drives }) => Ok(drives),
+                    Ok(Response::Error { message, .. }) => Err(message),
+                    Ok(other) => Err(format!("unexpected answer {other:?}")),
+                    Err(e) => Err(e.to_string()),
+                };
+                NodeSpace { node: client.node_id(node_idx).to_owned(), drives }
+            }
+        });
+        futures_util::future::join_all(calls).await
+    }
+
+    /// The buckets each node holds (in node order), internal ones included, or why it could
+    /// not tell.
+    pub async fn node_buckets(&self) -> Vec<(String, Result<Vec<String>, String>)> {
+        let client = self.current();
+        let calls = (0..client.topo.map.nodes.len()).map(|node_idx| {
+            let client = &client;
+            async move {
+                let buckets = match client.call_now(node_idx, &Request::BucketList).await {
+                    Ok(Response::Buckets { buckets }) => Ok(buckets.into_iter().map(|b| b.name).collect()),
+                    Ok(Response::Error { message, .. }) => Err(message),
+                    Ok(other) => Err(format!("unexpected answer {other:?}")),
+                    Err(e) => Err(e.to_string()),
+                };
+                (client.node_id(node_idx).to_owned(), buckets)
+            }
+        });
+        futures_util::future::join_all(calls).await
+    }
+
+    /// The newest map a node holds that descends from the one this client knows (the client
+    /// plans with it from now on), or the one it knows when no node holds a newer one: what an
+    /// admin's change starts from when the local `cluster.toml` may be behind.
+    pub async fn fresh_map(&self) -> std::sync::Arc<cluster::ClusterMap> {
+        let known = self.map();
+        let newest = self
+            .node_maps()
+            .await
+            .into_iter()
+            .filter_map(|node| node.map.ok())
+            .filter(|map| known.check_descendant(map).is_ok())
+            .max_by_key(|map| map.version);
+        if let Some(map) = newest {
+            self.adopt(map);
+        }
+        self.map()
+    }
+
     /// The map every node of the newest map this client knows holds (in node order).
     pub async fn node_maps(&self) -> Vec<NodeMap> {
         let client = self.current();

@@ -700,7 +700,7 @@ mod tests {
             chunk_bytes: 4096,
         };
         let map = cluster::ClusterMap::generate(&spec, "test", "secret", std::path::Path::new("/nonexistent")).unwrap();
-        let placement = map.placement("b", "k");
+        let placement = map.placement_in(0, "b", "k");
         let client = Client::new(map, crate::ClientOptions::default()).unwrap();
         let meta = proto::ObjectMeta {
             format: proto::META_FORMAT_VERSION,

@@ -1,32 +1,95 @@
-//! Metadata reads: ask every drive of each key's erasure set, one request per node for all the
-//! keys, and pick the version readers agree on.
+//! Metadata reads: ask every drive of each key's erasure set in every pool, one request per node
+//! for all the keys, and pick the version readers agree on.
+//!
+//! A key lives in one pool (writes go where its newest version is), but which one is not
+//! recorded anywhere: every pool's set of the key is asked at once, in the same round, so a read
+//! costs one round trip however many pools there are (and n more metadata items per pool).
 
-use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, Request, Response, VersionId};
+use cluster::Placement;
+use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, Request, Response, VersionId};
 
 use crate::{Client, Error, FailedNode, ObjectInfo, choose_version};
 
+/// One key's set in one pool, to be asked what it holds of the key.
+#[derive(Clone, Copy)]
+struct Lookup<'a> {
+    bucket: &'a str,
+    key: &'a str,
+    placement: Placement,
+}
+
+/// The key's set in every active pool (a joining pool holds nothing yet), pool by pool, with
+/// the pool's index.
+fn lookups<'a>(client: &Client, bucket: &'a str, key: &'a str) -> impl Iterator<Item = (usize, Lookup<'a>)> {
+    let map = &client.topo.map;
+    let active = (0..map.pools.len()).filter(|&pool| map.pools[pool].is_active());
+    active.map(move |pool| (pool, Lookup { bucket, key, placement: map.placement_in(pool, bucket, key) }))
+}
+
 /// Metadata of `keys` (names already validated), in order.
 pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
-    let mut answers = readable(versions_many(client, keys, MetaDetail::Versions).await);
-    // Keys whose newest version is not readable (a write in flight, or failures) need each
+    let pools = client.topo.map.pools.iter().filter(|pool| pool.is_active()).count();
+    let asked: Vec<Lookup<'_>> =
+        keys.iter().flat_map(|(bucket, key)| lookups(client, bucket, key).map(|(_, lookup)| lookup)).collect();
+    let mut answers = readable(versions_many(client, &asked, MetaDetail::Versions).await);
+    // Sets whose newest version is not readable (a write in flight, or failures) need each
     // drive's acknowledged floor before a version is chosen: ask again for those only.
     let erasure = client.topo.map.erasure;
-    let unsure: Vec<usize> =
-        (0..keys.len()).filter(|&i| !crate::newest_is_readable(&answers[i].replies, erasure.marker_quorum())).collect();
+    let unsure: Vec<usize> = (0..asked.len())
+        .filter(|&i| !crate::newest_is_readable(&answers[i].replies, erasure.marker_quorum()))
+        .collect();
     if !unsure.is_empty() {
-        let again: Vec<(String, String)> = unsure.iter().map(|&i| keys[i].clone()).collect();
+        let again: Vec<Lookup<'_>> = unsure.iter().map(|&i| asked[i]).collect();
         for (i, answer) in unsure.into_iter().zip(readable(versions_many(client, &again, MetaDetail::WithFloor).await))
         {
             answers[i] = answer;
         }
     }
-    keys.iter()
-        .zip(answers)
-        .map(|((bucket, key), answer)| {
-            let placement = client.topo.map.placement(bucket, key);
-            resolve(client, bucket, key, placement, &answer)
+    let mut answers = answers.into_iter();
+    asked
+        .chunks(pools)
+        .map(|per_pool| {
+            let (bucket, key) = (per_pool[0].bucket, per_pool[0].key);
+            let chosen: Vec<(Placement, KeyAnswers, Result<Option<ObjectMeta>, Error>)> = per_pool
+                .iter()
+                .map(|lookup| {
+                    let answer = answers.next().expect("one answer per lookup");
+                    let chosen = choose(client, bucket, key, lookup.placement, &answer);
+                    (lookup.placement, answer, chosen)
+                })
+                .collect();
+            newest_of_pools(client, bucket, key, chosen)
         })
         .collect()
+}
+
+/// The newest version any pool chose for the key (a delete marker there makes it absent).
+/// A pool that could not tell (too few drives answered) fails the read only if no other pool
+/// holds a version: the key's pool is the one its writes went to, and a pool that cannot be
+/// read then is the only place it can be.
+fn newest_of_pools(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    chosen: Vec<(Placement, KeyAnswers, Result<Option<ObjectMeta>, Error>)>,
+) -> Result<ObjectInfo, Error> {
+    let mut newest: Option<(Placement, KeyAnswers, ObjectMeta)> = None;
+    let mut unavailable = None;
+    for (placement, answer, choice) in chosen {
+        match choice {
+            Ok(Some(meta)) if newest.as_ref().is_none_or(|(_, _, best)| best.version < meta.version) => {
+                newest = Some((placement, answer, meta));
+            }
+            Ok(_) => {}
+            Err(e) => unavailable = unavailable.or(Some(e)),
+        }
+    }
+    match (newest, unavailable) {
+        (Some((_, _, meta)), _) if meta.deleted => Err(Error::NotFound { bucket: bucket.into(), key: key.into() }),
+        (Some((placement, answer, meta)), _) => Ok(info_of(client, placement, &answer, meta)),
+        (None, Some(e)) => Err(e),
+        (None, None) => Err(Error::NotFound { bucket: bucket.into(), key: key.into() }),
+    }
 }
 
 /// What each drive of one key's set answered: `replies[position]` is `None` when the drive did
@@ -58,6 +121,29 @@ fn readable(mut answers: Vec<KeyAnswers>) -> Vec<KeyAnswers> {
     answers
 }
 
+/// The newest version of the key that any active pool holds or knows acknowledged, and the
+/// index of the pool where it is (where the write must go, so that a key's versions stay in one pool);
+/// `None` for a key no pool has seen. Every pool's set must answer as
+/// [`newest_version_seen_in`] requires: a pool that cannot might hold a newer version.
+pub(crate) async fn newest_version_seen(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+) -> Result<Option<(VersionId, usize)>, Error> {
+    let (pools, asked): (Vec<usize>, Vec<Lookup<'_>>) = lookups(client, bucket, key).unzip();
+    let answers = versions_many(client, &asked, MetaDetail::WithFloor).await;
+    let mut newest: Option<(VersionId, usize)> = None;
+    for ((&pool, lookup), answer) in pools.iter().zip(&asked).zip(answers) {
+        let seen = newest_version_seen_in(client, lookup, answer.replies).await?;
+        if let Some(version) = seen
+            && newest.is_none_or(|(best, _)| best < version)
+        {
+            newest = Some((version, pool));
+        }
+    }
+    Ok(newest)
+}
+
 /// The newest version any reachable drive of the key's set holds (current or retained) or
 /// knows acknowledged, for a writer to order its version after. Fails unless at least W drives
 /// answered: then any version acknowledged before this call is among the answers (write
@@ -65,13 +151,14 @@ fn readable(mut answers: Vec<KeyAnswers>) -> Vec<KeyAnswers> {
 /// rebuilt counts as answered (it takes the write) though it knows no version, as long as at
 /// least n - W + 1 other drives answered: with u drives rebuilding, an acknowledged version is
 /// on at least W - u of the n - u others, so n - W + 1 answers among them meet it.
-pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str) -> Result<Option<VersionId>, Error> {
-    let keys = [(bucket.to_owned(), key.to_owned())];
-    let mut replies =
-        versions_many(client, &keys, MetaDetail::WithFloor).await.pop().expect("one result per key").replies;
+async fn newest_version_seen_in(
+    client: &Client,
+    lookup: &Lookup<'_>,
+    mut replies: Vec<Option<KeyVersions>>,
+) -> Result<Option<VersionId>, Error> {
+    let (bucket, key) = (lookup.bucket, lookup.key);
     let erasure = client.topo.map.erasure;
-    let placement = client.topo.map.placement(bucket, key);
-    let drives = client.set_drives(&placement);
+    let drives = client.set_drives(&lookup.placement);
     if replies.iter().flatten().count() < erasure.write_quorum() {
         // Drives skipped for a recent failure may be back, and the write needs them: ask now.
         let silent: Vec<usize> = (0..drives.len()).filter(|&p| replies[p].is_none()).collect();
@@ -110,20 +197,19 @@ pub(crate) async fn newest_version_seen(client: &Client, bucket: &str, key: &str
     Ok(replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).chain(floors).max())
 }
 
-/// Every version each key has on each drive of its set, in key order.
-async fn versions_many(client: &Client, keys: &[(String, String)], detail: MetaDetail) -> Vec<KeyAnswers> {
+/// Every version each lookup's key has on each drive of its set, in lookup order.
+async fn versions_many(client: &Client, lookups: &[Lookup<'_>], detail: MetaDetail) -> Vec<KeyAnswers> {
     let n = client.topo.map.erasure.n();
-    // (key index, set position) of every item each node is asked for.
+    // (lookup index, set position) of every item each node is asked for.
     let mut asked: Vec<Vec<(usize, usize)>> = vec![Vec::new(); client.topo.pools.len()];
     let mut items: Vec<Vec<MetaKey>> = vec![Vec::new(); client.topo.pools.len()];
-    let placements: Vec<_> = keys.iter().map(|(bucket, key)| client.topo.map.placement(bucket, key)).collect();
-    for (key_idx, ((bucket, key), placement)) in keys.iter().zip(&placements).enumerate() {
-        for (position, drive) in client.set_drives(placement).iter().enumerate() {
+    for (key_idx, lookup) in lookups.iter().enumerate() {
+        for (position, drive) in client.set_drives(&lookup.placement).iter().enumerate() {
             asked[drive.node_idx].push((key_idx, position));
             items[drive.node_idx].push(MetaKey {
                 drive: drive.drive_idx as u32,
-                bucket: bucket.clone(),
-                key: key.clone(),
+                bucket: lookup.bucket.to_owned(),
+                key: lookup.key.to_owned(),
             });
         }
     }
@@ -156,7 +242,7 @@ async fn versions_many(client: &Client, keys: &[(String, String)], detail: MetaD
     });
     let answers = futures_util::future::join_all(calls).await;
     let mut by_key: Vec<KeyAnswers> =
-        (0..keys.len()).map(|_| KeyAnswers { replies: vec![None; n], why: vec![None; n] }).collect();
+        (0..lookups.len()).map(|_| KeyAnswers { replies: vec![None; n], why: vec![None; n] }).collect();
     for (node_answers, node_asked) in answers.into_iter().zip(&asked) {
         for (answer, &(key_idx, position)) in node_answers.into_iter().zip(node_asked) {
             match answer {
@@ -168,14 +254,15 @@ async fn versions_many(client: &Client, keys: &[(String, String)], detail: MetaD
     by_key
 }
 
-/// Turns one key's replies into its metadata, `NotFound`, or `Unavailable` with the numbers.
-fn resolve(
+/// The version one set's replies agree on (maybe a delete marker), `None` for a key the set
+/// does not hold, or `Unavailable` with the numbers.
+fn choose(
     client: &Client,
     bucket: &str,
     key: &str,
-    placement: cluster::Placement,
+    placement: Placement,
     answers: &KeyAnswers,
-) -> Result<ObjectInfo, Error> {
+) -> Result<Option<ObjectMeta>, Error> {
     let replies = &answers.replies;
     let drives = client.set_drives(&placement);
     let erasure = client.topo.map.erasure;
@@ -211,11 +298,16 @@ fn resolve(
                 unreachable,
             });
         }
-        return Err(Error::NotFound { bucket: bucket.into(), key: key.into() });
+        return Ok(None);
     };
-    if meta.deleted {
-        return Err(Error::NotFound { bucket: bucket.into(), key: key.into() });
-    }
+    Ok(Some(meta))
+}
+
+/// What a read of `meta` (chosen from `answers`, the replies of its set) needs to know; tells
+/// holders of the version about drives that missed it.
+fn info_of(client: &Client, placement: Placement, answers: &KeyAnswers, meta: ObjectMeta) -> ObjectInfo {
+    let replies = &answers.replies;
+    let drives = client.set_drives(&placement);
     let meta_positions = replies
         .iter()
         .enumerate()
@@ -236,5 +328,5 @@ fn resolve(
             client.hint_repair(&info, position);
         }
     }
-    Ok(info)
+    info
 }

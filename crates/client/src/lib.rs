@@ -42,7 +42,7 @@ use proto::{ErrorKind, ObjectMeta, Request, Response, VersionId};
 
 use conn::{Conn, MapIdentity, Pool};
 
-pub use admin::NodeMap;
+pub use admin::{NodeMap, NodeSpace};
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
 pub use proto::{BucketEntry, CommitCondition, DriveRepairStatus, ListEntry, RepairAction, RepairStatus, ScrubStatus};
@@ -234,13 +234,19 @@ struct Topology {
     pools: Vec<Pool>,
     /// A node showed a newer map than `map`.
     stale: Arc<std::sync::atomic::AtomicBool>,
+    /// Free bytes per storage pool of `map` and when the nodes said so (maps with more than one
+    /// pool only); held while it is asked anew.
+    space: tokio::sync::Mutex<Option<(std::time::Instant, Arc<Vec<u64>>)>>,
 }
+
+/// How long the nodes' free space guides where new keys go before it is asked again.
+const SPACE_MAX_AGE: Duration = Duration::from_secs(10);
 
 impl Topology {
     fn new(map: ClusterMap) -> Self {
         let identity = MapIdentity::of(&map);
         let pools = map.nodes.iter().map(|node| Pool::new(node.id.clone(), node.addr, identity.clone())).collect();
-        Self { map: Arc::new(map), pools, stale: identity.stale }
+        Self { map: Arc::new(map), pools, stale: identity.stale, space: tokio::sync::Mutex::new(None) }
     }
 
     fn is_stale(&self) -> bool {
@@ -480,7 +486,8 @@ impl Client {
         Ok(buf)
     }
 
-    /// Writes `data` as `bucket/key`.
+    /// Writes `data` as `bucket/key`. Unlike a streaming [`Client::put`], it runs once more
+    /// with the newer map if the map changed during the upload (the bytes can be sent again).
     pub async fn put_bytes(
         &self,
         bucket: &str,
@@ -488,8 +495,15 @@ impl Client {
         data: &[u8],
         options: &PutOptions,
     ) -> Result<ObjectInfo, Error> {
-        let mut source = data;
-        self.put(bucket, key, &mut source, options).await
+        proto::validate_bucket(bucket)?;
+        proto::validate_key(key)?;
+        self.with_map(|c| async move {
+            let mut source = data;
+            let (info, replaced) = put::put(&c, bucket, key, &mut source, options).await?;
+            multipart::delete_pieces(&c, &replaced).await;
+            Ok(info)
+        })
+        .await
     }
 
     /// Streams `source` to `bucket/key` until it ends; memory stays bounded by two stripes.
@@ -530,11 +544,80 @@ impl Client {
     }
 
     /// A version for a new write of `bucket/key`, newer than every version of the key that
-    /// W drives report (so newer than any write acknowledged before this call, whatever the
-    /// clocks of the writers say) and than anything this client issued before.
-    async fn write_version(&self, bucket: &str, key: &str) -> Result<VersionId, Error> {
+    /// W drives of its set in every pool report (so newer than any write acknowledged before
+    /// this call, whatever the clocks of the writers say) and than anything this client issued
+    /// before; and where it goes: the pool that holds the newest version, so a key's versions
+    /// stay together, or for a key no pool has seen, a pool chosen by free space.
+    async fn write_target(&self, bucket: &str, key: &str) -> Result<(VersionId, Placement), Error> {
         let seen = head::newest_version_seen(self, bucket, key).await?;
-        Ok(self.next_version(seen))
+        let pool = match seen {
+            Some((_, pool)) => pool,
+            None => self.pool_for_new_key().await,
+        };
+        Ok((self.next_version(seen.map(|(version, _)| version)), self.topo.map.placement_in(pool, bucket, key)))
+    }
+
+    /// An active pool for a key no pool holds: drawn at random in proportion to each active
+    /// pool's free space (so pools fill evenly, and clients do not all pile onto the emptiest
+    /// one), from the nodes' answers at most `SPACE_MAX_AGE` old. The first pool when it is
+    /// the only active one or no node answers.
+    async fn pool_for_new_key(&self) -> usize {
+        if self.topo.map.pools.iter().filter(|pool| pool.is_active()).count() == 1 {
+            return 0;
+        }
+        let free = self.pool_free_bytes().await;
+        let total: u128 = free.iter().map(|&f| u128::from(f)).sum();
+        if total == 0 {
+            return 0;
+        }
+        let mut draw = rand::Rng::gen_range(&mut rand::thread_rng(), 0..total);
+        for (pool, &bytes) in free.iter().enumerate() {
+            if draw < u128::from(bytes) {
+                return pool;
+            }
+            draw -= u128::from(bytes);
+        }
+        unreachable!("the draw is below the sum of the weights")
+    }
+
+    /// Free bytes per pool: what its sets can still take, the least free drive of each set
+    /// times the set's data share (k of n drives). A set with a silent drive counts as full,
+    /// and so does every set of a pool that is not active.
+    async fn pool_free_bytes(&self) -> Arc<Vec<u64>> {
+        let mut space = self.topo.space.lock().await;
+        if let Some((at, free)) = space.as_ref()
+            && at.elapsed() < SPACE_MAX_AGE
+        {
+            return Arc::clone(free);
+        }
+        let calls = (0..self.topo.map.nodes.len()).map(|node_idx| async move {
+            match self.call(node_idx, &Request::Space).await {
+                Ok(Response::Space { drives }) => drives,
+                _ => Vec::new(),
+            }
+        });
+        let nodes = futures_util::future::join_all(calls).await;
+        let map = &self.topo.map;
+        let free: Vec<u64> = map
+            .pools
+            .iter()
+            .map(|pool| {
+                if !pool.is_active() {
+                    return 0;
+                }
+                map.sets[pool.sets.clone()]
+                    .iter()
+                    .map(|set| {
+                        let least =
+                            set.drives.iter().map(|d| nodes[d.node_idx].get(d.drive_idx).map_or(0, |s| s.free_bytes));
+                        least.min().unwrap_or(0) / map.erasure.n() as u64 * map.erasure.k as u64
+                    })
+                    .sum()
+            })
+            .collect();
+        let free = Arc::new(free);
+        *space = Some((std::time::Instant::now(), Arc::clone(&free)));
+        free
     }
 
     /// Waits (at most the request timeout) until the finalizes of acknowledged writes have

@@ -61,23 +61,26 @@ impl Client {
         self.bucket_result(&request, bucket, responses)
     }
 
-    /// Names of the buckets known to a majority of reachable nodes, sorted.
+    /// Names of the buckets known to a majority of the reachable nodes of the first pool, sorted.
     pub async fn list_buckets(&self) -> Result<Vec<String>, Error> {
         Ok(self.buckets().await?.into_iter().map(|b| b.name).collect())
     }
 
-    /// Buckets known to a majority of reachable nodes, sorted by name, each with the earliest
-    /// creation time any node recorded.
+    /// Buckets known to a majority of the reachable nodes of the first pool (which hold the
+    /// bucket namespace), sorted by name, each with the earliest creation time any recorded.
     pub async fn buckets(&self) -> Result<Vec<BucketEntry>, Error> {
         self.with_map(|c| async move { c.buckets_once().await }).await
     }
 
     async fn buckets_once(&self) -> Result<Vec<BucketEntry>, Error> {
-        let responses = self.call_all_nodes(&Request::BucketList).await;
+        // The first pool's nodes hold the bucket namespace; nodes of later pools take it from
+        // them (a new pool's nodes start without buckets).
+        let namespace = self.topo.map.pool_nodes(0);
+        let responses = self.call_nodes(&namespace, &Request::BucketList).await;
         let mut seen: BTreeMap<String, (usize, u64)> = BTreeMap::new();
         let mut reachable = 0;
         let mut failed = Vec::new();
-        for (node_idx, response) in responses.into_iter().enumerate() {
+        for (&node_idx, response) in namespace.iter().zip(responses) {
             match response {
                 Ok(Response::Buckets { buckets }) => {
                     reachable += 1;
@@ -91,7 +94,7 @@ impl Client {
                 Err(e) => failed.push(self.failed_node(node_idx, &e.to_string())),
             }
         }
-        self.require_majority(reachable, failed)?;
+        self.require_majority_of(reachable, namespace.len(), failed)?;
         // Internal buckets (a leading dot: not a valid S3 name) stay hidden.
         let visible = seen.into_iter().filter(|(name, (count, _))| *count * 2 > reachable && !name.starts_with('.'));
         Ok(visible.map(|(name, (_, created_ms))| BucketEntry { name, created_ms }).collect())
@@ -197,9 +200,21 @@ impl Client {
         bucket: &str,
         responses: Vec<Result<Response, Error>>,
     ) -> Result<(), Error> {
+        // A majority of the first pool's nodes decides (they hold the bucket namespace); the
+        // other pools' nodes that missed the change take it from them later.
+        let namespace = self.topo.map.pool_nodes(0);
         let mut ok = 0;
         let mut failed = Vec::new();
         for (node_idx, response) in responses.into_iter().enumerate() {
+            if !namespace.contains(&node_idx) {
+                if let Ok(Response::Error { kind: ErrorKind::BucketNotEmpty, .. }) = response {
+                    return Err(Error::BucketNotEmpty { bucket: bucket.into() });
+                }
+                if let Err(e) = &response {
+                    tracing::warn!(node = %self.node_id(node_idx), error = %e, "bucket operation failed on a node");
+                }
+                continue;
+            }
             match response {
                 Ok(Response::Ok) => ok += 1,
                 Ok(Response::Error { kind: ErrorKind::BucketNotEmpty, .. }) => {
@@ -217,7 +232,7 @@ impl Client {
         if ok == 0 && matches!(request, Request::BucketDelete { .. }) {
             return Err(Error::NoSuchBucket { bucket: bucket.into() });
         }
-        self.require_majority(ok, failed)
+        self.require_majority_of(ok, namespace.len(), failed)
     }
 
     fn failed_node(&self, node_idx: usize, reason: &str) -> crate::FailedNode {
@@ -227,15 +242,17 @@ impl Client {
     /// Bucket operations are rare and need a majority of all nodes: they try every node, even
     /// one that failed recently.
     async fn call_all_nodes(&self, request: &Request) -> Vec<Result<Response, Error>> {
-        let calls = (0..self.topo.map.nodes.len()).map(|node_idx| self.call_now(node_idx, request));
+        let all: Vec<usize> = (0..self.topo.map.nodes.len()).collect();
+        self.call_nodes(&all, request).await
+    }
+
+    /// [`Client::call_all_nodes`] for the nodes `node_idxs`, answers in that order.
+    async fn call_nodes(&self, node_idxs: &[usize], request: &Request) -> Vec<Result<Response, Error>> {
+        let calls = node_idxs.iter().map(|&node_idx| self.call_now(node_idx, request));
         futures_util::future::join_all(calls).await
     }
 
     /// `failed`: the nodes that could not serve, and why (for the error).
-    fn require_majority(&self, reachable: usize, failed: Vec<crate::FailedNode>) -> Result<(), Error> {
-        self.require_majority_of(reachable, self.topo.map.nodes.len(), failed)
-    }
-
     fn require_majority_of(&self, reachable: usize, total: usize, failed: Vec<crate::FailedNode>) -> Result<(), Error> {
         if reachable * 2 > total {
             return Ok(());

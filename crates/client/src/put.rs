@@ -140,23 +140,25 @@ pub(crate) async fn put(
     let mut crcs = Vec::new();
     let mut size = 0u64;
     let mut current = StripeBuffer::take(client, n * chunk_bytes);
-    // The version read (a round trip to the set) overlaps reading and encoding the first stripe.
-    let (mut version, filled) =
-        tokio::join!(client.write_version(bucket, key), fill_stripe(client, source, &mut current, &mut md5));
+    // The version read (a round trip to the sets) overlaps reading and encoding the first stripe.
+    let (mut target, filled) =
+        tokio::join!(client.write_target(bucket, key), fill_stripe(client, source, &mut current, &mut md5));
     let mut planner = client.clone();
     if filled.is_ok() && planner.refreshed_after(client, true).await {
         // A node holds a newer map: plan with it, keeping the stripe already read (a map
         // change keeps the erasure config and chunk size).
         planner = client.current();
-        version = planner.write_version(bucket, key).await;
+        target = planner.write_target(bucket, key).await;
     }
     let client = &planner;
-    let placement = client.topo.map.placement(bucket, key);
-    let opened = match (version, filled) {
-        (Ok(version), Ok(())) => Fanout::open(client, bucket, key, version, &placement).await,
-        (Err(e), _) | (_, Err(e)) => Err(e),
+    let (version, placement) = match (target, filled) {
+        (Ok(target), Ok(())) => target,
+        (Err(e), _) | (_, Err(e)) => {
+            current.give_back(client);
+            return Err(e);
+        }
     };
-    let mut fanout = match opened {
+    let mut fanout = match Fanout::open(client, bucket, key, version, &placement).await {
         Ok(fanout) => fanout,
         Err(e) => {
             current.give_back(client);
@@ -251,8 +253,7 @@ pub(crate) async fn commit_without_data(
     fill: impl FnOnce(&mut ObjectMeta) -> Result<(), Error>,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
     let map = &client.topo.map;
-    let placement = map.placement(bucket, key);
-    let version = client.write_version(bucket, key).await?;
+    let (version, placement) = client.write_target(bucket, key).await?;
     let mut fanout = Fanout::open(client, bucket, key, version, &placement).await?;
     let mut meta = ObjectMeta {
         format: META_FORMAT_VERSION,

@@ -9,7 +9,7 @@
 //!
 //! ```ignore
 //! let map = ClusterMap::from_toml(&text, Path::new("tessera-data"))?;
-//! let placement = map.placement("bkt", "cat.jpg");
+//! let placement = map.placement_in(0, "bkt", "cat.jpg");
 //! let drive = map.sets[placement.set_idx].drives[placement.position(stripe_idx, chunk_idx)];
 //! ```
 
@@ -75,6 +75,16 @@ pub enum Error {
     InvalidClusterId { id: String },
     #[error("map version {next} of cluster {cluster_id} cannot follow version {current}: {reason}")]
     BadSuccessor { cluster_id: String, current: u64, next: u64, reason: String },
+    #[error("invalid pools: {reason}")]
+    InvalidPools { reason: String },
+    #[error("a new pool cannot reuse {what}: node {id} has it")]
+    PoolOverlap { what: String, id: String },
+    #[error("a pool of erasure {found} cannot join a cluster of {cluster}: every pool uses the cluster's k+m")]
+    PoolErasure { found: ErasureConfig, cluster: ErasureConfig },
+    #[error("the cluster has no pool {id}")]
+    NoSuchPool { id: u32 },
+    #[error("pool {id} is {state}, not {wanted}")]
+    PoolState { id: u32, state: PoolState, wanted: PoolState },
 }
 
 /// `k` data chunks and `m` parity chunks per stripe; `n = k + m`.
@@ -154,6 +164,44 @@ pub struct Node {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ErasureSet {
     pub drives: Vec<DriveRef>,
+}
+
+/// Erasure sets added to the cluster together (`tessera init`, then `tessera pool add`): a key
+/// hashes over the sets of each pool, so adding a pool moves no object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    /// 1 for the sets `tessera init` made, then 2, 3, ... in the order pools were added.
+    pub id: u32,
+    /// Its sets: a contiguous range of [`ClusterMap::sets`].
+    pub sets: std::ops::Range<usize>,
+    pub state: PoolState,
+}
+
+/// Where a pool is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolState {
+    /// Added, its nodes being started: in the map (they take it and the buckets) but holding
+    /// nothing, so no read or write asks it. A write must hear from every active pool, so a
+    /// pool whose nodes are not up yet must not be active.
+    Joining,
+    /// Takes new keys and is asked by every read and write.
+    Active,
+}
+
+impl Pool {
+    pub fn is_active(&self) -> bool {
+        self.state == PoolState::Active
+    }
+}
+
+impl fmt::Display for PoolState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PoolState::Joining => "joining",
+            PoolState::Active => "active",
+        })
+    }
 }
 
 /// Where one object lives: its erasure set and the rotation `h` of chunk positions.
@@ -238,6 +286,37 @@ impl FromStr for NodeSpec {
     }
 }
 
+/// The nodes of a new pool (ids `n{first + 1}`...), checked to make sets of `erasure`: at least
+/// n nodes, drives a multiple of n, no node with more than one drive per set.
+fn pool_nodes(nodes: &[NodeSpec], erasure: ErasureConfig, first: usize) -> Result<Vec<Node>, Error> {
+    let n = erasure.n();
+    if nodes.len() < n {
+        return Err(Error::TooFewNodes { k: erasure.k, m: erasure.m, nodes: nodes.len() });
+    }
+    let nodes: Vec<Node> = nodes
+        .iter()
+        .enumerate()
+        .map(|(offset, spec)| {
+            let id = format!("n{}", first + offset + 1);
+            let drives = match &spec.drives {
+                DriveSpec::Count(count) => (0..*count).map(|d| PathBuf::from(format!("{id}/d{}", d + 1))).collect(),
+                DriveSpec::Paths(paths) => paths.clone(),
+            };
+            Node { id, addr: spec.addr, drives }
+        })
+        .collect();
+    let drive_count: usize = nodes.iter().map(|node| node.drives.len()).sum();
+    if nodes.iter().any(|node| node.drives.is_empty()) || !drive_count.is_multiple_of(n) {
+        return Err(Error::DrivesNotMultiple { drives: drive_count, n });
+    }
+    let most = drive_count / n;
+    if let Some(node) = nodes.iter().find(|node| node.drives.len() > most) {
+        let (id, drives) = (node.id.clone(), node.drives.len());
+        return Err(Error::UnevenDrives { id, drives, total: drive_count, n, most });
+    }
+    Ok(nodes)
+}
+
 /// Erasure sets over `nodes`: each takes one drive from each of the `n` nodes with the most
 /// drives left (ties to the lower node index), so the sets span distinct nodes. The caller
 /// checked that no node has more than `total / n` drives, which makes this always succeed.
@@ -294,6 +373,9 @@ pub struct ClusterMap {
     pub chunk_bytes: u32,
     pub nodes: Vec<Node>,
     pub sets: Vec<ErasureSet>,
+    /// The sets grouped by when they were added: at least one pool, together covering `sets`
+    /// in order.
+    pub pools: Vec<Pool>,
     /// Directory that relative drive paths are resolved against (the file's directory).
     pub base_dir: PathBuf,
 }
@@ -330,32 +412,9 @@ impl ClusterMap {
         secret: &str,
         base_dir: &Path,
     ) -> Result<Self, Error> {
-        let n = erasure.n();
-        if nodes.len() < n {
-            return Err(Error::TooFewNodes { k: erasure.k, m: erasure.m, nodes: nodes.len() });
-        }
-        let nodes: Vec<Node> = nodes
-            .iter()
-            .enumerate()
-            .map(|(node_idx, spec)| {
-                let id = format!("n{}", node_idx + 1);
-                let drives = match &spec.drives {
-                    DriveSpec::Count(count) => (0..*count).map(|d| PathBuf::from(format!("{id}/d{}", d + 1))).collect(),
-                    DriveSpec::Paths(paths) => paths.clone(),
-                };
-                Node { id, addr: spec.addr, drives }
-            })
-            .collect();
-        let drive_count: usize = nodes.iter().map(|node| node.drives.len()).sum();
-        if nodes.iter().any(|node| node.drives.is_empty()) || !drive_count.is_multiple_of(n) {
-            return Err(Error::DrivesNotMultiple { drives: drive_count, n });
-        }
-        let most = drive_count / n;
-        if let Some(node) = nodes.iter().find(|node| node.drives.len() > most) {
-            let (id, drives) = (node.id.clone(), node.drives.len());
-            return Err(Error::UnevenDrives { id, drives, total: drive_count, n, most });
-        }
-        let sets = plan_sets(&nodes, n);
+        let nodes = pool_nodes(nodes, erasure, 0)?;
+        let sets = plan_sets(&nodes, erasure.n());
+        let pools = vec![Pool { id: 1, sets: 0..sets.len(), state: PoolState::Active }];
         let map = Self {
             cluster_id: cluster_id.to_owned(),
             version: 1,
@@ -364,10 +423,58 @@ impl ClusterMap {
             chunk_bytes,
             nodes,
             sets,
+            pools,
             base_dir: base_dir.to_owned(),
         };
         map.validate()?;
         Ok(map)
+    }
+
+    /// The next version of this map with a pool of `nodes` added, joining (ids continue after
+    /// the last node's, drives `nI/dJ` when counted), its sets planned as `init` plans them.
+    /// Objects stay where they are: each pool's sets are hashed over on their own.
+    pub fn with_pool(&self, nodes: &[NodeSpec], erasure: ErasureConfig) -> Result<Self, Error> {
+        if erasure != self.erasure {
+            return Err(Error::PoolErasure { found: erasure, cluster: self.erasure });
+        }
+        let first_node = self.nodes.len();
+        let added = pool_nodes(nodes, erasure, first_node)?;
+        for node in &added {
+            if let Some(old) = self.nodes.iter().find(|old| old.addr == node.addr) {
+                return Err(Error::PoolOverlap { what: format!("address {}", node.addr), id: old.id.clone() });
+            }
+            for drive in node.drives.iter().filter(|d| d.is_absolute()) {
+                if let Some(old) = self.nodes.iter().find(|old| old.drives.contains(drive)) {
+                    return Err(Error::PoolOverlap { what: format!("drive {}", drive.display()), id: old.id.clone() });
+                }
+            }
+        }
+        let mut next = self.clone();
+        next.version = self.version + 1;
+        let first_set = next.sets.len();
+        for set in plan_sets(&added, erasure.n()) {
+            let drives = set.drives.iter().map(|d| DriveRef { node_idx: d.node_idx + first_node, ..*d }).collect();
+            next.sets.push(ErasureSet { drives });
+        }
+        next.nodes.extend(added);
+        let id = next.pools.last().map_or(1, |pool| pool.id + 1);
+        next.pools.push(Pool { id, sets: first_set..next.sets.len(), state: PoolState::Joining });
+        next.validate()?;
+        Ok(next)
+    }
+
+    /// The next version of this map with joining pool `id` active.
+    pub fn with_pool_active(&self, id: u32) -> Result<Self, Error> {
+        let mut next = self.clone();
+        let Some(pool) = next.pools.iter_mut().find(|pool| pool.id == id) else {
+            return Err(Error::NoSuchPool { id });
+        };
+        if pool.state != PoolState::Joining {
+            return Err(Error::PoolState { id, state: pool.state, wanted: PoolState::Joining });
+        }
+        pool.state = PoolState::Active;
+        next.version += 1;
+        Ok(next)
     }
 
     /// Checks that `next` may replace this map on a running cluster, as an admin's change:
@@ -385,9 +492,10 @@ impl ClusterMap {
     }
 
     /// Checks that `next` is a later map of the same cluster: a higher version, the same id,
-    /// secret, erasure config and chunk size, and the same nodes (ids, drives, order) and sets,
-    /// so that every object stays where it is. Only a node's address may change: placement is
-    /// `hash % sets`, so any added set would move most objects (growth comes with pools).
+    /// secret, erasure config and chunk size, the same nodes (ids, drives, order), sets and
+    /// pools, so that every object stays where it is, plus any pools added after them (with
+    /// their new nodes and sets). A node's address may change. Placement is `hash % sets` within
+    /// a pool, so a set added to an existing pool would move most of its objects.
     pub fn check_descendant(&self, next: &ClusterMap) -> Result<(), Error> {
         let refuse = |reason: String| Error::BadSuccessor {
             cluster_id: self.cluster_id.clone(),
@@ -413,11 +521,27 @@ impl ClusterMap {
                 _ => return Err(refuse(format!("node {} is removed, moved or has other drives", node.id))),
             }
         }
-        if next.nodes.len() != self.nodes.len() {
-            return Err(refuse("it adds nodes (capacity grows by pools, not by editing the map)".into()));
+        // A pool keeps its id and sets; its state only goes from joining to active.
+        let same_pool = |(old, new): (&Pool, &Pool)| {
+            old.id == new.id && old.sets == new.sets && (old.state == new.state || old.state == PoolState::Joining)
+        };
+        if next.sets.get(..self.sets.len()) != Some(&self.sets[..])
+            || next.pools.len() < self.pools.len()
+            || !self.pools.iter().zip(&next.pools).all(same_pool)
+        {
+            return Err(refuse("it changes existing erasure sets or pools (objects would move)".into()));
         }
-        if next.sets != self.sets {
-            return Err(refuse("it changes the erasure sets (objects would move)".into()));
+        // What is added must be whole pools: nodes that only new pools' sets use.
+        let added_sets = &next.sets[self.sets.len()..];
+        let first_added_set = next.pools.get(self.pools.len()).map_or(next.sets.len(), |pool| pool.sets.start);
+        if first_added_set != self.sets.len() {
+            return Err(refuse("it adds erasure sets outside a new pool".into()));
+        }
+        if added_sets.iter().flat_map(|set| &set.drives).any(|d| d.node_idx < self.nodes.len()) {
+            return Err(refuse("a new pool uses a node of an existing pool".into()));
+        }
+        if next.nodes.len() > self.nodes.len() && added_sets.is_empty() {
+            return Err(refuse("it adds nodes without a pool (capacity grows by `tessera pool add`)".into()));
         }
         Ok(())
     }
@@ -450,16 +574,37 @@ impl ClusterMap {
         if path.is_absolute() { path.clone() } else { self.base_dir.join(path) }
     }
 
-    /// The erasure set and rotation of `bucket/key`: a stable hash (xxh3-64), so every client
-    /// and every version of Tessera computes the same placement.
-    pub fn placement(&self, bucket: &str, key: &str) -> Placement {
+    /// The erasure set (of pool index `pool`) and rotation of `bucket/key`: a stable hash
+    /// (xxh3-64) over that pool's sets, so every client and every version of Tessera computes
+    /// the same placement, and adding a pool moves nothing.
+    pub fn placement_in(&self, pool: usize, bucket: &str, key: &str) -> Placement {
         let mut name = Vec::with_capacity(bucket.len() + 1 + key.len());
         name.extend_from_slice(bucket.as_bytes());
         name.push(b'/');
         name.extend_from_slice(key.as_bytes());
         let hash = xxhash_rust::xxh3::xxh3_64(&name);
         let n = self.erasure.n();
-        Placement { set_idx: (hash % self.sets.len() as u64) as usize, rotation: ((hash >> 32) % n as u64) as usize, n }
+        let sets = &self.pools[pool].sets;
+        let set_idx = sets.start + (hash % sets.len() as u64) as usize;
+        Placement { set_idx, rotation: ((hash >> 32) % n as u64) as usize, n }
+    }
+
+    /// Indexes (into [`ClusterMap::nodes`]) of the nodes of pool index `pool`, ascending.
+    /// The first pool's nodes hold the bucket namespace: a bucket exists once a majority of
+    /// them have it (nodes of later pools take the buckets from them).
+    pub fn pool_nodes(&self, pool: usize) -> Vec<usize> {
+        let mut nodes: Vec<usize> = self.sets[self.pools[pool].sets.clone()]
+            .iter()
+            .flat_map(|set| set.drives.iter().map(|d| d.node_idx))
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+
+    /// Index (into [`ClusterMap::pools`]) of the pool that set `set_idx` belongs to.
+    pub fn pool_of_set(&self, set_idx: usize) -> Option<usize> {
+        self.pools.iter().position(|pool| pool.sets.contains(&set_idx))
     }
 
     fn validate(&self) -> Result<(), Error> {
@@ -493,6 +638,40 @@ impl ClusterMap {
         }
         if self.sets.is_empty() {
             return Err(Error::InvalidSet { set_idx: 0, reason: "the map has no erasure sets".into() });
+        }
+        let mut next_set = 0;
+        for (idx, pool) in self.pools.iter().enumerate() {
+            let invalid = |reason: String| Error::InvalidPools { reason };
+            if pool.id as usize != idx + 1 {
+                return Err(invalid(format!("pool {} is listed where pool {} belongs", pool.id, idx + 1)));
+            }
+            if pool.sets.start != next_set || pool.sets.is_empty() {
+                return Err(invalid(format!("pool {} must take at least one set, after the previous pool's", pool.id)));
+            }
+            next_set = pool.sets.end;
+        }
+        if self.pools.first().is_some_and(|pool| !pool.is_active()) {
+            return Err(Error::InvalidPools { reason: "pool 1 must be active".into() });
+        }
+        if next_set != self.sets.len() {
+            return Err(Error::InvalidPools {
+                reason: format!("the pools take {next_set} sets, the map lists {}", self.sets.len()),
+            });
+        }
+        // A node belongs to one pool: a pool's nodes can then be added (and later drained) whole.
+        let mut pool_of_node: Vec<Option<u32>> = vec![None; self.nodes.len()];
+        for pool in &self.pools {
+            for drive in self.sets[pool.sets.clone()].iter().flat_map(|set| &set.drives) {
+                let Some(owner) = pool_of_node.get_mut(drive.node_idx) else { continue };
+                match *owner {
+                    Some(other) if other != pool.id => {
+                        let id = &self.nodes[drive.node_idx].id;
+                        let reason = format!("node {id} has drives in pools {other} and {}", pool.id);
+                        return Err(Error::InvalidPools { reason });
+                    }
+                    _ => *owner = Some(pool.id),
+                }
+            }
         }
         let mut used = HashSet::new();
         for (set_idx, set) in self.sets.iter().enumerate() {
@@ -538,6 +717,18 @@ mod file {
         nodes: Vec<NodeFile>,
         #[serde(rename = "set")]
         sets: Vec<SetFile>,
+        /// Absent in maps written before pools: then one pool holds every set.
+        #[serde(rename = "pool", default)]
+        pools: Vec<PoolFile>,
+    }
+
+    /// A pool takes the next `sets` sets of the list.
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct PoolFile {
+        id: u32,
+        sets: usize,
+        state: PoolState,
     }
 
     #[derive(Serialize, Deserialize)]
@@ -584,6 +775,11 @@ mod file {
                             .collect(),
                     })
                     .collect(),
+                pools: map
+                    .pools
+                    .iter()
+                    .map(|pool| PoolFile { id: pool.id, sets: pool.sets.len(), state: pool.state })
+                    .collect(),
             }
         }
 
@@ -614,6 +810,17 @@ mod file {
                     })?;
                 sets.push(ErasureSet { drives });
             }
+            let mut pools = Vec::with_capacity(self.pools.len().max(1));
+            for pool in &self.pools {
+                let start = pools.last().map_or(0, |last: &Pool| last.sets.end);
+                let end = start.checked_add(pool.sets).ok_or_else(|| Error::InvalidPools {
+                    reason: format!("pool {} takes {} sets", pool.id, pool.sets),
+                })?;
+                pools.push(Pool { id: pool.id, sets: start..end, state: pool.state });
+            }
+            if pools.is_empty() {
+                pools.push(Pool { id: 1, sets: 0..sets.len(), state: PoolState::Active });
+            }
             Ok(ClusterMap {
                 cluster_id: self.cluster_id,
                 version: self.version,
@@ -622,6 +829,7 @@ mod file {
                 chunk_bytes: self.chunk_bytes,
                 nodes,
                 sets,
+                pools,
                 base_dir: base_dir.to_owned(),
             })
         }

@@ -101,8 +101,8 @@ proptest! {
     #[test]
     fn placement_is_a_permutation_per_stripe(key in ".{0,40}", stripe_idx in 0u64..1000) {
         let map = generate(6, 1, 4, 2).unwrap();
-        let placement = map.placement("bkt", &key);
-        prop_assert_eq!(placement, map.placement("bkt", &key));
+        let placement = map.placement_in(0, "bkt", &key);
+        prop_assert_eq!(placement, map.placement_in(0, "bkt", &key));
         let positions: HashSet<_> = (0..6).map(|i| placement.position(stripe_idx, i)).collect();
         prop_assert_eq!(positions.len(), 6);
         for chunk_idx in 0..6 {
@@ -118,7 +118,7 @@ fn placement_balances_objects_over_sets() {
     let mut counts = vec![0usize; sets];
     let objects = 8000;
     for i in 0..objects {
-        counts[map.placement("bkt", &format!("obj-{i}")).set_idx] += 1;
+        counts[map.placement_in(0, "bkt", &format!("obj-{i}")).set_idx] += 1;
     }
     let mean = objects / sets;
     for count in counts {
@@ -264,4 +264,135 @@ fn cluster_ids_are_bounded_plain_names() {
             "{bad:?}"
         );
     }
+}
+
+fn specs(addrs: &[&str]) -> Vec<NodeSpec> {
+    addrs.iter().map(|s| s.parse().unwrap()).collect()
+}
+
+const POOL_2: [&str; 6] =
+    ["10.0.1.1:7001", "10.0.1.2:7001", "10.0.1.3:7001", "10.0.1.4:7001", "10.0.1.5:7001", "10.0.1.6:7001"];
+
+#[test]
+fn an_added_pool_takes_new_nodes_and_sets_and_is_a_successor() {
+    let map = generate(6, 2, 4, 2).unwrap();
+    let grown = map.with_pool(&specs(&POOL_2), map.erasure).unwrap();
+    assert_eq!(grown.version, map.version + 1);
+    assert_eq!(
+        grown.pools,
+        vec![
+            Pool { id: 1, sets: 0..2, state: PoolState::Active },
+            Pool { id: 2, sets: 2..3, state: PoolState::Joining }
+        ]
+    );
+    assert_eq!(
+        grown.nodes.iter().map(|n| n.id.as_str()).skip(6).collect::<Vec<_>>(),
+        ["n7", "n8", "n9", "n10", "n11", "n12"]
+    );
+    assert_eq!(grown.nodes[6].drives, vec![PathBuf::from("n7/d1")]);
+    assert!(grown.sets[2].drives.iter().all(|d| d.node_idx >= 6), "the new set uses only the new nodes");
+    assert_eq!(map.check_successor(&grown), Ok(()));
+    // Through the file and back.
+    assert_eq!(ClusterMap::from_toml(&grown.to_toml(), &grown.base_dir), Ok(grown.clone()));
+    // A node of the new pool that missed nothing else; and a pool added on top of a moved node.
+    let mut moved = grown.clone();
+    moved.version += 1;
+    moved.nodes[0].addr = "10.9.9.9:7001".parse().unwrap();
+    assert_eq!(map.check_descendant(&moved), Ok(()));
+    assert_eq!(grown.check_successor(&moved), Ok(()));
+}
+
+#[test]
+fn adding_a_pool_moves_no_object_of_the_first() {
+    let map = generate(12, 1, 4, 2).unwrap();
+    let grown = map.with_pool(&specs(&POOL_2), map.erasure).unwrap();
+    for i in 0..2000 {
+        let key = format!("obj-{i}");
+        assert_eq!(map.placement_in(0, "bkt", &key), grown.placement_in(0, "bkt", &key));
+        let second = grown.placement_in(1, "bkt", &key);
+        assert!(grown.pools[1].sets.contains(&second.set_idx));
+        assert_eq!(grown.pool_of_set(second.set_idx), Some(1));
+    }
+}
+
+#[test]
+fn bad_pools_are_refused_with_the_reason() {
+    let map = generate(6, 1, 4, 2).unwrap();
+    let few = specs(&POOL_2[..5]);
+    assert_eq!(map.with_pool(&few, map.erasure), Err(Error::TooFewNodes { k: 4, m: 2, nodes: 5 }));
+    let other = ErasureConfig::new(3, 3).unwrap();
+    assert!(matches!(map.with_pool(&specs(&POOL_2), other), Err(Error::PoolErasure { .. })));
+    let mut overlapping = specs(&POOL_2);
+    overlapping[3].addr = map.nodes[1].addr;
+    let err = map.with_pool(&overlapping, map.erasure).unwrap_err();
+    assert_eq!(err, Error::PoolOverlap { what: format!("address {}", map.nodes[1].addr), id: "n2".into() });
+    let mut twice = specs(&POOL_2);
+    twice[1].addr = twice[0].addr;
+    assert!(matches!(map.with_pool(&twice, map.erasure), Err(Error::DuplicateAddr { .. })));
+    // Edits of the file that break pools.
+    let grown = map.with_pool(&specs(&POOL_2), map.erasure).unwrap();
+    let text = grown.to_toml();
+    let parse = |text: &str| ClusterMap::from_toml(text, Path::new("/d"));
+    let renumbered = text.replace("id = 2\n", "id = 3\n");
+    assert!(matches!(parse(&renumbered), Err(Error::InvalidPools { .. })), "{renumbered}");
+    let short = text.replacen("sets = 1\n", "sets = 0\n", 1);
+    assert!(matches!(parse(&short), Err(Error::InvalidPools { .. })));
+    // A map without pools (written before them) is one pool of every set.
+    let old: String = text.split("[[pool]]").next().unwrap().to_owned();
+    let mut parsed = parse(&old).unwrap();
+    assert_eq!(parsed.pools, vec![Pool { id: 1, sets: 0..2, state: PoolState::Active }]);
+    // One node with drives in both pools.
+    parsed.pools = vec![
+        Pool { id: 1, sets: 0..1, state: PoolState::Active },
+        Pool { id: 2, sets: 1..2, state: PoolState::Active },
+    ];
+    parsed.sets[1].drives[0] = DriveRef { node_idx: 0, drive_idx: 0 };
+    assert!(parsed.validate().is_err());
+}
+
+#[test]
+fn successors_may_add_whole_pools_only() {
+    let map = generate(6, 1, 4, 2).unwrap();
+    let grown = map.with_pool(&specs(&POOL_2), map.erasure).unwrap();
+    let refused = |change: &dyn Fn(&mut ClusterMap)| {
+        let mut bad = grown.clone();
+        change(&mut bad);
+        matches!(map.check_successor(&bad), Err(Error::BadSuccessor { .. }))
+    };
+    assert!(refused(&|m| m.pools[0].sets = 0..2), "an existing pool takes the new set");
+    assert!(refused(&|m| m.sets[1].drives[0].node_idx = 0), "a new set on an old node");
+    assert!(refused(&|m| m.sets[0] = m.sets[1].clone()), "an existing set changed");
+    assert!(
+        refused(&|m| {
+            m.pools.pop();
+            m.sets.pop();
+        }),
+        "nodes added without a pool"
+    );
+    let mut shrunk = map.clone();
+    shrunk.version = grown.version + 1;
+    assert!(matches!(grown.check_successor(&shrunk), Err(Error::BadSuccessor { .. })), "a pool removed");
+}
+
+#[test]
+fn a_joining_pool_becomes_active_once_and_never_goes_back() {
+    let map = generate(6, 1, 4, 2).unwrap();
+    let joining = map.with_pool(&specs(&POOL_2), map.erasure).unwrap();
+    assert!(!joining.pools[1].is_active());
+    let active = joining.with_pool_active(2).unwrap();
+    assert_eq!(active.version, joining.version + 1);
+    assert!(active.pools[1].is_active());
+    assert_eq!(joining.check_successor(&active), Ok(()));
+    assert_eq!(map.check_descendant(&active), Ok(()));
+    assert_eq!(ClusterMap::from_toml(&active.to_toml(), &active.base_dir), Ok(active.clone()));
+    assert_eq!(
+        active.with_pool_active(2),
+        Err(Error::PoolState { id: 2, state: PoolState::Active, wanted: PoolState::Joining })
+    );
+    assert_eq!(active.with_pool_active(7), Err(Error::NoSuchPool { id: 7 }));
+    let mut back = joining.clone();
+    back.version = active.version + 1;
+    assert!(matches!(active.check_successor(&back), Err(Error::BadSuccessor { .. })), "active back to joining");
+    let first_joining = active.to_toml().replacen("state = \"active\"", "state = \"joining\"", 1);
+    assert!(matches!(ClusterMap::from_toml(&first_joining, Path::new("/d")), Err(Error::InvalidPools { .. })));
 }

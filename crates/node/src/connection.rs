@@ -266,6 +266,16 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
                 Response::Error { kind: ErrorKind::Io, message: e.to_string() }
             }
         },
+        Request::Space => {
+            let mut drives = Vec::with_capacity(state.drives.len());
+            for drive in &state.drives {
+                match drive.space() {
+                    Ok((free_bytes, total_bytes)) => drives.push(proto::DriveSpace { free_bytes, total_bytes }),
+                    Err(e) => return error_response(&e),
+                }
+            }
+            Response::Space { drives }
+        }
         Request::Background => {
             // One thread per connection: the priority lasts as long as the connection.
             crate::background_priority();
@@ -375,10 +385,14 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
     }
 }
 
-/// Whether `drive` of this node is one of the drives `meta`'s key is placed on.
+/// Whether `drive` of this node is one of the drives `meta`'s key is placed on in the pool of
+/// `meta`'s set.
 fn owns(state: &State, drive: u32, meta: &proto::ObjectMeta) -> bool {
     let map = state.map.get();
-    let placement = map.placement(&meta.bucket, &meta.key);
+    let Some(pool) = map.pool_of_set(meta.set_idx as usize) else {
+        return false;
+    };
+    let placement = map.placement_in(pool, &meta.bucket, &meta.key);
     let me = cluster::DriveRef { node_idx: state.node_idx, drive_idx: drive as usize };
     placement.set_idx == meta.set_idx as usize && map.sets[placement.set_idx].drives.contains(&me)
 }

@@ -10,6 +10,7 @@
 //!
 //! [`Request::MapPut`]: proto::Request::MapPut
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -144,12 +145,53 @@ pub(crate) fn worker(state: &State) {
     }
 }
 
+/// Creates on this node's drives every bucket that a majority of the first pool's nodes hold
+/// (`holders` counts them; the first pool holds the bucket namespace): a node of a newly added
+/// pool, or one that was down when a bucket was created, takes them from its peers. A bucket
+/// that majority lacks is left alone.
+fn take_buckets(state: &State, map: &ClusterMap, holders: &BTreeMap<String, usize>) {
+    let majority = map.pool_nodes(0).len() / 2 + 1;
+    // The names come from authenticated peers' drives (internal buckets included).
+    for (bucket, _) in holders.iter().filter(|(_, count)| **count >= majority) {
+        for (drive_idx, drive) in state.drives.iter().enumerate() {
+            // A drive being rebuilt takes its buckets from its set; one that cannot tell is left.
+            if state.is_rebuilding(drive_idx) || drive.has_bucket(bucket).unwrap_or(true) {
+                continue;
+            }
+            match drive.create_bucket(bucket) {
+                Ok(()) => tracing::info!(bucket, drive = drive_idx, "took a bucket its peers hold"),
+                Err(e) => {
+                    tracing::warn!(bucket, drive = drive_idx, error = %e, "cannot create a bucket its peers hold")
+                }
+            }
+        }
+    }
+}
+
 fn catch_up(state: &State) {
     let map = state.map.get();
     let mut newest: Option<(u64, String)> = None;
+    // Buckets each answering node of the first pool holds (see `take_buckets`).
+    let mut holders: BTreeMap<String, usize> = BTreeMap::new();
+    let namespace = map.pool_nodes(0);
     for (node_idx, node) in map.nodes.iter().enumerate().filter(|(idx, _)| *idx != state.node_idx) {
         let answer = Peer::connect(node.addr, &map).and_then(|(mut peer, held)| {
-            if held <= map.version || newest.as_ref().is_some_and(|(v, _)| *v >= held) {
+            if held <= map.version {
+                // Same map (or the peer is behind and catches up from this connection).
+                if !namespace.contains(&node_idx) {
+                    return Ok(None);
+                }
+                match peer.call(&Request::BucketList)? {
+                    Response::Buckets { buckets } => {
+                        for bucket in buckets {
+                            *holders.entry(bucket.name).or_default() += 1;
+                        }
+                    }
+                    other => tracing::debug!(peer = %node.id, answer = ?other, "cannot list a peer's buckets"),
+                }
+                return Ok(None);
+            }
+            if newest.as_ref().is_some_and(|(v, _)| *v >= held) {
                 return Ok(None);
             }
             match peer.call(&Request::GetMap)? {
@@ -163,6 +205,7 @@ fn catch_up(state: &State) {
             Err(e) => tracing::debug!(peer = %map.nodes[node_idx].id, error = %e, "cannot compare maps with a peer"),
         }
     }
+    take_buckets(state, &map, &holders);
     let Some((version, text)) = newest else {
         return;
     };

@@ -45,9 +45,9 @@ use sha2::Sha256;
 /// added per-frame MACs, the client nonce, chunk checksums on writes and commit conditions;
 /// version 3 drive replacement, per-key "unavailable" and truncation flags, scrub and rebuild
 /// status; version 4 the cluster id and map version in the handshake, stale-map refusals and
-/// map updates. postcard encodes enum variants by index and structs by position: any change to
-/// a message bumps this.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// map updates; version 5 drive space (`Request::Space`). postcard encodes enum variants by
+/// index and structs by position: any change to a message bumps this.
+pub const PROTOCOL_VERSION: u16 = 5;
 /// First four bytes of every frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"TSR1";
 /// Bytes of a frame header.
@@ -619,6 +619,9 @@ pub enum Request {
     /// writes it to its `cluster.toml` durably before it answers. Idempotent: a node that
     /// already holds exactly this map answers `Ok`.
     MapPut { expected_version: u64, toml: String },
+    /// Free and total bytes of each of the node's drives ([`Response::Space`]): clients put a
+    /// new key in the pool with the most free space.
+    Space,
 }
 
 /// How much a [`Request::MetaGet`] answers per key.
@@ -754,6 +757,18 @@ pub enum Response {
         kind: ErrorKind,
         message: String,
     },
+    /// One per drive of the node, in order.
+    Space {
+        drives: Vec<DriveSpace>,
+    },
+}
+
+/// The file system space of one drive.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DriveSpace {
+    /// Bytes an unprivileged writer can still use.
+    pub free_bytes: u64,
+    pub total_bytes: u64,
 }
 
 impl Request {

@@ -22,7 +22,7 @@ fn delete_bucket_is_all_or_nothing_across_erasure_sets() {
     let client = cluster.client();
     let map = client.map().clone();
     assert_eq!(map.sets.len(), 2);
-    let key = (0..100).map(|i| format!("k{i}")).find(|k| map.placement("bkt", k).set_idx == 0).unwrap();
+    let key = (0..100).map(|i| format!("k{i}")).find(|k| map.placement_in(0, "bkt", k).set_idx == 0).unwrap();
     let data = payload(200_000, 1);
     block_on(async {
         client.make_bucket("bkt").await.unwrap();
@@ -88,14 +88,14 @@ fn abort_after_a_complete_whose_marker_delete_failed_keeps_the_object() {
     let mut cluster = Cluster::start(Shape { nodes: 12, retire_grace: "1s", ..Shape::default() });
     let client = cluster.client();
     let map = client.map().clone();
-    let object_set = map.placement("bkt", "obj").set_idx;
+    let object_set = map.placement_in(0, "bkt", "obj").set_idx;
     let part = payload(client::PART_BYTES_MIN as usize, 3);
     let upload = block_on(async {
         client.make_bucket("bkt").await.unwrap();
         for _ in 0..40 {
             let upload = client.create_multipart("bkt", "obj", &client::PutOptions::default()).await.unwrap();
             let marker = format!("u/bkt/{upload}");
-            if map.placement(client::MULTIPART_BUCKET, &marker).set_idx != object_set {
+            if map.placement_in(0, client::MULTIPART_BUCKET, &marker).set_idx != object_set {
                 return upload;
             }
             client.abort_multipart("bkt", "obj", &upload).await.unwrap();

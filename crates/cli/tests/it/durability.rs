@@ -28,7 +28,7 @@ pub(crate) fn skewed_client(cluster: &Cluster, skew_s: i64) -> client::Client {
 /// what these scenarios check), at `version`.
 fn hand_meta(map: &cluster::ClusterMap, bucket: &str, key: &str, version: VersionId, size: u64) -> ObjectMeta {
     let (k, m) = (map.erasure.k, map.erasure.m);
-    let placement = map.placement(bucket, key);
+    let placement = map.placement_in(0, bucket, key);
     let geometry = StripeGeometry::new(size, k, map.chunk_bytes);
     let block_bytes = (64u32 << 10).min(map.chunk_bytes);
     let blocks: usize = (0..geometry.stripes).map(|s| geometry.chunk_len(s).div_ceil(block_bytes as usize)).sum();
@@ -213,7 +213,7 @@ fn a_drive_that_fails_during_the_commit_is_queued_for_repair() {
     // Repair would drain the queue this test reads.
     cluster.cli_ok(&["repair", "pause"]);
     let map = client.map().clone();
-    let set = &map.sets[map.placement("bkt", "k").set_idx];
+    let set = &map.sets[map.placement_in(0, "bkt", "k").set_idx];
     let stray = hand_meta(&map, "bkt", "k", VersionId { unix_ns: 1, writer: 1 }, 10);
     assert!(matches!(hand_commit(&cluster, 5, &stray, CommitCondition::None), Response::Committed { .. }));
     let options = client::PutOptions { condition: client::CommitCondition::IfAbsent, ..Default::default() };

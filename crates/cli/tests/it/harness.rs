@@ -157,6 +157,17 @@ impl Cluster {
         }
     }
 
+    /// Nodes added to the map (by `tessera pool add`) at `addrs`: ids continue after the last
+    /// node's; they are not started.
+    pub(crate) fn add_nodes(&mut self, addrs: &[SocketAddr]) {
+        for &addr in addrs {
+            self.addrs.push(addr);
+            self.nodes.push(None);
+            self.node_configs.push(None);
+            self.node_args.push(Vec::new());
+        }
+    }
+
     /// Node `idx` starts with its own cluster.toml at `path` from now on (a host of its own).
     pub(crate) fn set_node_config(&mut self, idx: usize, path: PathBuf) {
         self.node_configs[idx] = Some(path);

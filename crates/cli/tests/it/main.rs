@@ -6,6 +6,7 @@ mod durability;
 mod faults;
 mod harness;
 mod objects;
+mod pools;
 mod protocol;
 mod repair;
 mod scrub;

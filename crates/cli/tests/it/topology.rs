@@ -199,6 +199,7 @@ fn map_changes_that_would_move_data_or_race_another_change_are_refused() {
     }
     let second = (0..6).map(|node_idx| cluster::DriveRef { node_idx, drive_idx: 1 }).collect();
     grown.sets.push(cluster::ErasureSet { drives: second });
+    grown.pools[0].sets = 0..2;
     one_line_error(&push("grown.toml", &grown.to_toml()), "cannot follow version 1");
     let other_cluster = text.replacen("cluster_id = \"", "cluster_id = \"x", 1);
     one_line_error(&push("other.toml", &other_cluster), "belongs to cluster");

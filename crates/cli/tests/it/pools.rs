@@ -1,0 +1,262 @@
+//! Growing a running cluster by a pool of new nodes (`tessera pool add`): nothing moves, old
+//! objects stay readable (also by clients with the old map), new keys spread over both pools
+//! by free space, a key's later versions stay in its pool, listing merges pools.
+
+use std::net::SocketAddr;
+
+use crate::harness::{Cluster, Shape, block_on, free_ports, payload};
+
+fn map_of(cluster: &Cluster) -> cluster::ClusterMap {
+    let text = std::fs::read_to_string(&cluster.config).unwrap();
+    cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap()
+}
+
+/// `tessera pool add` of six nodes on new ports, each formatted and started.
+fn add_pool(cluster: &mut Cluster) -> Vec<SocketAddr> {
+    let base = free_ports(6);
+    let addrs: Vec<SocketAddr> = (0..6u16).map(|i| SocketAddr::from(([127, 0, 0, 1], base + i))).collect();
+    let mut args = vec!["pool".to_owned(), "add".to_owned()];
+    for addr in &addrs {
+        args.extend(["--node".to_owned(), format!("{addr}=1")]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = cluster.cli_ok(&args);
+    assert!(out.contains("pool 2 added (joining): nodes n7, n8, n9, n10, n11, n12, 1 erasure set(s) of 4+2"), "{out}");
+    let first = cluster.addrs.len();
+    cluster.add_nodes(&addrs);
+    for idx in first..first + addrs.len() {
+        cluster.cli_ok(&["drive", "format", "--node", &format!("n{}", idx + 1)]);
+        cluster.start_node(idx);
+    }
+    cluster.wait_ready();
+    // New nodes take the buckets the first pool's nodes hold; then the pool can be activated.
+    for idx in first..first + addrs.len() {
+        cluster.wait_log(idx, "took a bucket its peers hold");
+    }
+    let out = cluster.cli_ok(&["pool", "activate", "2"]);
+    assert!(out.contains("pool 2 is active: map version 3"), "{out}");
+    addrs
+}
+
+#[test]
+fn a_pool_added_to_a_running_cluster_takes_new_keys_and_moves_nothing() {
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let before = cluster.client();
+    let old_keys: Vec<String> = (0..12).map(|i| format!("old-{i}")).collect();
+    block_on(async {
+        for (i, key) in old_keys.iter().enumerate() {
+            before.put_bytes("bkt", key, &payload(20_000 + i * 1000, i as u64), &Default::default()).await.unwrap();
+        }
+    });
+    let files_before: Vec<usize> = (0..6).map(|idx| cluster.data_files(idx).len()).collect();
+
+    add_pool(&mut cluster);
+    let map = map_of(&cluster);
+    assert_eq!(map.version, 3);
+    assert_eq!(map.pools.len(), 2);
+    let second_pool = map.pools[1].sets.clone();
+    let status = cluster.cli_ok(&["pool", "status"]);
+    assert!(status.contains("pool 1\tactive\t1 set(s) of 4+2\tnodes n1,n2,n3,n4,n5,n6\tfree "), "{status}");
+    assert!(status.contains("pool 2\tactive\t1 set(s) of 4+2\tnodes n7,n8,n9,n10,n11,n12\tfree "), "{status}");
+
+    // Nothing moved: the first pool's nodes hold exactly the files they held.
+    let files_after: Vec<usize> = (0..6).map(|idx| cluster.data_files(idx).len()).collect();
+    assert_eq!(files_before, files_after);
+
+    let fresh = cluster.client();
+    block_on(async {
+        // A client that still plans with version 1 reads every old object (the nodes tell it to
+        // refresh; it then asks both pools).
+        for (i, key) in old_keys.iter().enumerate() {
+            assert_eq!(before.get("bkt", key).await.unwrap(), payload(20_000 + i * 1000, i as u64), "{key}");
+        }
+        assert_eq!(before.map().version, 3, "the old client took the new map");
+        // New keys go to both pools (the same free space here: half and half, at random).
+        let mut in_second = 0;
+        for i in 0..40 {
+            let key = format!("new-{i}");
+            let info =
+                fresh.put_bytes("bkt", &key, &payload(5_000 + i, 100 + i as u64), &Default::default()).await.unwrap();
+            in_second += usize::from(second_pool.contains(&info.placement.set_idx));
+        }
+        assert!((5..=35).contains(&in_second), "{in_second} of 40 new keys went to the new pool");
+        for i in 0..40 {
+            let key = format!("new-{i}");
+            let info = before.head("bkt", &key).await.unwrap();
+            assert_eq!(fresh.get("bkt", &key).await.unwrap(), payload(5_000 + i, 100 + i as u64));
+            assert_eq!(info.meta_positions.len(), 6, "{key}: every drive of its set holds it");
+            // A key's next version goes where its first is.
+            let again = fresh.put_bytes("bkt", &key, b"second version", &Default::default()).await.unwrap();
+            assert_eq!(again.placement.set_idx, info.placement.set_idx, "{key}");
+            assert_eq!(before.get("bkt", &key).await.unwrap(), b"second version");
+        }
+        // Old keys are overwritten and deleted in the first pool.
+        let info = fresh.put_bytes("bkt", "old-3", b"replaced", &Default::default()).await.unwrap();
+        assert!(map.pools[0].sets.contains(&info.placement.set_idx));
+        assert_eq!(before.get("bkt", "old-3").await.unwrap(), b"replaced");
+        fresh.delete("bkt", "old-4").await.unwrap();
+        assert!(matches!(before.get("bkt", "old-4").await, Err(client::Error::NotFound { .. })));
+        // A listing merges both pools.
+        let page = fresh.list("bkt", "", "", 1000).await.unwrap();
+        assert_eq!(page.entries.len(), 12 - 1 + 40);
+    });
+    let listed = cluster.cli_ok(&["ls", "bkt"]);
+    assert!(listed.contains("new-39") && listed.contains("old-11") && !listed.contains("old-4"), "{listed}");
+}
+
+#[test]
+fn a_pool_that_is_down_does_not_hide_the_other_pools_objects() {
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let client = cluster.client();
+    block_on(async { client.put_bytes("bkt", "first", &payload(30_000, 1), &Default::default()).await.unwrap() });
+    add_pool(&mut cluster);
+    let map = map_of(&cluster);
+    // Three nodes of the new pool down: more than m, so its set can neither be read nor written.
+    for idx in 6..9 {
+        cluster.kill_node(idx);
+    }
+    let fresh = cluster.client();
+    block_on(async {
+        assert_eq!(fresh.get("bkt", "first").await.unwrap(), payload(30_000, 1));
+        // A write must know every pool's newest version of the key; it says which nodes it lacks.
+        let err = fresh.put_bytes("bkt", "first", b"v2", &Default::default()).await.unwrap_err();
+        assert!(err.to_string().contains("n7"), "{err}");
+    });
+    assert!(map.pools[0].sets.contains(&map.placement_in(0, "bkt", "first").set_idx));
+    // Buckets live on the first pool's nodes: made and listed while the new pool is down, and
+    // taken by its nodes when they return.
+    cluster.cli_ok(&["mb", "later"]);
+    assert!(cluster.cli_ok(&["ls"]).contains("later"));
+    cluster.start_node(6);
+    cluster.wait_ready();
+    cluster.wait_log(6, "bucket=\"later\"");
+}
+
+#[test]
+fn pools_that_cannot_join_are_refused_with_one_line_and_change_nothing() {
+    let cluster = Cluster::start(Shape::default());
+    let fresh: Vec<String> = {
+        let base = free_ports(6);
+        (0..6u16).map(|i| format!("127.0.0.1:{}=1", base + i)).collect()
+    };
+    let pool_add = |nodes: &[String], extra: &[&str]| {
+        let mut args = vec!["pool", "add"];
+        for node in nodes {
+            args.extend(["--node", node.as_str()]);
+        }
+        args.extend(extra);
+        cluster.cli(&args)
+    };
+    let one_line = |output: std::process::Output, expected: &str| {
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(!output.status.success(), "must fail: {}", String::from_utf8_lossy(&output.stdout));
+        assert!(stderr.contains(expected), "expected {expected:?} in: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    };
+    one_line(pool_add(&fresh[..5], &[]), "erasure config 4+2 needs at least 6 nodes, the cluster has 5");
+    let mut overlapping = fresh.clone();
+    overlapping[2] = format!("{}=1", cluster.addrs[3]);
+    one_line(
+        pool_add(&overlapping, &[]),
+        &format!("a new pool cannot reuse address {}: node n4 has it", cluster.addrs[3]),
+    );
+    let mut twice = fresh.clone();
+    twice[1] = twice[0].clone();
+    one_line(pool_add(&twice, &[]), "is used by two nodes");
+    one_line(pool_add(&fresh, &["--ec", "3+3"]), "every pool uses the cluster's k+m");
+    assert_eq!(map_of(&cluster).version, 1);
+    let maps = cluster.cli_ok(&["map", "status"]);
+    assert!(maps.contains("all 6 nodes hold version 1"), "{maps}");
+
+    // A pool added but not started is joining: nothing asks it, everything keeps working, and
+    // it cannot be activated until its nodes run.
+    cluster.cli_ok(&["mb", "bkt"]);
+    assert!(pool_add(&fresh, &[]).status.success());
+    let status = cluster.cli_ok(&["pool", "status"]);
+    assert!(status.contains("pool 2\tjoining\t"), "{status}");
+    let client = cluster.client();
+    block_on(async {
+        for i in 0..8 {
+            let key = format!("k{i}");
+            let info = client.put_bytes("bkt", &key, b"while joining", &Default::default()).await.unwrap();
+            assert_eq!(info.placement.set_idx, 0, "{key}: only the active pool takes keys");
+            assert_eq!(client.get("bkt", &key).await.unwrap(), b"while joining");
+        }
+    });
+    assert_eq!(client.map().version, 2);
+    one_line(cluster.cli(&["pool", "activate", "2"]), "pool 2 stays joining: n7 does not answer");
+    one_line(cluster.cli(&["pool", "activate", "1"]), "pool 1 is active, not joining");
+    one_line(cluster.cli(&["pool", "activate", "9"]), "the cluster has no pool 9");
+    assert_eq!(map_of(&cluster).version, 2);
+}
+
+#[test]
+fn a_pool_added_under_a_running_workload_loses_no_acknowledged_write() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    // Writers: two clients made before the pool exists (their map goes stale mid-run), each
+    // writing its own keys over and over; the last acknowledged value of each key is recorded.
+    let acked: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let (client, acked, stop, failures) =
+                (cluster.client(), Arc::clone(&acked), Arc::clone(&stop), Arc::clone(&failures));
+            std::thread::spawn(move || {
+                let mut round = 0u64;
+                // Bounded: at most 400 writes per writer, whatever happens.
+                while !stop.load(Ordering::SeqCst) && round < 400 {
+                    let key = format!("w{w}-{}", round % 24);
+                    let value = payload(3_000 + (round as usize % 7) * 100, (w * 1000) as u64 + round);
+                    match block_on(client.put_bytes("bkt", &key, &value, &Default::default())) {
+                        Ok(_) => {
+                            acked.lock().unwrap().insert(key, value);
+                        }
+                        // Not acknowledged: the key keeps its previous value or takes this one.
+                        Err(e) => failures.lock().unwrap().push(format!("{key}: {e}")),
+                    }
+                    round += 1;
+                }
+                client
+            })
+        })
+        .collect();
+    // Every key written once before the pool comes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while acked.lock().unwrap().len() < 48 {
+        assert!(std::time::Instant::now() < deadline, "writers too slow: {:?}", failures.lock().unwrap());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let acked_before = acked.lock().unwrap().clone();
+    add_pool(&mut cluster);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    let stale_clients: Vec<client::Client> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    let acked = acked.lock().unwrap();
+    let overwritten = acked.iter().filter(|(key, value)| acked_before.get(*key) != Some(value)).count();
+    assert!(overwritten > 0, "the writers kept writing while the pool was added");
+    let map = map_of(&cluster);
+    let reader = cluster.client();
+    let mut in_second = 0;
+    block_on(async {
+        for (key, value) in acked.iter() {
+            let info = reader.head("bkt", key).await.unwrap();
+            in_second += usize::from(map.pools[1].sets.contains(&info.placement.set_idx));
+            assert_eq!(&reader.get("bkt", key).await.unwrap(), value, "{key}: the last acknowledged value");
+        }
+    });
+    // Every key was first written before the pool existed: all stay in the first pool.
+    assert_eq!(in_second, 0, "a key's later versions follow its first");
+    for client in &stale_clients {
+        assert_eq!(client.map().version, 3, "the writers took the new map");
+    }
+    // The pool's arrival is not an error for writers (nothing was down).
+    assert!(failures.lock().unwrap().is_empty(), "{:?}", failures.lock().unwrap());
+}
