@@ -1,9 +1,12 @@
-//! Metadata reads: ask every drive of each key's erasure set in every pool, one request per node
-//! for all the keys, and pick the version readers agree on.
+//! Metadata reads: ask every drive of each key's erasure set, one request per node for all the
+//! keys, and pick the version readers agree on.
 //!
-//! A key lives in one pool (writes go where its newest version is), but which one is not
-//! recorded anywhere: every pool's set of the key is asked at once, in the same round, so a read
-//! costs one round trip however many pools there are (and n more metadata items per pool).
+//! With several pools a key lives in one of them (writes go where its newest version is), but
+//! which one is not recorded anywhere. Every pool is asked in the same round: the set of the
+//! pool the key is expected in (where this client last found or wrote it, else the first) whole,
+//! the others only *probed*: n - W + 1 of their drives, which is enough to see any version
+//! acknowledged there (it is on W drives). A probe that sees anything, or cannot tell, has its
+//! set asked whole in a second round.
 
 use cluster::Placement;
 use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, Request, Response, VersionId};
@@ -15,28 +18,85 @@ use crate::{Client, Error, FailedNode, ObjectInfo, choose_version};
 struct Lookup<'a> {
     bucket: &'a str,
     key: &'a str,
+    /// Index of the pool in the map.
+    pool: usize,
     placement: Placement,
+    /// Ask only the probe positions ([`probe_positions`]), not the whole set.
+    probe: bool,
 }
 
-/// The key's set in every active pool (a joining pool holds nothing yet), pool by pool, with
-/// the pool's index.
-fn lookups<'a>(client: &Client, bucket: &'a str, key: &'a str) -> impl Iterator<Item = (usize, Lookup<'a>)> {
+/// The key's set in every active pool (a joining pool holds nothing yet), pool by pool: the
+/// expected pool's set whole, the others probed.
+fn lookups<'a>(client: &Client, bucket: &'a str, key: &'a str) -> Vec<Lookup<'a>> {
     let map = &client.topo.map;
-    let active = (0..map.pools.len()).filter(|&pool| map.pools[pool].is_active());
-    active.map(move |pool| (pool, Lookup { bucket, key, placement: map.placement_in(pool, bucket, key) }))
+    let active: Vec<usize> = (0..map.pools.len()).filter(|&pool| map.pools[pool].is_active()).collect();
+    let expected = match active.len() {
+        1 => active[0],
+        _ => client.pool_hint(bucket, key).filter(|pool| active.contains(pool)).unwrap_or(active[0]),
+    };
+    active
+        .into_iter()
+        .map(|pool| Lookup {
+            bucket,
+            key,
+            pool,
+            placement: map.placement_in(pool, bucket, key),
+            probe: pool != expected,
+        })
+        .collect()
 }
 
-/// Metadata of `keys` (names already validated), in order.
-pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
-    let pools = client.topo.map.pools.iter().filter(|pool| pool.is_active()).count();
-    let asked: Vec<Lookup<'_>> =
-        keys.iter().flat_map(|(bucket, key)| lookups(client, bucket, key).map(|(_, lookup)| lookup)).collect();
-    let mut answers = readable(versions_many(client, &asked, MetaDetail::Versions).await);
-    // Sets whose newest version is not readable (a write in flight, or failures) need each
-    // drive's acknowledged floor before a version is chosen: ask again for those only.
+/// The positions a probe asks: n - W + 1 of them, from the key's rotation on (spreading probes
+/// over the set's drives). Any version acknowledged in the set is on W drives, so on one of them.
+fn probe_positions(client: &Client, placement: &Placement) -> impl Iterator<Item = usize> {
+    let erasure = client.topo.map.erasure;
+    let (n, rotation) = (erasure.n(), placement.rotation);
+    (0..n - erasure.write_quorum() + 1).map(move |i| (rotation + i) % n)
+}
+
+/// Whether a probe shows its pool holds nothing of the key: every probed drive answered, can
+/// speak for the key, and knows no version of it (nor an acknowledged floor).
+fn probe_is_clear(client: &Client, lookup: &Lookup<'_>, answer: &KeyAnswers) -> bool {
+    probe_positions(client, &lookup.placement).all(|position| {
+        answer.replies[position]
+            .as_ref()
+            .is_some_and(|v| !v.unavailable && v.finalized.is_none() && v.all().next().is_none())
+    })
+}
+
+/// The lookups whose probe is not clear, asked again whole (in `asked` and `answers`).
+async fn widen_unclear_probes(
+    client: &Client,
+    asked: &mut [Lookup<'_>],
+    answers: &mut [KeyAnswers],
+    detail: MetaDetail,
+) {
+    let unclear: Vec<usize> =
+        (0..asked.len()).filter(|&i| asked[i].probe && !probe_is_clear(client, &asked[i], &answers[i])).collect();
+    if unclear.is_empty() {
+        return;
+    }
+    for &i in &unclear {
+        asked[i].probe = false;
+    }
+    let whole: Vec<Lookup<'_>> = unclear.iter().map(|&i| asked[i]).collect();
+    let mut again = versions_many(client, &whole, detail).await;
+    if detail == MetaDetail::Versions {
+        again = settle(client, &whole, again).await;
+    }
+    for (i, answer) in unclear.into_iter().zip(again) {
+        answers[i] = answer;
+    }
+}
+
+/// Readers' view of the answers: drives that cannot speak for a key count as silent, and whole
+/// sets whose newest version is not readable (a write in flight, or failures) are asked again
+/// for each drive's acknowledged floor, which choosing a version then needs.
+async fn settle(client: &Client, asked: &[Lookup<'_>], answers: Vec<KeyAnswers>) -> Vec<KeyAnswers> {
+    let mut answers = readable(answers);
     let erasure = client.topo.map.erasure;
     let unsure: Vec<usize> = (0..asked.len())
-        .filter(|&i| !crate::newest_is_readable(&answers[i].replies, erasure.marker_quorum()))
+        .filter(|&i| !asked[i].probe && !crate::newest_is_readable(&answers[i].replies, erasure.marker_quorum()))
         .collect();
     if !unsure.is_empty() {
         let again: Vec<Lookup<'_>> = unsure.iter().map(|&i| asked[i]).collect();
@@ -45,20 +105,35 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
             answers[i] = answer;
         }
     }
+    answers
+}
+
+/// Metadata of `keys` (names already validated), in order.
+pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
+    let pools = client.topo.map.pools.iter().filter(|pool| pool.is_active()).count();
+    let mut asked: Vec<Lookup<'_>> = keys.iter().flat_map(|(bucket, key)| lookups(client, bucket, key)).collect();
+    let answers = versions_many(client, &asked, MetaDetail::Versions).await;
+    let mut answers = settle(client, &asked, answers).await;
+    if pools > 1 {
+        // `settle` made drives that cannot speak for a key silent: a probe that met one is not clear.
+        widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::Versions).await;
+    }
     let mut answers = answers.into_iter();
     asked
         .chunks(pools)
         .map(|per_pool| {
             let (bucket, key) = (per_pool[0].bucket, per_pool[0].key);
-            let chosen: Vec<(Placement, KeyAnswers, Result<Option<ObjectMeta>, Error>)> = per_pool
+            let chosen: Vec<(Lookup<'_>, KeyAnswers, Result<Option<ObjectMeta>, Error>)> = per_pool
                 .iter()
                 .map(|lookup| {
                     let answer = answers.next().expect("one answer per lookup");
-                    let chosen = choose(client, bucket, key, lookup.placement, &answer);
-                    (lookup.placement, answer, chosen)
+                    // A clear probe: the pool holds nothing of the key.
+                    let chosen =
+                        if lookup.probe { Ok(None) } else { choose(client, bucket, key, lookup.placement, &answer) };
+                    (*lookup, answer, chosen)
                 })
                 .collect();
-            newest_of_pools(client, bucket, key, chosen)
+            newest_of_pools(client, bucket, key, chosen, pools > 1)
         })
         .collect()
 }
@@ -66,27 +141,31 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
 /// The newest version any pool chose for the key (a delete marker there makes it absent).
 /// A pool that could not tell (too few drives answered) fails the read only if no other pool
 /// holds a version: the key's pool is the one its writes went to, and a pool that cannot be
-/// read then is the only place it can be.
+/// read then is the only place it can be. With several pools, remembers where the key was.
 fn newest_of_pools(
     client: &Client,
     bucket: &str,
     key: &str,
-    chosen: Vec<(Placement, KeyAnswers, Result<Option<ObjectMeta>, Error>)>,
+    chosen: Vec<(Lookup<'_>, KeyAnswers, Result<Option<ObjectMeta>, Error>)>,
+    remember: bool,
 ) -> Result<ObjectInfo, Error> {
-    let mut newest: Option<(Placement, KeyAnswers, ObjectMeta)> = None;
+    let mut newest: Option<(Lookup<'_>, KeyAnswers, ObjectMeta)> = None;
     let mut unavailable = None;
-    for (placement, answer, choice) in chosen {
+    for (lookup, answer, choice) in chosen {
         match choice {
             Ok(Some(meta)) if newest.as_ref().is_none_or(|(_, _, best)| best.version < meta.version) => {
-                newest = Some((placement, answer, meta));
+                newest = Some((lookup, answer, meta));
             }
             Ok(_) => {}
             Err(e) => unavailable = unavailable.or(Some(e)),
         }
     }
+    if remember && let Some((lookup, _, _)) = &newest {
+        client.remember_pool(bucket, key, lookup.pool);
+    }
     match (newest, unavailable) {
         (Some((_, _, meta)), _) if meta.deleted => Err(Error::NotFound { bucket: bucket.into(), key: key.into() }),
-        (Some((placement, answer, meta)), _) => Ok(info_of(client, placement, &answer, meta)),
+        (Some((lookup, answer, meta)), _) => Ok(info_of(client, lookup.placement, &answer, meta)),
         (None, Some(e)) => Err(e),
         (None, None) => Err(Error::NotFound { bucket: bucket.into(), key: key.into() }),
     }
@@ -122,23 +201,30 @@ fn readable(mut answers: Vec<KeyAnswers>) -> Vec<KeyAnswers> {
 }
 
 /// The newest version of the key that any active pool holds or knows acknowledged, and the
-/// index of the pool where it is (where the write must go, so that a key's versions stay in one pool);
-/// `None` for a key no pool has seen. Every pool's set must answer as
-/// [`newest_version_seen_in`] requires: a pool that cannot might hold a newer version.
+/// index of the pool where it is (where the write must go, so that a key's versions stay in
+/// one pool); `None` for a key no pool has seen. A pool whose probe is clear holds nothing of
+/// it; every other pool's set must answer as [`newest_version_seen_in`] requires: a pool that
+/// cannot might hold a newer version.
 pub(crate) async fn newest_version_seen(
     client: &Client,
     bucket: &str,
     key: &str,
 ) -> Result<Option<(VersionId, usize)>, Error> {
-    let (pools, asked): (Vec<usize>, Vec<Lookup<'_>>) = lookups(client, bucket, key).unzip();
-    let answers = versions_many(client, &asked, MetaDetail::WithFloor).await;
+    let mut asked = lookups(client, bucket, key);
+    let mut answers = versions_many(client, &asked, MetaDetail::WithFloor).await;
+    if asked.len() > 1 {
+        widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::WithFloor).await;
+    }
     let mut newest: Option<(VersionId, usize)> = None;
-    for ((&pool, lookup), answer) in pools.iter().zip(&asked).zip(answers) {
+    for (lookup, answer) in asked.iter().zip(answers) {
+        if lookup.probe {
+            continue; // Clear: the pool holds nothing of the key.
+        }
         let seen = newest_version_seen_in(client, lookup, answer.replies).await?;
         if let Some(version) = seen
             && newest.is_none_or(|(best, _)| best < version)
         {
-            newest = Some((version, pool));
+            newest = Some((version, lookup.pool));
         }
     }
     Ok(newest)
@@ -204,7 +290,11 @@ async fn versions_many(client: &Client, lookups: &[Lookup<'_>], detail: MetaDeta
     let mut asked: Vec<Vec<(usize, usize)>> = vec![Vec::new(); client.topo.pools.len()];
     let mut items: Vec<Vec<MetaKey>> = vec![Vec::new(); client.topo.pools.len()];
     for (key_idx, lookup) in lookups.iter().enumerate() {
-        for (position, drive) in client.set_drives(&lookup.placement).iter().enumerate() {
+        let drives = client.set_drives(&lookup.placement);
+        let positions: Vec<usize> =
+            if lookup.probe { probe_positions(client, &lookup.placement).collect() } else { (0..n).collect() };
+        for position in positions {
+            let drive = &drives[position];
             asked[drive.node_idx].push((key_idx, position));
             items[drive.node_idx].push(MetaKey {
                 drive: drive.drive_idx as u32,

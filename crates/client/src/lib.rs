@@ -273,6 +273,20 @@ struct Inner {
     /// Finalizes sent in the background and not finished yet; `finalized` wakes `settle`.
     finalizing: std::sync::atomic::AtomicUsize,
     finalized: tokio::sync::Notify,
+    /// With several pools: where keys were last found or written, by a hash of `bucket/key`
+    /// (a collision only costs a second round). Pool indexes never change: pools are appended.
+    pool_hints: std::sync::Mutex<std::collections::HashMap<u64, u32>>,
+}
+
+/// Keys whose pool a client remembers at most (about 16 bytes each).
+const POOL_HINTS_MAX: usize = 1 << 16;
+
+/// A hash of `bucket/key` (for pool hints).
+fn key_hash(bucket: &str, key: &str) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (bucket, key).hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Repair hints remembered (and so in flight) at most.
@@ -296,6 +310,7 @@ impl Client {
             stripe_buffers: std::sync::Mutex::new(Vec::new()),
             hinted: std::sync::Mutex::new(std::collections::HashSet::new()),
             finalizing: std::sync::atomic::AtomicUsize::new(0),
+            pool_hints: std::sync::Mutex::new(std::collections::HashMap::new()),
             finalized: tokio::sync::Notify::new(),
         };
         Ok(Self { inner: Arc::new(inner), topo })
@@ -554,7 +569,26 @@ impl Client {
             Some((_, pool)) => pool,
             None => self.pool_for_new_key().await,
         };
+        if self.topo.map.pools.len() > 1 {
+            self.remember_pool(bucket, key, pool);
+        }
         Ok((self.next_version(seen.map(|(version, _)| version)), self.topo.map.placement_in(pool, bucket, key)))
+    }
+
+    /// The pool this client last found `bucket/key` in or wrote it to, if it remembers.
+    fn pool_hint(&self, bucket: &str, key: &str) -> Option<usize> {
+        let hints = self.inner.pool_hints.lock().expect("pool hints lock poisoned");
+        hints.get(&key_hash(bucket, key)).map(|&pool| pool as usize)
+    }
+
+    /// Remembers where `bucket/key` is, so that its next read asks that pool's set whole and
+    /// only probes the others; forgotten all at once when `POOL_HINTS_MAX` are held.
+    fn remember_pool(&self, bucket: &str, key: &str, pool: usize) {
+        let mut hints = self.inner.pool_hints.lock().expect("pool hints lock poisoned");
+        if hints.len() >= POOL_HINTS_MAX {
+            hints.clear();
+        }
+        hints.insert(key_hash(bucket, key), pool as u32);
     }
 
     /// An active pool for a key no pool holds: drawn at random in proportion to each active
