@@ -203,8 +203,9 @@ fn readable(mut answers: Vec<KeyAnswers>) -> Vec<KeyAnswers> {
 /// The newest version of the key that any active pool holds or knows acknowledged, and the
 /// index of the pool where it is (where the write must go, so that a key's versions stay in
 /// one pool); `None` for a key no pool has seen. A pool whose probe is clear holds nothing of
-/// it; every other pool's set must answer as [`newest_version_seen_in`] requires: a pool that
-/// cannot might hold a newer version.
+/// it; every other pool's set must show what it holds ([`versions_seen_in`]): a pool that
+/// cannot might hold a newer version. The pool that holds the newest version (with one pool:
+/// that pool) must also have W drives answering, or the write could not be acknowledged.
 pub(crate) async fn newest_version_seen(
     client: &Client,
     bucket: &str,
@@ -216,32 +217,59 @@ pub(crate) async fn newest_version_seen(
         widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::WithFloor).await;
     }
     let mut newest: Option<(VersionId, usize)> = None;
+    let mut target: Option<SetVersions> = None;
     for (lookup, answer) in asked.iter().zip(answers) {
         if lookup.probe {
             continue; // Clear: the pool holds nothing of the key.
         }
-        let seen = newest_version_seen_in(client, lookup, answer.replies).await?;
-        if let Some(version) = seen
-            && newest.is_none_or(|(best, _)| best < version)
-        {
-            newest = Some((version, lookup.pool));
+        let seen = versions_seen_in(client, lookup, answer.replies, asked.len() == 1).await?;
+        let newer = match (seen.newest, newest) {
+            (Some(version), Some((best, _))) => best < version,
+            (Some(_), None) => true,
+            (None, _) => asked.len() == 1,
+        };
+        if newer {
+            newest = seen.newest.map(|version| (version, lookup.pool));
+            target = Some(seen);
         }
+    }
+    let erasure = client.topo.map.erasure;
+    if let Some(target) = target
+        && target.answered < erasure.write_quorum()
+    {
+        return Err(Error::WriteQuorum {
+            bucket: bucket.into(),
+            key: key.into(),
+            acked: target.answered,
+            total: erasure.n(),
+            needed: erasure.write_quorum(),
+            reasons: format!("unreachable nodes: {}", target.unreachable.join(", ")),
+        });
     }
     Ok(newest)
 }
 
-/// The newest version any reachable drive of the key's set holds (current or retained) or
-/// knows acknowledged, for a writer to order its version after. Fails unless at least W drives
-/// answered: then any version acknowledged before this call is among the answers (write
-/// quorums intersect). A drive being
-/// rebuilt counts as answered (it takes the write) though it knows no version, as long as at
-/// least n - W + 1 other drives answered: with u drives rebuilding, an acknowledged version is
-/// on at least W - u of the n - u others, so n - W + 1 answers among them meet it.
-async fn newest_version_seen_in(
+/// What one set holds of a key, for a writer.
+struct SetVersions {
+    /// The newest version any drive holds (current or retained) or knows acknowledged.
+    newest: Option<VersionId>,
+    /// Drives that answered (a drive being rebuilt answers, and takes the write).
+    answered: usize,
+    /// The nodes of the drives that did not.
+    unreachable: Vec<String>,
+}
+
+/// What the key's set holds, for a writer to order its version after. Fails unless at least
+/// n - W + 1 drives answered and can speak for the key (a drive being rebuilt cannot): then any
+/// version acknowledged before this call, which is on W drives, is among the answers; and, for
+/// the set the write goes to (`target`), unless W drives answered. Drives skipped for a recent
+/// failure are asked once more when fewer than W answered.
+async fn versions_seen_in(
     client: &Client,
     lookup: &Lookup<'_>,
     mut replies: Vec<Option<KeyVersions>>,
-) -> Result<Option<VersionId>, Error> {
+    target: bool,
+) -> Result<SetVersions, Error> {
     let (bucket, key) = (lookup.bucket, lookup.key);
     let erasure = client.topo.map.erasure;
     let drives = client.set_drives(&lookup.placement);
@@ -261,26 +289,39 @@ async fn newest_version_seen_in(
     }
     let answered = replies.iter().flatten().count();
     let knowing = replies.iter().flatten().filter(|v| !v.unavailable).count();
-    if answered < erasure.write_quorum() || knowing < erasure.n() - erasure.write_quorum() + 1 {
-        let unreachable: Vec<String> = drives
-            .iter()
-            .zip(&replies)
-            .filter(|(_, r)| r.is_none())
-            .map(|(d, _)| client.node_id(d.node_idx).to_owned())
-            .collect();
-        return Err(Error::WriteQuorum {
-            bucket: bucket.into(),
-            key: key.into(),
-            acked: answered,
-            total: erasure.n(),
-            needed: erasure.write_quorum(),
-            reasons: format!("unreachable nodes: {}", unreachable.join(", ")),
-        });
+    let unreachable: Vec<String> = drives
+        .iter()
+        .zip(&replies)
+        .filter(|(_, r)| r.is_none())
+        .map(|(d, _)| client.node_id(d.node_idx).to_owned())
+        .collect();
+    let write_quorum = |acked: usize, needed: usize, reasons: String| Error::WriteQuorum {
+        bucket: bucket.into(),
+        key: key.into(),
+        acked,
+        total: erasure.n(),
+        needed,
+        reasons,
+    };
+    let needed = erasure.n() - erasure.write_quorum() + 1;
+    if target && (answered < erasure.write_quorum() || knowing < needed) {
+        // The write goes to this set: say so in its terms.
+        let reasons = format!("unreachable nodes: {}", unreachable.join(", "));
+        return Err(write_quorum(answered, erasure.write_quorum(), reasons));
+    }
+    if knowing < needed {
+        let reasons = format!(
+            "too few drives of set {} can tell which versions it holds; unreachable nodes: {}",
+            lookup.placement.set_idx,
+            unreachable.join(", ")
+        );
+        return Err(write_quorum(knowing, needed, reasons));
     }
     // Floors too: a collected delete marker leaves only its floor, and a write after it must
     // be newer.
     let floors = replies.iter().flatten().filter_map(|v| v.finalized);
-    Ok(replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).chain(floors).max())
+    let newest = replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).chain(floors).max();
+    Ok(SetVersions { newest, answered, unreachable })
 }
 
 /// Every version each lookup's key has on each drive of its set, in lookup order.

@@ -113,16 +113,25 @@ fn a_pool_that_is_down_does_not_hide_the_other_pools_objects() {
     block_on(async { client.put_bytes("bkt", "first", &payload(30_000, 1), &Default::default()).await.unwrap() });
     add_pool(&mut cluster);
     let map = map_of(&cluster);
-    // Three nodes of the new pool down: more than m, so its set can neither be read nor written.
+    // Three nodes of the new pool down: more than m, so its set cannot be read or written.
     for idx in 6..9 {
         cluster.kill_node(idx);
     }
     let fresh = cluster.client();
     block_on(async {
         assert_eq!(fresh.get("bkt", "first").await.unwrap(), payload(30_000, 1));
-        // A write must know every pool's newest version of the key; it says which nodes it lacks.
-        let err = fresh.put_bytes("bkt", "first", b"v2", &Default::default()).await.unwrap_err();
-        assert!(err.to_string().contains("n7"), "{err}");
+        // A write must know what every pool holds of the key: three drives of six show any
+        // version acknowledged there (it is on five).
+        fresh.put_bytes("bkt", "first", b"v2", &Default::default()).await.unwrap();
+        assert_eq!(fresh.get("bkt", "first").await.unwrap(), b"v2");
+    });
+    // With one drive of the new pool's set left, it cannot: the write fails and says why.
+    cluster.kill_node(9);
+    cluster.kill_node(10);
+    block_on(async {
+        let err = fresh.put_bytes("bkt", "first", b"v3", &Default::default()).await.unwrap_err();
+        assert!(err.to_string().contains("too few drives of set 1 can tell which versions it holds"), "{err}");
+        assert_eq!(fresh.get("bkt", "first").await.unwrap(), b"v2");
     });
     assert!(map.pools[0].sets.contains(&map.placement_in(0, "bkt", "first").set_idx));
     // Buckets live on the first pool's nodes: made and listed while the new pool is down, and
