@@ -77,11 +77,18 @@ async fn add(
 ) -> anyhow::Result<()> {
     // Plan from the map the nodes hold (the file may be behind a change made elsewhere).
     let current = client.fresh_map().await;
-    let next = current.with_pool(nodes, ec.unwrap_or(current.erasure)).context("plan the pool")?;
+    let next = match current.pools.last() {
+        // A run cut short left this pool on some nodes: finish pushing it.
+        Some(last) if current.pools.len() > 1 && same_nodes(&current, current.pools.len() - 1, nodes) => {
+            println!("pool {} with these nodes is in map version {}: finishing its push", last.id, current.version);
+            (*current).clone()
+        }
+        _ => current.with_pool(nodes, ec.unwrap_or(current.erasure)).context("plan the pool")?,
+    };
     let silent = client.push_map(&next).await?;
     crate::cluster_cmd::write_map(config, &next)?;
     let pool = next.pools.last().expect("with_pool adds a pool");
-    let ids: Vec<&str> = next.nodes[current.nodes.len()..].iter().map(|n| n.id.as_str()).collect();
+    let ids: Vec<&str> = next.pool_nodes(next.pools.len() - 1).iter().map(|&i| next.nodes[i].id.as_str()).collect();
     println!(
         "pool {} added (joining): nodes {}, {} erasure set(s) of {}; map version {} written to {}",
         pool.id,
@@ -147,6 +154,12 @@ async fn activate(client: &client::Client, id: u32, config: &Path) -> anyhow::Re
         println!("nodes {} did not answer: they take the new map from their peers when they return", silent.join(", "));
     }
     Ok(())
+}
+
+/// Whether pool index `pool` of `map` is made of nodes at exactly the addresses of `nodes`.
+fn same_nodes(map: &cluster::ClusterMap, pool: usize, nodes: &[NodeSpec]) -> bool {
+    let members = map.pool_nodes(pool);
+    members.len() == nodes.len() && members.iter().zip(nodes).all(|(&i, spec)| map.nodes[i].addr == spec.addr)
 }
 
 async fn status(client: &client::Client) -> anyhow::Result<()> {
