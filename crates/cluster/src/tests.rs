@@ -201,6 +201,9 @@ fn maps_across_hosts_refuse_bad_layouts() {
 }
 
 proptest! {
+    // About one drawn layout in five is valid (drives a multiple of n, none over its share):
+    // allow the rejects that costs (the default of 1024 failed about one run in a few).
+    #![proptest_config(ProptestConfig { max_global_rejects: 50_000, ..ProptestConfig::default() })]
     #[test]
     fn uneven_drive_counts_make_sets_on_distinct_nodes(counts in proptest::collection::vec(1usize..5, 3..10), m in 1usize..3) {
         let k = 2usize;
