@@ -33,14 +33,9 @@ if [ ! -x "$cache/target/release/tessera" ]; then
 fi
 base_bin="$cache/target/release/tessera"
 
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
+bench_name=compare-commits
+# shellcheck source=bench/work-dir.sh
+source "$root/bench/work-dir.sh"
 
 # One turn: a fresh cluster from binary $2, PUT then GET, results appended as JSON lines.
 turn() {

@@ -5,15 +5,8 @@
 # it does not compete with what is measured) and `kill_node I` (SIGKILL).
 tessera="$root/target/release/tessera"
 [ -x "$tessera" ] || { echo "error: build first (make build)" >&2; exit 1; }
-work="$(mktemp -d "${TMPDIR:-/var/tmp}/tessera-$bench_name.XXXXXX")"
-pids=()
-
-cleanup() {
-    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
+# shellcheck source=bench/work-dir.sh
+source "$root/bench/work-dir.sh"
 
 "$tessera" init --nodes 6 --ec 4+2 --data "$work/d" --base-port "$base_port" >/dev/null
 export TESSERA_CONFIG="$work/d/cluster.toml"

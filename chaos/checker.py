@@ -10,8 +10,12 @@ drop: this kernel has no netem), slow links (tbf rate limits) and a full disk (a
 drive). With `--readdress`, nodes also move to new addresses (a host replaced by one with
 another IP: the node is killed, its namespace gets a new address, `tessera map push` makes the
 edited map the next version, the node restarts there) while one client keeps planning with the
-map of the start (stale: every operation must fetch the new map and still be correct). Clients are `tessera` CLI processes, so the checker runs against any build of the
-binary (`--tessera PATH`): that is how a bug is reproduced on the build before its fix.
+map of the start (stale: every operation must fetch the new map and still be correct). With
+`--grow`, the cluster grows from 6 to 12 nodes during the run: `tessera pool add` of six more
+namespaces' nodes, which are then started, and `tessera pool activate` (one client keeps the
+start's map here too). Clients are `tessera` CLI processes, so the checker runs against any
+build of the binary (`--tessera PATH`): that is how a bug is reproduced on the build before
+its fix.
 
 Every operation is recorded with its invocation and completion times; the checker verifies:
 - no torn or corrupt bytes: every GET returns exactly the bytes one PUT wrote;
@@ -208,6 +212,7 @@ class Cluster:
         self.mounted: list[Path] = []
         self.full_drive = full_drive
         self.scrubs: bool | None = None  # whether this build has a scrubber (feature-detected)
+        self.nodes = NODES  # nodes in the map: more once a pool is added (--grow)
 
     def init(self) -> None:
         subprocess.run([str(self.tessera), "init", "--nodes", str(NODES), "--ec", EC, "--chunk-size", "64KiB",
@@ -303,7 +308,7 @@ class Cluster:
 
     def error_lines(self) -> list[str]:
         lines = []
-        for i in range(1, NODES + 1):
+        for i in range(1, self.nodes + 1):
             if self.log(i).exists():
                 lines += [f"n{i}: {line}" for line in self.log(i).read_text().splitlines() if " ERROR " in line]
         return lines
@@ -351,6 +356,7 @@ class Workload:
         self.corrupt: list[str] = []
         self.files = cluster.work / "values"
         self.files.mkdir(exist_ok=True)
+        self.keys = KEYS  # keys in play: more once a second pool is active (--grow)
 
     def cli(self, client: int, *args: str, data: Path | None = None) -> subprocess.CompletedProcess:
         stale = self.stale_client and client == self.STALE_CLIENT
@@ -379,7 +385,7 @@ class Workload:
         while time.monotonic() < self.deadline:
             seq += 1
             op_id = (client + 1) * 1_000_000 + seq
-            key = f"k{rng.randrange(KEYS)}"
+            key = f"k{rng.randrange(self.keys)}"
             roll = rng.random()
             if roll < 0.35:
                 self.put(client, op_id, key, rng.randrange(HEADER.size, VALUE_BYTES_MAX))
@@ -771,7 +777,7 @@ def wait_repaired(workload: Workload) -> list[str]:
         result = workload.cli(0, "repair", "status", "--json")
         last = (result.stdout + result.stderr).decode(errors="replace").strip()[-400:]
         lines = [json.loads(line) for line in result.stdout.decode().splitlines() if line.startswith("{")]
-        if len(lines) == NODES and all("drives" in line for line in lines):
+        if len(lines) == cluster.nodes and all("drives" in line for line in lines):
             queued = sum(d["queued_versions"] for line in lines for d in line["drives"])
             queued += sum(1 for line in lines for d in line["drives"] if d.get("rebuilding"))
             # With a scrubber: two passes more on every node, so one began after the faults.
@@ -785,6 +791,61 @@ def wait_repaired(workload: Workload) -> list[str]:
         time.sleep(1.0)
     return [f"repair did not restore full redundancy within {REPAIR_WAIT_S:.0f} s after the faults stopped "
             f"({queued} versions still queued; last status: {last})"]
+
+
+class Growth:
+    """--grow: a second pool of NODES nodes (namespaces NODES+1..2*NODES, created with the
+    others and idle until then) is added at `at` seconds into the run, its nodes started, and
+    the pool activated, while the workload and the faults (on the first pool) go on."""
+
+    ACTIVATE_TRIES = 60  # one a second: the new nodes take the buckets within moments
+
+    def __init__(self, cluster: Cluster, topo: Topology, workload: Workload, start: float, at: float):
+        self.cluster, self.topo, self.workload, self.start, self.at = cluster, topo, workload, start, at
+        self.events: list[str] = []
+        self.added_at: float | None = None
+        self.active_at: float | None = None
+
+    def log(self, text: str) -> None:
+        line = f"{time.monotonic() - self.start:7.2f}s {text}"
+        self.events.append(line)
+        print("  grow", line, flush=True)
+
+    def tessera(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(self.cluster.tessera), *args, "--config", str(self.cluster.config)],
+                              capture_output=True, text=True, timeout=OP_TIMEOUT_S)
+
+    def run(self) -> None:
+        time.sleep(max(0.0, self.start + self.at - time.monotonic()))
+        new = range(NODES + 1, 2 * NODES + 1)
+        nodes = [arg for i in new for arg in ("--node", f"{self.topo.ip(i)}:{NODE_PORT}=1")]
+        # A push the faults cut short is run again: `pool add` then finishes it.
+        for _ in range(5):
+            result = self.tessera("pool", "add", *nodes)
+            self.log(f"pool add: {(result.stdout + result.stderr).strip().splitlines()[-1:]}")
+            if result.returncode == 0:
+                break
+            time.sleep(2)
+        else:
+            return
+        self.added_at = time.monotonic() - self.start
+        self.cluster.nodes = 2 * NODES
+        for i in new:
+            formatted = self.tessera("drive", "format", "--node", f"n{i}")
+            assert formatted.returncode == 0, formatted.stderr
+            self.cluster.start(i)
+        for i in new:
+            self.cluster.wait_ready(i)
+        for _ in range(self.ACTIVATE_TRIES):
+            result = self.tessera("pool", "activate", "2")
+            if result.returncode == 0:
+                self.active_at = time.monotonic() - self.start
+                # New keys from now on: their first versions go to either pool, by free space.
+                self.workload.keys = 2 * KEYS
+                self.log(f"pool 2 active; keys k{KEYS}..k{2 * KEYS - 1} in play from now on")
+                return
+            time.sleep(1)
+        self.log(f"pool 2 never became active: {result.stderr.strip()}")
 
 
 def probe_redundancy(workload: Workload, finals: dict[str, Op], rng: random.Random) -> list[str]:
@@ -837,7 +898,11 @@ class Report:
     errors_logged: list[str]
     read_errors: list[str] = dataclasses.field(default_factory=list)
     readdressed: int = 0  # nodes moved to a new address (with --readdress)
-    stale_client_done: int = 0  # operations the stale-map client completed (with --readdress)
+    stale_client_done: int = 0  # operations the stale-map client completed (with --readdress or --grow)
+    grown: list[str] = dataclasses.field(default_factory=list)  # with --grow: what the growth did
+    grown_active_at: float | None = None  # with --grow: when pool 2 became active (s into the run)
+    ops_after_growth: int = 0  # with --grow: acknowledged PUTs of the keys put in play after pool 2 was active
+    keys_in_second_pool: int = 0  # with --grow: keys whose final version is in pool 2
 
     def text(self) -> str:
         lines = [f"seed {self.seed}, {self.duration:.0f} s of faults, {sum(self.counts.values())} operations",
@@ -847,6 +912,11 @@ class Report:
         if self.readdressed:
             lines.append(f"nodes moved to new addresses: {self.readdressed}; operations completed by the client "
                          f"with the start's map: {self.stale_client_done}")
+        if self.grown:
+            lines.append(f"growth to a second pool: {len(self.grown)} events; PUTs acknowledged of the keys new since: "
+                         f"{self.ops_after_growth}; keys read back from the second pool: {self.keys_in_second_pool}; "
+                         f"operations completed by the client with the start's map: {self.stale_client_done}")
+            lines += [f"  {line}" for line in self.grown]
         lines.append(f"anomalies: {len(self.anomalies)}")
         lines += [f"  {a}" for a in self.anomalies[:50]]
         if self.read_errors:
@@ -859,13 +929,14 @@ class Report:
 
 
 def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, faults_on: bool = True,
-                readdress: bool = False) -> Report:
+                readdress: bool = False, grow: bool = False) -> Report:
     """One seeded run. Without faults (`faults_on=False`) the workload races reads against
     overwrites on a healthy cluster: every read must then succeed. With `readdress`, nodes move
-    to new addresses too, and one client plans with the start's map throughout."""
+    to new addresses too, and one client plans with the start's map throughout. With `grow`, a
+    second pool joins a third of the way in (and one client keeps the start's map)."""
     rng = random.Random(seed)
     full_drive = faults_on and rng.random() < 0.3
-    topo = Topology(NODES)
+    topo = Topology(2 * NODES if grow else NODES)
     work = Path(tempfile.mkdtemp(prefix=f"tessera-chaos-{seed}-"))
     cluster = Cluster(tessera, topo, work, full_drive)
     print(f"checker: seed {seed}, {duration:.0f} s, faults: {faults_on}, full drive on n{NODES}: {full_drive}, "
@@ -882,9 +953,12 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
         start = time.monotonic()
         deadline = start + duration
         skews = CLIENT_SKEWS_S if skew else [0] * CLIENTS
-        workload = Workload(cluster, seed, deadline, ranged, skews, stale_client=readdress)
+        workload = Workload(cluster, seed, deadline, ranged, skews, stale_client=readdress or grow)
         faults = Faults(cluster, topo, seed, deadline, start, readdress=readdress)
         threads = [threading.Thread(target=workload.client_loop, args=(c,), daemon=True) for c in range(CLIENTS)]
+        growth = Growth(cluster, topo, workload, start, duration / 3) if grow else None
+        if growth is not None:
+            threads.append(threading.Thread(target=growth.run, daemon=True))
         if faults_on:
             threads.append(threading.Thread(target=faults.loop, daemon=True))
         for t in threads:
@@ -912,10 +986,20 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
         read_errors = [f"{op.kind} op {op.op_id} of {op.key} at {op.invoke - start:.2f}s "
                        f"(took {op.complete - op.invoke:.2f}s): {op.detail}"
                        for op in workload.ops if op.kind in ("get", "rget") and op.outcome == "error"]
-        stale_done = sum(1 for op in workload.ops if readdress and op.client == Workload.STALE_CLIENT
+        stale_done = sum(1 for op in workload.ops if (readdress or grow) and op.client == Workload.STALE_CLIENT
                          and op.outcome in ("ok", "value", "absent", "past-end"))
-        return Report(seed, duration, faults.schedule, counts, anomalies, cluster.error_lines(), read_errors,
-                      faults.readdressed, stale_done)
+        report = Report(seed, duration, faults.schedule, counts, anomalies, cluster.error_lines(), read_errors,
+                        faults.readdressed, stale_done)
+        if growth is not None:
+            report.grown = growth.events
+            report.grown_active_at = growth.active_at
+            report.ops_after_growth = sum(1 for op in workload.ops if op.kind == "put" and op.outcome == "ok"
+                                          and int(op.key[1:]) >= KEYS)
+            # The second pool's one set is set 1 (the first pool has set 0).
+            report.keys_in_second_pool = sum(
+                1 for key, final in finals.items() if final.outcome == "value"
+                and "erasure set:  1 " in workload.cli(0, "stat", f"bkt/{key}").stdout.decode(errors="replace"))
+        return report
     finally:
         cluster.stop_all()
         topo.destroy()
@@ -933,13 +1017,15 @@ def main() -> int:
                         help="no faults: reads race overwrites on a healthy cluster, and every read must succeed")
     parser.add_argument("--readdress", action="store_true",
                         help="nodes also move to new addresses (map pushes); one client keeps the start's map")
+    parser.add_argument("--grow", action="store_true",
+                        help="a second pool of 6 nodes is added and activated a third of the way in")
     args = parser.parse_args()
     seeds = args.seed or [random.SystemRandom().randrange(1, 1 << 31)]
     failed = 0
     for seed in seeds:
         try:
             report = run_checker(seed, args.duration, args.tessera, skew=not args.no_skew,
-                                 faults_on=not args.no_faults, readdress=args.readdress)
+                                 faults_on=not args.no_faults, readdress=args.readdress, grow=args.grow)
         except CheckerError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -26,6 +26,9 @@ REGRESSION_CASES = [(1, True), (2, True), (3, True), (5, True), (11, False), (15
 # Nodes moving to new addresses (map pushes) among the other faults, with one client that plans
 # with the map of the start throughout: seed 8 moves nodes six times.
 READDRESS_SEED = 8
+# The cluster grows from 6 to 12 nodes (a second pool added and activated a third of the way
+# in) among the other faults, with one client on the map of the start throughout.
+GROW_SEED = 4
 # Reads racing overwrites on a healthy cluster: on 7960c51 they failed (the old data file was
 # unlinked under them); every read must succeed.
 RACING_SEED = 21
@@ -65,5 +68,16 @@ def test_nodes_moving_to_new_addresses_lose_nothing_and_stale_clients_follow() -
     assert report.counts.get("put:ok", 0) > 50, "the workload must write under faults"
     # The stale client planned every operation with version 1 of the map, which names the old
     # addresses: each was refused, fetched the new map and ran again.
+    assert report.stale_client_done > 50, report.text()
+    assert not report.anomalies, report.text()
+
+
+def test_a_pool_added_under_faults_loses_nothing_and_stale_clients_follow() -> None:
+    report = run(GROW_SEED, grow=True)
+    assert report.grown_active_at is not None, "the second pool must become active:\n" + report.text()
+    # New keys and versions kept being acknowledged with two pools (deletes make new first
+    # versions, which go to either pool).
+    assert report.ops_after_growth > 10, report.text()
+    assert report.keys_in_second_pool > 0, "some keys must live in the new pool:\n" + report.text()
     assert report.stale_client_done > 50, report.text()
     assert not report.anomalies, report.text()
