@@ -195,7 +195,8 @@ impl Client {
 
     /// Makes `next` the cluster's map: an admin's change (today a node's new address), the
     /// version after the one the nodes hold. Refused, changing nothing, unless a majority of
-    /// the current map's nodes answer, every node that answers holds the map of version
+    /// the current map's nodes in active pools answer (a joining pool's may not run yet), every
+    /// node that answers holds the map of version
     /// `next.version - 1` (or `next` already: a push cut short can be run again), and `next` keeps every
     /// node, drive and set of it (`ClusterMap::check_successor`). Each node then checks the
     /// version it holds, stores `next` durably and serves under it; clients with the old map are
@@ -220,12 +221,22 @@ impl Client {
                 Err(reason) => silent.push((node.node.clone(), reason.clone())),
             }
         }
-        if silent.len() * 2 >= held.len() {
-            let reasons: Vec<String> = silent.iter().map(|(node, reason)| format!("{node}: {reason}")).collect();
+        // A majority of the active pools' nodes must answer: a joining pool's nodes may not run
+        // yet (they are told if they answer, and take the map from their peers otherwise).
+        let known = self.map();
+        let voters: Vec<&str> = (0..known.pools.len())
+            .filter(|&pool| known.pools[pool].is_active())
+            .flat_map(|pool| known.pool_nodes(pool))
+            .map(|node_idx| known.nodes[node_idx].id.as_str())
+            .collect();
+        let silent_voters: Vec<&(String, String)> =
+            silent.iter().filter(|(node, _)| voters.contains(&node.as_str())).collect();
+        if silent_voters.len() * 2 >= voters.len() {
+            let reasons: Vec<String> = silent_voters.iter().map(|(node, reason)| format!("{node}: {reason}")).collect();
             problems.push(format!(
-                "{} of {} nodes did not answer, a map change needs a majority ({})",
-                silent.len(),
-                held.len(),
+                "{} of {} nodes of active pools did not answer, a map change needs a majority ({})",
+                silent_voters.len(),
+                voters.len(),
                 reasons.join("; ")
             ));
         }

@@ -183,6 +183,10 @@ fn pools_that_cannot_join_are_refused_with_one_line_and_change_nothing() {
     // it cannot be activated until its nodes run.
     cluster.cli_ok(&["mb", "bkt"]);
     assert!(pool_add(&fresh, &[]).status.success());
+    // Run again (as after a push cut short), it finishes the same pool's push: no third pool.
+    let again = pool_add(&fresh, &[]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("pool 2 with these nodes is in map version 2"));
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
     let status = cluster.cli_ok(&["pool", "status"]);
     assert!(status.contains("pool 2\tjoining\t"), "{status}");
     let client = cluster.client();
