@@ -12,15 +12,9 @@ size="${SIZE:-1MiB}"
 objects="${OBJECTS:-256}"
 concurrency="${CONCURRENCY:-16}"
 base_port="${BASE_PORT:-27101}"
-work="$(mktemp -d)"
-pids=()
-
-cleanup() {
-    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
+bench_name=cluster-bench
+# shellcheck source=bench/work-dir.sh
+source "$root/bench/work-dir.sh"
 
 [ -x "$tessera" ] || { echo "error: build first (make build)" >&2; exit 1; }
 if ! command -v iperf3 >/dev/null && [ "$(id -u)" -eq 0 ]; then
