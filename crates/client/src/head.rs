@@ -6,7 +6,10 @@
 //! pool the key is expected in (where this client last found or wrote it, else the first) whole,
 //! the others only *probed*: n - W + 1 of their drives, which is enough to see any version
 //! acknowledged there (it is on W drives). A probe that sees anything, or cannot tell, has its
-//! set asked whole in a second round.
+//! set asked whole in a second round. With several pools every drive also reports its
+//! acknowledged floor: a key whose versions ended up in two pools (two first writes racing) must
+//! not have an older version in one pool come back once a newer delete marker in the other is
+//! collected (only its floor is left).
 
 use cluster::Placement;
 use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, Request, Response, VersionId};
@@ -70,6 +73,7 @@ async fn widen_unclear_probes(
     asked: &mut [Lookup<'_>],
     answers: &mut [KeyAnswers],
     detail: MetaDetail,
+    reading: bool,
 ) {
     let unclear: Vec<usize> =
         (0..asked.len()).filter(|&i| asked[i].probe && !probe_is_clear(client, &asked[i], &answers[i])).collect();
@@ -80,10 +84,9 @@ async fn widen_unclear_probes(
         asked[i].probe = false;
     }
     let whole: Vec<Lookup<'_>> = unclear.iter().map(|&i| asked[i]).collect();
-    let mut again = versions_many(client, &whole, detail).await;
-    if detail == MetaDetail::Versions {
-        again = settle(client, &whole, again).await;
-    }
+    let again = versions_many(client, &whole, detail).await;
+    // Readers (the writers' version read makes its own view of the answers).
+    let again = if reading { settle(client, &whole, again, detail).await } else { again };
     for (i, answer) in unclear.into_iter().zip(again) {
         answers[i] = answer;
     }
@@ -91,9 +94,18 @@ async fn widen_unclear_probes(
 
 /// Readers' view of the answers: drives that cannot speak for a key count as silent, and whole
 /// sets whose newest version is not readable (a write in flight, or failures) are asked again
-/// for each drive's acknowledged floor, which choosing a version then needs.
-async fn settle(client: &Client, asked: &[Lookup<'_>], answers: Vec<KeyAnswers>) -> Vec<KeyAnswers> {
+/// for each drive's acknowledged floor, which choosing a version then needs (unless `detail`
+/// asked for floors already).
+async fn settle(
+    client: &Client,
+    asked: &[Lookup<'_>],
+    answers: Vec<KeyAnswers>,
+    detail: MetaDetail,
+) -> Vec<KeyAnswers> {
     let mut answers = readable(answers);
+    if detail == MetaDetail::WithFloor {
+        return answers;
+    }
     let erasure = client.topo.map.erasure;
     let unsure: Vec<usize> = (0..asked.len())
         .filter(|&i| !asked[i].probe && !crate::newest_is_readable(&answers[i].replies, erasure.marker_quorum()))
@@ -112,11 +124,14 @@ async fn settle(client: &Client, asked: &[Lookup<'_>], answers: Vec<KeyAnswers>)
 pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
     let pools = client.topo.map.pools.iter().filter(|pool| pool.is_active()).count();
     let mut asked: Vec<Lookup<'_>> = keys.iter().flat_map(|(bucket, key)| lookups(client, bucket, key)).collect();
-    let answers = versions_many(client, &asked, MetaDetail::Versions).await;
-    let mut answers = settle(client, &asked, answers).await;
+    debug_assert_eq!(asked.len(), keys.len() * pools, "one lookup per key and active pool");
+    // One pool: floors only when the newest version is not readable (`settle`); several: always.
+    let detail = if pools > 1 { MetaDetail::WithFloor } else { MetaDetail::Versions };
+    let answers = versions_many(client, &asked, detail).await;
+    let mut answers = settle(client, &asked, answers, detail).await;
     if pools > 1 {
         // `settle` made drives that cannot speak for a key silent: a probe that met one is not clear.
-        widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::Versions).await;
+        widen_unclear_probes(client, &mut asked, &mut answers, detail, true).await;
     }
     let mut answers = answers.into_iter();
     asked
@@ -138,10 +153,13 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
         .collect()
 }
 
-/// The newest version any pool chose for the key (a delete marker there makes it absent).
-/// A pool that could not tell (too few drives answered) fails the read only if no other pool
-/// holds a version: the key's pool is the one its writes went to, and a pool that cannot be
-/// read then is the only place it can be. With several pools, remembers where the key was.
+/// The newest version any pool chose for the key (a delete marker there makes it absent), unless
+/// a pool's drives know a newer version acknowledged (a collected marker: absent; else that
+/// pool's failure). A pool that could not tell (too few drives answered) fails the read only if
+/// no other pool holds a version: a key's writes go to one pool, so a pool that cannot be read
+/// is then the only place it can be. (A key whose first versions raced into two pools reads
+/// the older while the newer one's pool cannot be read: ARCHITECTURE.md, Pools.) With several
+/// pools, remembers where the key was.
 fn newest_of_pools(
     client: &Client,
     bucket: &str,
@@ -151,7 +169,12 @@ fn newest_of_pools(
 ) -> Result<ObjectInfo, Error> {
     let mut newest: Option<(Lookup<'_>, KeyAnswers, ObjectMeta)> = None;
     let mut unavailable = None;
+    // The newest version a pool that chose none (or an older one) knows acknowledged: a delete
+    // marker there that was collected leaves only this floor.
+    let mut floor: Option<VersionId> = None;
     for (lookup, answer, choice) in chosen {
+        let pool_floor = answer.replies.iter().flatten().filter_map(|v| v.finalized).max();
+        floor = floor.max(pool_floor);
         match choice {
             Ok(Some(meta)) if newest.as_ref().is_none_or(|(_, _, best)| best.version < meta.version) => {
                 newest = Some((lookup, answer, meta));
@@ -162,6 +185,11 @@ fn newest_of_pools(
     }
     if remember && let Some((lookup, _, _)) = &newest {
         client.remember_pool(bucket, key, lookup.pool);
+    }
+    // A pool acknowledged something newer than every version found: a delete marker since
+    // collected (the key is absent), or a version that pool cannot read now (it failed).
+    if newest.as_ref().is_some_and(|(_, _, meta)| floor.is_some_and(|f| f > meta.version)) {
+        return Err(unavailable.unwrap_or_else(|| Error::NotFound { bucket: bucket.into(), key: key.into() }));
     }
     match (newest, unavailable) {
         (Some((_, _, meta)), _) if meta.deleted => Err(Error::NotFound { bucket: bucket.into(), key: key.into() }),
@@ -214,7 +242,7 @@ pub(crate) async fn newest_version_seen(
     let mut asked = lookups(client, bucket, key);
     let mut answers = versions_many(client, &asked, MetaDetail::WithFloor).await;
     if asked.len() > 1 {
-        widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::WithFloor).await;
+        widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::WithFloor, false).await;
     }
     let mut newest: Option<(VersionId, usize)> = None;
     let mut target: Option<SetVersions> = None;
@@ -263,7 +291,7 @@ struct SetVersions {
 /// n - W + 1 drives answered and can speak for the key (a drive being rebuilt cannot): then any
 /// version acknowledged before this call, which is on W drives, is among the answers; and, for
 /// the set the write goes to (`target`), unless W drives answered. Drives skipped for a recent
-/// failure are asked once more when fewer than W answered.
+/// failure are asked once more when fewer answered than that needs.
 async fn versions_seen_in(
     client: &Client,
     lookup: &Lookup<'_>,
@@ -273,7 +301,9 @@ async fn versions_seen_in(
     let (bucket, key) = (lookup.bucket, lookup.key);
     let erasure = client.topo.map.erasure;
     let drives = client.set_drives(&lookup.placement);
-    if replies.iter().flatten().count() < erasure.write_quorum() {
+    let needed = erasure.n() - erasure.write_quorum() + 1;
+    let enough = if target { erasure.write_quorum() } else { needed };
+    if replies.iter().flatten().count() < enough {
         // Drives skipped for a recent failure may be back, and the write needs them: ask now.
         let silent: Vec<usize> = (0..drives.len()).filter(|&p| replies[p].is_none()).collect();
         for position in silent {
@@ -303,15 +333,16 @@ async fn versions_seen_in(
         needed,
         reasons,
     };
-    let needed = erasure.n() - erasure.write_quorum() + 1;
     if target && (answered < erasure.write_quorum() || knowing < needed) {
         // The write goes to this set: say so in its terms.
         let reasons = format!("unreachable nodes: {}", unreachable.join(", "));
         return Err(write_quorum(answered, erasure.write_quorum(), reasons));
     }
     if knowing < needed {
+        // Nothing was written: the write cannot be ordered after what this pool may hold.
         let reasons = format!(
-            "too few drives of set {} can tell which versions it holds; unreachable nodes: {}",
+            "pool {} (set {}) cannot show which versions of the key it holds: {knowing} of its drives answered, {needed} needed; unreachable nodes: {}",
+            client.topo.map.pools[lookup.pool].id,
             lookup.placement.set_idx,
             unreachable.join(", ")
         );
