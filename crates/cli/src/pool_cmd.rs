@@ -79,7 +79,9 @@ async fn add(
     let current = client.fresh_map().await;
     let next = match current.pools.last() {
         // A run cut short left this pool on some nodes: finish pushing it.
-        Some(last) if current.pools.len() > 1 && same_nodes(&current, current.pools.len() - 1, nodes) => {
+        Some(last)
+            if last.state == cluster::PoolState::Joining && same_nodes(&current, current.pools.len() - 1, nodes) =>
+        {
             println!("pool {} with these nodes is in map version {}: finishing its push", last.id, current.version);
             (*current).clone()
         }
@@ -136,12 +138,20 @@ async fn activate(client: &client::Client, id: u32, config: &Path) -> anyhow::Re
             Ok(map) => problems.push(format!("{node} holds map version {}, not {}", map.version, current.version)),
             Err(reason) => problems.push(format!("{node} does not answer ({reason})")),
         }
-        if let (_, Ok(held)) = &buckets[node_idx] {
-            let missing: Vec<&&String> = namespace.iter().filter(|b| !held.contains(b)).collect();
-            if !missing.is_empty() {
-                problems
-                    .push(format!("{node} lacks buckets {missing:?} (a node takes them within seconds of starting)"));
+        match &buckets[node_idx] {
+            (_, Ok(held)) => {
+                let missing: Vec<&&String> = namespace.iter().filter(|b| !held.contains(b)).collect();
+                if !missing.is_empty() {
+                    problems.push(format!(
+                        "{node} lacks buckets {missing:?} (a node takes them within seconds of starting)"
+                    ));
+                }
             }
+            // Not answering at all is said above.
+            (_, Err(reason)) if maps[node_idx].map.is_ok() => {
+                problems.push(format!("{node} cannot list its buckets ({reason})"));
+            }
+            (_, Err(_)) => {}
         }
     }
     if !problems.is_empty() {

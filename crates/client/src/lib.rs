@@ -241,6 +241,8 @@ struct Topology {
 
 /// How long the nodes' free space guides where new keys go before it is asked again.
 const SPACE_MAX_AGE: Duration = Duration::from_secs(10);
+/// How long a node has to tell its free space.
+const SPACE_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Topology {
     fn new(map: ClusterMap) -> Self {
@@ -624,9 +626,10 @@ impl Client {
         {
             return Arc::clone(free);
         }
+        // Bounded: a stalled node must not hold up every new key's PUT (it counts as full).
         let calls = (0..self.topo.map.nodes.len()).map(|node_idx| async move {
-            match self.call(node_idx, &Request::Space).await {
-                Ok(Response::Space { drives }) => drives,
+            match tokio::time::timeout(SPACE_TIMEOUT, self.call(node_idx, &Request::Space)).await {
+                Ok(Ok(Response::Space { drives })) => drives,
                 _ => Vec::new(),
             }
         });

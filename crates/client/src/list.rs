@@ -107,7 +107,7 @@ impl Client {
     }
 
     /// Live objects of `bucket` whose key starts with `prefix` and sorts after `start_after`,
-    /// at most `limit` of them. Asks every drive of every erasure set and keeps, per key, the
+    /// at most `limit` of them. Asks every drive of every erasure set of the active pools and keeps, per key, the
     /// newest version; delete markers hide their key.
     pub async fn list(&self, bucket: &str, prefix: &str, start_after: &str, limit: u32) -> Result<ListPage, Error> {
         self.with_map(|c| async move { c.list_once(bucket, prefix, start_after, limit).await }).await
@@ -128,8 +128,14 @@ impl Client {
     ) -> Result<ListPage, Error> {
         let limit = limit.clamp(1, LIST_LIMIT_MAX);
         let map = &self.topo.map;
+        // A joining pool holds nothing yet (its nodes may not run); the first pool's nodes hold
+        // the bucket namespace, so only they can say a bucket does not exist.
+        let sets: Vec<(usize, &cluster::ErasureSet)> = (0..map.pools.len())
+            .filter(|&pool| map.pools[pool].is_active())
+            .flat_map(|pool| map.sets[map.pools[pool].sets.clone()].iter().map(move |set| (pool, set)))
+            .collect();
         let mut calls = Vec::new();
-        for set in &map.sets {
+        for &(pool, set) in &sets {
             for drive in &set.drives {
                 let request = Request::List {
                     drive: drive.drive_idx as u32,
@@ -138,7 +144,7 @@ impl Client {
                     start_after: start_after.into(),
                     limit,
                 };
-                calls.push(async move { (drive.node_idx, self.call(drive.node_idx, &request).await) });
+                calls.push(async move { (pool, drive.node_idx, self.call(drive.node_idx, &request).await) });
             }
         }
         let mut newest: BTreeMap<String, ListEntry> = BTreeMap::new();
@@ -146,10 +152,12 @@ impl Client {
         let mut answered = 0;
         let mut truncated = false;
         let mut failed: Vec<crate::FailedNode> = Vec::new();
-        for (node_idx, response) in futures_util::future::join_all(calls).await {
+        let mut namespace_answered = 0;
+        for (pool, node_idx, response) in futures_util::future::join_all(calls).await {
             match response {
                 Ok(Response::Listing { entries }) => {
                     answered += 1;
+                    namespace_answered += usize::from(pool == 0);
                     truncated |= entries.len() as u32 == limit;
                     for entry in entries {
                         match newest.get(&entry.key) {
@@ -160,7 +168,9 @@ impl Client {
                         }
                     }
                 }
-                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => missing_bucket += 1,
+                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) if pool == 0 => missing_bucket += 1,
+                // A later pool's node that has not taken the bucket yet holds nothing in it.
+                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => answered += 1,
                 Ok(Response::Error { message, .. }) => failed.push(self.failed_node(node_idx, &message)),
                 Ok(other) => {
                     tracing::warn!(node = %self.node_id(node_idx), ?other, "unexpected listing answer");
@@ -175,10 +185,10 @@ impl Client {
         // A node with several drives fails each the same way: name it once.
         failed.sort_by(|a, b| a.node.cmp(&b.node));
         failed.dedup();
-        if missing_bucket > answered {
+        if missing_bucket > namespace_answered {
             return Err(Error::NoSuchBucket { bucket: bucket.into() });
         }
-        let drives_total: usize = map.sets.iter().map(|s| s.drives.len()).sum();
+        let drives_total: usize = sets.iter().map(|(_, set)| set.drives.len()).sum();
         self.require_majority_of(answered + missing_bucket, drives_total, failed)?;
         // Only keys up to the `limit`-th merged key are complete: every drive returned all its
         // keys up to there.

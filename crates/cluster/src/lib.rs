@@ -488,7 +488,18 @@ impl ClusterMap {
                 reason: format!("a change must take version {}", self.version + 1),
             });
         }
-        self.check_descendant(next)
+        self.check_descendant(next)?;
+        // An admin's change adds a pool as joining: it may take no traffic before its nodes run
+        // (`tessera pool activate` checks that). A node catching up may skip that version.
+        if next.cluster_id == self.cluster_id && next.pools[self.pools.len()..].iter().any(Pool::is_active) {
+            return Err(Error::BadSuccessor {
+                cluster_id: self.cluster_id.clone(),
+                current: self.version,
+                next: next.version,
+                reason: "a pool is added as active (add it joining, then `tessera pool activate`)".into(),
+            });
+        }
+        Ok(())
     }
 
     /// Checks that `next` is a later map of the same cluster: a higher version, the same id,

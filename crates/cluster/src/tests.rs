@@ -362,6 +362,10 @@ fn successors_may_add_whole_pools_only() {
         change(&mut bad);
         matches!(map.check_successor(&bad), Err(Error::BadSuccessor { .. }))
     };
+    assert!(refused(&|m| m.pools[1].state = PoolState::Active), "a pool added as active");
+    let mut active = grown.clone();
+    active.pools[1].state = PoolState::Active;
+    assert_eq!(map.check_descendant(&active), Ok(()), "a node that slept through joining and activation");
     assert!(refused(&|m| m.pools[0].sets = 0..2), "an existing pool takes the new set");
     assert!(refused(&|m| m.sets[1].drives[0].node_idx = 0), "a new set on an old node");
     assert!(refused(&|m| m.sets[0] = m.sets[1].clone()), "an existing set changed");

@@ -619,8 +619,8 @@ pub enum Request {
     /// writes it to its `cluster.toml` durably before it answers. Idempotent: a node that
     /// already holds exactly this map answers `Ok`.
     MapPut { expected_version: u64, toml: String },
-    /// Free and total bytes of each of the node's drives ([`Response::Space`]): clients put a
-    /// new key in the pool with the most free space.
+    /// Free and total bytes of each of the node's drives ([`Response::Space`]): clients draw
+    /// the pool of a new key in proportion to free space.
     Space,
 }
 
