@@ -120,16 +120,7 @@ async fn activate(client: &client::Client, id: u32, config: &Path) -> anyhow::Re
     // this map, and have the buckets (writes to the pool would fail without them).
     let maps = client.node_maps().await;
     let buckets = client.node_buckets().await;
-    // The buckets a majority of the first pool's nodes hold, internal ones included.
-    let first = current.pool_nodes(0);
-    let mut holders: std::collections::BTreeMap<&String, usize> = std::collections::BTreeMap::new();
-    for held in first.iter().filter_map(|&node_idx| buckets[node_idx].1.as_ref().ok()) {
-        for bucket in held {
-            *holders.entry(bucket).or_default() += 1;
-        }
-    }
-    let namespace: Vec<&String> =
-        holders.into_iter().filter(|(_, count)| count * 2 > first.len()).map(|(bucket, _)| bucket).collect();
+    let namespace: Vec<String> = client.bucket_namespace().await?.into_iter().map(|b| b.name).collect();
     let mut problems = Vec::new();
     for &node_idx in &members {
         let node = &maps[node_idx].node;
@@ -140,7 +131,7 @@ async fn activate(client: &client::Client, id: u32, config: &Path) -> anyhow::Re
         }
         match &buckets[node_idx] {
             (_, Ok(held)) => {
-                let missing: Vec<&&String> = namespace.iter().filter(|b| !held.contains(b)).collect();
+                let missing: Vec<&String> = namespace.iter().filter(|b| !held.contains(b)).collect();
                 if !missing.is_empty() {
                     problems.push(format!(
                         "{node} lacks buckets {missing:?} (a node takes them within seconds of starting)"

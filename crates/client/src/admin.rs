@@ -119,36 +119,43 @@ impl Client {
     /// Free and total bytes of every drive of every node (in node order), as the nodes' file
     /// systems report them.
     pub async fn node_space(&self) -> Vec<NodeSpace> {
-        let client = self.current();
-        let calls = (0..client.topo.map.nodes.len()).map(|node_idx| {
-            let client = &client;
-            async move {
-                let drives = match client.call_now(node_idx, &Request::Space).await {
-                    Ok(Response::Space { drives }) => Ok(drives),
-                    Ok(Response::Error { message, .. }) => Err(message),
-                    Ok(other) => Err(format!("unexpected answer {other:?}")),
-                    Err(e) => Err(e.to_string()),
-                };
-                NodeSpace { node: client.node_id(node_idx).to_owned(), drives }
-            }
-        });
-        futures_util::future::join_all(calls).await
+        let answers = self
+            .ask_every_node(&Request::Space, |response| match response {
+                Response::Space { drives } => Ok(drives),
+                other => Err(other),
+            })
+            .await;
+        answers.into_iter().map(|(node, drives)| NodeSpace { node, drives }).collect()
     }
 
     /// The buckets each node holds (in node order), internal ones included, or why it could
     /// not tell.
     pub async fn node_buckets(&self) -> Vec<(String, Result<Vec<String>, String>)> {
+        self.ask_every_node(&Request::BucketList, |response| match response {
+            Response::Buckets { buckets } => Ok(buckets.into_iter().map(|b| b.name).collect()),
+            other => Err(other),
+        })
+        .await
+    }
+
+    /// `request` to every node of the newest map this client knows, at once; per node (in node
+    /// order) its id and what `answer` takes from its response (which it hands back if it is
+    /// not the expected kind), or why there is none.
+    async fn ask_every_node<T>(
+        &self,
+        request: &Request,
+        answer: impl Fn(Response) -> Result<T, Response>,
+    ) -> Vec<(String, Result<T, String>)> {
         let client = self.current();
         let calls = (0..client.topo.map.nodes.len()).map(|node_idx| {
-            let client = &client;
+            let (client, answer) = (&client, &answer);
             async move {
-                let buckets = match client.call_now(node_idx, &Request::BucketList).await {
-                    Ok(Response::Buckets { buckets }) => Ok(buckets.into_iter().map(|b| b.name).collect()),
+                let taken = match client.call_now(node_idx, request).await {
                     Ok(Response::Error { message, .. }) => Err(message),
-                    Ok(other) => Err(format!("unexpected answer {other:?}")),
+                    Ok(response) => answer(response).map_err(|other| format!("unexpected answer {other:?}")),
                     Err(e) => Err(e.to_string()),
                 };
-                (client.node_id(node_idx).to_owned(), buckets)
+                (client.node_id(node_idx).to_owned(), taken)
             }
         });
         futures_util::future::join_all(calls).await
@@ -174,23 +181,16 @@ impl Client {
 
     /// The map every node of the newest map this client knows holds (in node order).
     pub async fn node_maps(&self) -> Vec<NodeMap> {
-        let client = self.current();
-        let base_dir = client.topo.map.base_dir.clone();
-        let calls = (0..client.topo.map.nodes.len()).map(|node_idx| {
-            let client = &client;
-            let base_dir = &base_dir;
-            async move {
-                let map = match client.call_now(node_idx, &Request::GetMap).await {
-                    Ok(Response::Map { toml }) => {
-                        cluster::ClusterMap::from_toml(&toml, base_dir).map_err(|e| e.to_string())
-                    }
-                    Ok(other) => Err(format!("unexpected answer {other:?}")),
-                    Err(e) => Err(e.to_string()),
-                };
-                NodeMap { node: client.node_id(node_idx).to_owned(), map }
-            }
-        });
-        futures_util::future::join_all(calls).await
+        let base_dir = self.map().base_dir.clone();
+        let answers = self
+            .ask_every_node(&Request::GetMap, |response| match response {
+                Response::Map { toml } => {
+                    Ok(cluster::ClusterMap::from_toml(&toml, &base_dir).map_err(|e| e.to_string()))
+                }
+                other => Err(other),
+            })
+            .await;
+        answers.into_iter().map(|(node, map)| NodeMap { node, map: map.and_then(|parsed| parsed) }).collect()
     }
 
     /// Makes `next` the cluster's map: an admin's change (today a node's new address), the

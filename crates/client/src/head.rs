@@ -24,7 +24,7 @@ struct Lookup<'a> {
     /// Index of the pool in the map.
     pool: usize,
     placement: Placement,
-    /// Ask only the probe positions ([`probe_positions`]), not the whole set.
+    /// Ask only the probe positions ([`is_probed`]), not the whole set.
     probe: bool,
 }
 
@@ -49,18 +49,19 @@ fn lookups<'a>(client: &Client, bucket: &'a str, key: &'a str) -> Vec<Lookup<'a>
         .collect()
 }
 
-/// The positions a probe asks: n - W + 1 of them, from the key's rotation on (spreading probes
-/// over the set's drives). Any version acknowledged in the set is on W drives, so on one of them.
-fn probe_positions(client: &Client, placement: &Placement) -> impl Iterator<Item = usize> {
+/// Whether a probe asks `position`: it asks n - W + 1 positions, from the key's rotation on
+/// (spreading probes over the set's drives). Any version acknowledged in the set is on W
+/// drives, so on one of them.
+fn is_probed(client: &Client, placement: &Placement, position: usize) -> bool {
     let erasure = client.topo.map.erasure;
-    let (n, rotation) = (erasure.n(), placement.rotation);
-    (0..n - erasure.write_quorum() + 1).map(move |i| (rotation + i) % n)
+    let n = erasure.n();
+    (position + n - placement.rotation) % n < n - erasure.write_quorum() + 1
 }
 
 /// Whether a probe shows its pool holds nothing of the key: every probed drive answered, can
 /// speak for the key, and knows no version of it (nor an acknowledged floor).
 fn probe_is_clear(client: &Client, lookup: &Lookup<'_>, answer: &KeyAnswers) -> bool {
-    probe_positions(client, &lookup.placement).all(|position| {
+    (0..answer.replies.len()).filter(|&position| is_probed(client, &lookup.placement, position)).all(|position| {
         answer.replies[position]
             .as_ref()
             .is_some_and(|v| !v.unavailable && v.finalized.is_none() && v.all().next().is_none())
@@ -261,18 +262,10 @@ pub(crate) async fn newest_version_seen(
             target = Some(seen);
         }
     }
-    let erasure = client.topo.map.erasure;
     if let Some(target) = target
-        && target.answered < erasure.write_quorum()
+        && target.answered < client.topo.map.erasure.write_quorum()
     {
-        return Err(Error::WriteQuorum {
-            bucket: bucket.into(),
-            key: key.into(),
-            acked: target.answered,
-            total: erasure.n(),
-            needed: erasure.write_quorum(),
-            reasons: format!("unreachable nodes: {}", target.unreachable.join(", ")),
-        });
+        return Err(target.write_quorum_error(client, bucket, key));
     }
     Ok(newest)
 }
@@ -283,8 +276,31 @@ struct SetVersions {
     newest: Option<VersionId>,
     /// Drives that answered (a drive being rebuilt answers, and takes the write).
     answered: usize,
-    /// The nodes of the drives that did not.
-    unreachable: Vec<String>,
+    placement: Placement,
+    /// Bit `p` set: the drive at position `p` did not answer (n <= `cluster::N_MAX` = 32).
+    silent: u32,
+}
+
+impl SetVersions {
+    /// The ids of the nodes whose drives did not answer, for an error (built only then).
+    fn unreachable(&self, client: &Client) -> String {
+        let drives = client.set_drives(&self.placement).iter().enumerate();
+        let silent = drives.filter(|(position, _)| self.silent & (1 << position) != 0);
+        silent.map(|(_, d)| client.node_id(d.node_idx)).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The write cannot go to this set: fewer than W of its drives answered.
+    fn write_quorum_error(&self, client: &Client, bucket: &str, key: &str) -> Error {
+        let erasure = client.topo.map.erasure;
+        Error::WriteQuorum {
+            bucket: bucket.into(),
+            key: key.into(),
+            acked: self.answered,
+            total: erasure.n(),
+            needed: erasure.write_quorum(),
+            reasons: format!("unreachable nodes: {}", self.unreachable(client)),
+        }
+    }
 }
 
 /// What the key's set holds, for a writer to order its version after. Fails unless at least
@@ -317,26 +333,19 @@ async fn versions_seen_in(
             }
         }
     }
-    let answered = replies.iter().flatten().count();
     let knowing = replies.iter().flatten().filter(|v| !v.unavailable).count();
-    let unreachable: Vec<String> = drives
-        .iter()
-        .zip(&replies)
-        .filter(|(_, r)| r.is_none())
-        .map(|(d, _)| client.node_id(d.node_idx).to_owned())
-        .collect();
-    let write_quorum = |acked: usize, needed: usize, reasons: String| Error::WriteQuorum {
-        bucket: bucket.into(),
-        key: key.into(),
-        acked,
-        total: erasure.n(),
-        needed,
-        reasons,
+    // Floors too: a collected delete marker leaves only its floor, and a write after it must
+    // be newer.
+    let floors = replies.iter().flatten().filter_map(|v| v.finalized);
+    let seen = SetVersions {
+        newest: replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).chain(floors).max(),
+        answered: replies.iter().flatten().count(),
+        placement: lookup.placement,
+        silent: (0..replies.len()).filter(|&p| replies[p].is_none()).fold(0, |mask, p| mask | 1 << p),
     };
-    if target && (answered < erasure.write_quorum() || knowing < needed) {
+    if target && (seen.answered < erasure.write_quorum() || knowing < needed) {
         // The write goes to this set: say so in its terms.
-        let reasons = format!("unreachable nodes: {}", unreachable.join(", "));
-        return Err(write_quorum(answered, erasure.write_quorum(), reasons));
+        return Err(seen.write_quorum_error(client, bucket, key));
     }
     if knowing < needed {
         // Nothing was written: the write cannot be ordered after what this pool may hold.
@@ -344,15 +353,12 @@ async fn versions_seen_in(
             "pool {} (set {}) cannot show which versions of the key it holds: {knowing} of its drives answered, {needed} needed; unreachable nodes: {}",
             client.topo.map.pools[lookup.pool].id,
             lookup.placement.set_idx,
-            unreachable.join(", ")
+            seen.unreachable(client)
         );
-        return Err(write_quorum(knowing, needed, reasons));
+        let (total, bucket, key) = (erasure.n(), bucket.into(), key.into());
+        return Err(Error::WriteQuorum { bucket, key, acked: knowing, total, needed, reasons });
     }
-    // Floors too: a collected delete marker leaves only its floor, and a write after it must
-    // be newer.
-    let floors = replies.iter().flatten().filter_map(|v| v.finalized);
-    let newest = replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).chain(floors).max();
-    Ok(SetVersions { newest, answered, unreachable })
+    Ok(seen)
 }
 
 /// Every version each lookup's key has on each drive of its set, in lookup order.
@@ -363,8 +369,7 @@ async fn versions_many(client: &Client, lookups: &[Lookup<'_>], detail: MetaDeta
     let mut items: Vec<Vec<MetaKey>> = vec![Vec::new(); client.topo.pools.len()];
     for (key_idx, lookup) in lookups.iter().enumerate() {
         let drives = client.set_drives(&lookup.placement);
-        let positions: Vec<usize> =
-            if lookup.probe { probe_positions(client, &lookup.placement).collect() } else { (0..n).collect() };
+        let positions = (0..n).filter(|&position| !lookup.probe || is_probed(client, &lookup.placement, position));
         for position in positions {
             let drive = &drives[position];
             asked[drive.node_idx].push((key_idx, position));

@@ -73,8 +73,14 @@ impl Client {
     }
 
     async fn buckets_once(&self) -> Result<Vec<BucketEntry>, Error> {
-        // The first pool's nodes hold the bucket namespace; nodes of later pools take it from
-        // them (a new pool's nodes start without buckets).
+        // Internal buckets (a leading dot: not a valid S3 name) stay hidden.
+        Ok(self.bucket_namespace().await?.into_iter().filter(|b| !b.name.starts_with('.')).collect())
+    }
+
+    /// Every bucket (internal ones included) a majority of the reachable nodes of the first
+    /// pool hold: the first pool's nodes hold the bucket namespace; nodes of later pools take it
+    /// from them (a new pool's nodes start without buckets).
+    pub async fn bucket_namespace(&self) -> Result<Vec<BucketEntry>, Error> {
         let namespace = self.topo.map.pool_nodes(0);
         let responses = self.call_nodes(&namespace, &Request::BucketList).await;
         let mut seen: BTreeMap<String, (usize, u64)> = BTreeMap::new();
@@ -95,9 +101,8 @@ impl Client {
             }
         }
         self.require_majority_of(reachable, namespace.len(), failed)?;
-        // Internal buckets (a leading dot: not a valid S3 name) stay hidden.
-        let visible = seen.into_iter().filter(|(name, (count, _))| *count * 2 > reachable && !name.starts_with('.'));
-        Ok(visible.map(|(name, (_, created_ms))| BucketEntry { name, created_ms }).collect())
+        let held = seen.into_iter().filter(|(_, (count, _))| *count * 2 > reachable);
+        Ok(held.map(|(name, (_, created_ms))| BucketEntry { name, created_ms }).collect())
     }
 
     /// Whether `bucket` exists (on a majority of reachable nodes).
