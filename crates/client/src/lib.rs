@@ -517,7 +517,8 @@ impl Client {
         self.with_map(|c| async move {
             let mut source = data;
             let (info, replaced) = put::put(&c, bucket, key, &mut source, options).await?;
-            multipart::delete_pieces(&c, &replaced).await;
+            // With the newest map, as `Client::put`: `put::put` may have planned with a newer one.
+            multipart::delete_pieces(&c.current(), &replaced).await;
             Ok(info)
         })
         .await
