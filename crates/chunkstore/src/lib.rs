@@ -513,6 +513,60 @@ impl Drive {
         Ok(collected)
     }
 
+    /// Moves `bucket/key` off this drive up to `version` (it was copied to another pool, where
+    /// it is acknowledged): every version not newer than `version` stops being current and
+    /// retires at `retire_at_ms` (a reader that chose one finishes meanwhile), and their repairs
+    /// are dropped, so the key leaves the drive's listing and no repair brings it back. Newer
+    /// versions stay as they are. An acknowledged floor up to `version` goes too: the key's
+    /// newest version (or the delete it stood for) lives in the other pool now, and a floor
+    /// left here would claim a version this pool no longer holds. Returns whether anything
+    /// changed (a repeated eviction changes nothing).
+    pub fn evict(&self, bucket: &str, key: &str, version: VersionId, retire_at_ms: u64) -> Result<bool, Error> {
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
+        let changed = {
+            let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+            let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+            let mut repair = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+            let mut finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+            let object_key = object_key(bucket, key);
+            let mut changed = false;
+            let floor =
+                finalized.get(object_key.as_slice()).map_err(|e| self.db_err(e))?.map(|v| version_of_bytes(v.value()));
+            if floor.is_some_and(|floor| floor <= version) {
+                finalized.remove(object_key.as_slice()).map_err(|e| self.db_err(e))?;
+                changed = true;
+            }
+            if let Some(current) = self.current_row(&objects, &object_key)?.filter(|c| c.version <= version) {
+                objects.remove(object_key.as_slice()).map_err(|e| self.db_err(e))?;
+                let own_key = retained_key(&object_key, current.version);
+                let encoded = proto::encode_body(&current);
+                objects.insert(own_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
+                changed = true;
+            }
+            let (start, end) = retained_bounds(&object_key);
+            let mut older = Vec::new();
+            for entry in objects.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+                let (row, _) = entry.map_err(|e| self.db_err(e))?;
+                if version_of_retained_key(row.value()) <= version {
+                    older.push(row.value().to_vec());
+                }
+            }
+            for row in older {
+                // The earlier of the two times: a version retiring already keeps its time.
+                let due = retire.get(row.as_slice()).map_err(|e| self.db_err(e))?.map(|at| at.value());
+                if due.is_none_or(|due| due > retire_at_ms) {
+                    retire.insert(row.as_slice(), retire_at_ms).map_err(|e| self.db_err(e))?;
+                    changed = true;
+                }
+                let queued = version_bytes(version_of_retained_key(&row));
+                changed |= repair.remove(queued.as_slice()).map_err(|e| self.db_err(e))?.is_some();
+            }
+            changed
+        };
+        txn.commit().map_err(|e| self.db_err(e))?;
+        Ok(changed)
+    }
+
     /// Records that set `positions` lack a good copy of `version` of `bucket/key` (merged with
     /// what is queued).
     pub fn queue_repair(
@@ -1126,6 +1180,14 @@ impl Drive {
                     ReplaceResult::Superseded { current: current.version, dropped: Vec::new() }
                 }
                 current => {
+                    // The version may be retained here already (evicted from this pool, and
+                    // now moved back): one row per version, or retiring it would delete the
+                    // data file the current row names.
+                    let own_key = retained_key(&object_key, meta.version);
+                    if objects.remove(own_key.as_slice()).map_err(|e| self.db_err(e))?.is_some() {
+                        let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+                        retire.remove(own_key.as_slice()).map_err(|e| self.db_err(e))?;
+                    }
                     objects.insert(object_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
                     let replaced_parts =
                         current.iter().flat_map(|c| c.parts.iter().map(|p| p.piece_key.clone())).collect();

@@ -412,3 +412,43 @@ fn retry_now_makes_backed_off_entries_due_and_leaves_waiting_ones() {
     assert_eq!(due.len(), 1);
     assert_eq!((due[0].0, due[0].1.attempts), (version(1), 1), "the attempt count stays");
 }
+
+#[test]
+fn an_evicted_key_leaves_the_listing_stays_readable_through_the_grace_then_retires() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(1), 100);
+    put(&drive, "a", version(2), 100);
+    drive.finalize("bkt", "a", version(2), &[3], 1_000_000).unwrap();
+    put(&drive, "b", version(5), 100);
+    assert!(drive.evict("bkt", "a", version(2), 1_000).unwrap());
+    assert!(!drive.evict("bkt", "a", version(2), 1_000).unwrap(), "a repeated eviction changes nothing");
+    let listed: Vec<String> = drive.list("bkt", "", "", 10).unwrap().into_iter().map(|e| e.key).collect();
+    assert_eq!(listed, ["b"], "the evicted key left the listing");
+    let versions = drive.get_versions("bkt", "a").unwrap();
+    assert!(versions.current.is_none());
+    assert_eq!(versions.retained.iter().map(|m| m.version).collect::<Vec<_>>(), [version(1), version(2)]);
+    assert!(drive.repair_queue().unwrap().is_empty(), "its repairs were dropped: {:?}", drive.repair_queue());
+    assert_eq!(drive.finalized("bkt", "a").unwrap(), None, "the floor went with the key");
+    assert!(drive.open_version(version(2)).unwrap().is_some(), "readable through the grace");
+    assert_eq!(drive.retire_expired(1_000, 100).unwrap(), 2);
+    assert!(drive.open_version(version(2)).unwrap().is_none());
+    assert!(drive.get_versions("bkt", "a").unwrap().all().next().is_none());
+}
+
+#[test]
+fn eviction_keeps_newer_versions_and_a_version_moved_back_is_one_row() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(1), 100);
+    put(&drive, "a", version(3), 100);
+    // Moved away up to version 1 while version 3 was written here: 3 stays current.
+    assert!(drive.evict("bkt", "a", version(1), 1_000).unwrap());
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().map(|m| m.version), Some(version(3)));
+    assert!(drive.evict("bkt", "a", version(3), 1_000).unwrap());
+    // Moved back within the grace: the version is current again, once.
+    put(&drive, "a", version(3), 100);
+    let versions = drive.get_versions("bkt", "a").unwrap();
+    assert_eq!(versions.current.map(|m| m.version), Some(version(3)));
+    assert_eq!(versions.retained.iter().map(|m| m.version).collect::<Vec<_>>(), [version(1)]);
+    assert_eq!(drive.retire_expired(u64::MAX, 100).unwrap(), 1);
+    assert!(drive.open_version(version(3)).unwrap().is_some(), "the current version's file stays");
+}

@@ -9,6 +9,7 @@ mod drive_cmd;
 mod map_cmd;
 mod object_cmd;
 mod pool_cmd;
+mod pool_move;
 mod repair_cmd;
 mod s3_load;
 mod size;

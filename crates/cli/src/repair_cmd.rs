@@ -32,7 +32,7 @@ enum RepairAction {
     },
 }
 
-fn parse_rate(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_rate(text: &str) -> Result<u64, String> {
     let bytes = parse_bytes(text.trim().trim_end_matches("/s"))?;
     if bytes == 0 {
         return Err(format!("invalid rate {text:?}: it must be above 0 (use `tessera repair pause` to stop)"));

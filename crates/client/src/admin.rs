@@ -221,11 +221,12 @@ impl Client {
                 Err(reason) => silent.push((node.node.clone(), reason.clone())),
             }
         }
-        // A majority of the active pools' nodes must answer: a joining pool's nodes may not run
-        // yet (they are told if they answer, and take the map from their peers otherwise).
+        // A majority of the active and draining pools' nodes must answer: a joining pool's nodes
+        // may not run yet, a removed pool's may be gone (they are told if they answer, and take
+        // the map from their peers otherwise).
         let known = self.map();
         let voters: Vec<&str> = (0..known.pools.len())
-            .filter(|&pool| known.pools[pool].is_active())
+            .filter(|&pool| known.pools[pool].is_read())
             .flat_map(|pool| known.pool_nodes(pool))
             .map(|node_idx| known.nodes[node_idx].id.as_str())
             .collect();

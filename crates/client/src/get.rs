@@ -83,12 +83,38 @@ pub(crate) async fn read_at(client: &Client, info: &ObjectInfo, offset: u64, buf
             let to = end.min(part_end);
             let piece = crate::multipart::piece_info(client, &info.meta, part)?;
             let target = &mut buf[(from - offset) as usize..(to - offset) as usize];
-            let read = read_piece_at(client, &piece, from - part_start, target).await?;
+            let map = &client.topo.map;
+            let recorded_pool_is_read =
+                map.pool_of_set(piece.placement.set_idx).is_some_and(|p| map.pools[p].is_read());
+            let read = if recorded_pool_is_read {
+                match read_piece_at(client, &piece, from - part_start, target).await {
+                    Ok(read) => read,
+                    Err(e @ Error::Unavailable { .. }) => match moved_piece(client, part).await {
+                        Some(moved) => read_piece_at(client, &moved, from - part_start, target).await?,
+                        None => return Err(e),
+                    },
+                    Err(e) => return Err(e),
+                }
+            } else {
+                let moved = moved_piece(client, part).await.ok_or_else(|| Error::NotFound {
+                    bucket: crate::MULTIPART_BUCKET.into(),
+                    key: part.piece_key.clone(),
+                })?;
+                read_piece_at(client, &moved, from - part_start, target).await?
+            };
             assert_eq!(read as u64, to - from, "a piece read inside the piece returns every byte");
         }
         part_start = part_end;
     }
     Ok(len)
+}
+
+/// Where a multipart object's piece is now, if it moved to another pool (`tessera pool
+/// decommission` and `rebalance` move pieces as keys; the record keeps the set it was written
+/// to): its key, found in whichever pool holds it, with the version the record names.
+async fn moved_piece(client: &Client, part: &proto::PartPiece) -> Option<ObjectInfo> {
+    let found = client.head_inner(crate::MULTIPART_BUCKET, &part.piece_key).await.ok()?;
+    (found.meta.version == part.version).then_some(found)
 }
 
 /// Reads from one erasure-coded piece: a single-piece object or one part of a multipart one.

@@ -28,11 +28,12 @@ struct Lookup<'a> {
     probe: bool,
 }
 
-/// The key's set in every active pool (a joining pool holds nothing yet), pool by pool: the
-/// expected pool's set whole, the others probed.
+/// The key's set in every pool that may hold it (active or draining: a joining pool holds
+/// nothing yet, a removed one nothing any more), pool by pool: the expected pool's set whole,
+/// the others probed.
 fn lookups<'a>(client: &Client, bucket: &'a str, key: &'a str) -> Vec<Lookup<'a>> {
     let map = &client.topo.map;
-    let active: Vec<usize> = (0..map.pools.len()).filter(|&pool| map.pools[pool].is_active()).collect();
+    let active: Vec<usize> = (0..map.pools.len()).filter(|&pool| map.pools[pool].is_read()).collect();
     let expected = match active.len() {
         1 => active[0],
         _ => client.pool_hint(bucket, key).filter(|pool| active.contains(pool)).unwrap_or(active[0]),
@@ -123,7 +124,7 @@ async fn settle(
 
 /// Metadata of `keys` (names already validated), in order.
 pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
-    let pools = client.topo.map.pools.iter().filter(|pool| pool.is_active()).count();
+    let pools = client.topo.map.pools.iter().filter(|pool| pool.is_read()).count();
     let mut asked: Vec<Lookup<'_>> = keys.iter().flat_map(|(bucket, key)| lookups(client, bucket, key)).collect();
     debug_assert_eq!(asked.len(), keys.len() * pools, "one lookup per key and active pool");
     // One pool: floors only when the newest version is not readable (`settle`); several: always.
@@ -229,51 +230,74 @@ fn readable(mut answers: Vec<KeyAnswers>) -> Vec<KeyAnswers> {
     answers
 }
 
-/// The newest version of the key that any active pool holds or knows acknowledged, and the
-/// index of the pool where it is (where the write must go, so that a key's versions stay in
-/// one pool); `None` for a key no pool has seen. A pool whose probe is clear holds nothing of
-/// it; every other pool's set must show what it holds ([`versions_seen_in`]): a pool that
-/// cannot might hold a newer version. The pool that holds the newest version (with one pool:
-/// that pool) must also have W drives answering, or the write could not be acknowledged.
-pub(crate) async fn newest_version_seen(
-    client: &Client,
-    bucket: &str,
-    key: &str,
-) -> Result<Option<(VersionId, usize)>, Error> {
+/// What a writer of one key learns from every pool that may hold it.
+pub(crate) struct WriterView {
+    /// The newest version of the key that any pool holds or knows acknowledged.
+    pub(crate) newest: Option<VersionId>,
+    /// Where the write must go: the pool that holds the newest version (so a key's versions
+    /// stay in one pool), or when that pool is draining, the active pool with the newest
+    /// version of the key; `None` when no active pool has seen the key (a pool is drawn).
+    pub(crate) pool: Option<usize>,
+}
+
+/// What every pool that may hold the key (active or draining) holds of it, for a writer. A pool
+/// whose probe is clear holds nothing of it; every other pool's set must show what it holds
+/// ([`versions_seen_in`]): a pool that cannot might hold a newer version. The pool the write
+/// goes to (with one pool: that pool) must also have W drives answering, or the write could
+/// not be acknowledged.
+pub(crate) async fn writer_view(client: &Client, bucket: &str, key: &str) -> Result<WriterView, Error> {
     let mut asked = lookups(client, bucket, key);
     let mut answers = versions_many(client, &asked, MetaDetail::WithFloor).await;
     if asked.len() > 1 {
         widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::WithFloor, false).await;
     }
-    let mut newest: Option<(VersionId, usize)> = None;
-    let mut target: Option<SetVersions> = None;
+    let pools = &client.topo.map.pools;
+    // The pool the key lives in is where its newest live version is (versions a move evicted
+    // from a pool are on their way out there), overall and among active pools: (that version,
+    // pool index, what the pool's set holds).
+    let mut version: Option<VersionId> = None;
+    let mut newest: Option<(Option<VersionId>, usize, SetVersions)> = None;
+    let mut newest_active: Option<(Option<VersionId>, usize, SetVersions)> = None;
     for (lookup, answer) in asked.iter().zip(answers) {
         if lookup.probe {
             continue; // Clear: the pool holds nothing of the key.
         }
         let seen = versions_seen_in(client, lookup, answer.replies, asked.len() == 1).await?;
-        let newer = match (seen.newest, newest) {
-            (Some(version), Some((best, _))) => best < version,
-            (Some(_), None) => true,
+        version = version.max(seen.newest);
+        let newer_than = |best: &Option<(Option<VersionId>, usize, SetVersions)>| match (seen.newest_live, best) {
+            (Some(version), Some((Some(best), _, _))) => *best < version,
+            (Some(_), _) => true,
             (None, _) => asked.len() == 1,
         };
-        if newer {
-            newest = seen.newest.map(|version| (version, lookup.pool));
-            target = Some(seen);
+        if pools[lookup.pool].is_active() && newer_than(&newest_active) {
+            newest_active = Some((seen.newest_live, lookup.pool, seen.clone()));
+        }
+        if newer_than(&newest) {
+            newest = Some((seen.newest_live, lookup.pool, seen));
         }
     }
-    if let Some(target) = target
-        && target.answered < client.topo.map.erasure.write_quorum()
+    let target = match newest {
+        Some(found) if pools[found.1].is_active() => Some(found),
+        // The newest version is in a draining pool: the write goes to the active pool that
+        // holds the key's newest version there, if any.
+        _ => newest_active.filter(|(version, _, _)| version.is_some()),
+    };
+    if let Some((_, _, set)) = &target
+        && set.answered < client.topo.map.erasure.write_quorum()
     {
-        return Err(target.write_quorum_error(client, bucket, key));
+        return Err(set.write_quorum_error(client, bucket, key));
     }
-    Ok(newest)
+    Ok(WriterView { newest: version, pool: target.map(|(_, pool, _)| pool) })
 }
 
 /// What one set holds of a key, for a writer.
+#[derive(Clone)]
 struct SetVersions {
     /// The newest version any drive holds (current or retained) or knows acknowledged.
     newest: Option<VersionId>,
+    /// The same among drives that hold a current version of the key (a drive without one
+    /// holds only versions on their way out: evicted by a move to another pool).
+    newest_live: Option<VersionId>,
     /// Drives that answered (a drive being rebuilt answers, and takes the write).
     answered: usize,
     placement: Placement,
@@ -337,8 +361,11 @@ async fn versions_seen_in(
     // Floors too: a collected delete marker leaves only its floor, and a write after it must
     // be newer.
     let floors = replies.iter().flatten().filter_map(|v| v.finalized);
+    let live = replies.iter().flatten().filter(|v| v.current.is_some());
+    let live_floors = live.clone().filter_map(|v| v.finalized);
     let seen = SetVersions {
         newest: replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).chain(floors).max(),
+        newest_live: live.flat_map(KeyVersions::all).map(|m| m.version).chain(live_floors).max(),
         answered: replies.iter().flatten().count(),
         placement: lookup.placement,
         silent: (0..replies.len()).filter(|&p| replies[p].is_none()).fold(0, |mask, p| mask | 1 << p),
@@ -496,4 +523,50 @@ fn info_of(client: &Client, placement: Placement, answers: &KeyAnswers, meta: Ob
         }
     }
     info
+}
+
+/// What one pool holds of a key, for moving the key between pools.
+pub(crate) struct PoolHolding {
+    /// Index of the pool in the map.
+    pub(crate) pool: usize,
+    /// The version its set agrees on (a delete marker included), with what reading it needs.
+    pub(crate) chosen: Option<ObjectInfo>,
+    /// The newest version any of its drives knows acknowledged (a collected marker leaves it).
+    pub(crate) floor: Option<VersionId>,
+    /// The newest version any of its drives holds, readable or not.
+    pub(crate) held: Option<VersionId>,
+}
+
+impl PoolHolding {
+    /// The newest version this pool speaks for: chosen or acknowledged.
+    pub(crate) fn top(&self) -> Option<VersionId> {
+        self.chosen.as_ref().map(|info| info.meta.version).max(self.floor)
+    }
+}
+
+/// What every pool that may hold the key (active or draining) holds of it, each set asked whole
+/// with floors. Fails if a pool cannot tell (fewer than k of the key's drives there answered).
+/// A drive without a current version of the key holds only versions on their way out (evicted
+/// by an earlier move, or written below a collected marker's floor): they do not count, or a
+/// key moved back and forth would be evicted from both pools.
+pub(crate) async fn holdings(client: &Client, bucket: &str, key: &str) -> Result<Vec<PoolHolding>, Error> {
+    let mut asked = lookups(client, bucket, key);
+    for lookup in &mut asked {
+        lookup.probe = false;
+    }
+    let mut answers = readable(versions_many(client, &asked, MetaDetail::WithFloor).await);
+    for reply in answers.iter_mut().flat_map(|answer| answer.replies.iter_mut().flatten()) {
+        if reply.current.is_none() {
+            reply.retained.clear();
+        }
+    }
+    let mut holdings = Vec::with_capacity(asked.len());
+    for (lookup, answer) in asked.iter().zip(answers) {
+        let chosen = choose(client, bucket, key, lookup.placement, &answer)?;
+        let floor = answer.replies.iter().flatten().filter_map(|v| v.finalized).max();
+        let held = answer.replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).max();
+        let chosen = chosen.map(|meta| info_of(client, lookup.placement, &answer, meta));
+        holdings.push(PoolHolding { pool: lookup.pool, chosen, floor, held });
+    }
+    Ok(holdings)
 }

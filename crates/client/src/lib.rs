@@ -30,6 +30,7 @@ mod head;
 mod list;
 mod multipart;
 mod put;
+mod relocate;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -45,7 +46,10 @@ use conn::{Conn, MapIdentity, Pool};
 pub use admin::{NodeMap, NodeSpace};
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
-pub use proto::{BucketEntry, CommitCondition, DriveRepairStatus, ListEntry, RepairAction, RepairStatus, ScrubStatus};
+pub use proto::{
+    BucketEntry, CommitCondition, DriveRepairStatus, DriveSpace, ListEntry, RepairAction, RepairStatus, ScrubStatus,
+};
+pub use relocate::{MoveKind, Moved, PoolListing};
 
 /// Timeouts and bounds of a client. Every node call has a deadline.
 #[derive(Clone, Debug)]
@@ -149,6 +153,8 @@ pub enum Error {
     MapRefresh { version: u64, reason: String },
     #[error("cannot change the cluster map: {0}")]
     MapChange(String),
+    #[error("pool {pool}: {reason}")]
+    Pool { pool: u32, reason: String },
     #[error("{bucket}/{key} already exists")]
     PreconditionFailed { bucket: String, key: String },
     #[error("bucket {bucket:?} has more than {max} multipart upload records; abort some uploads")]
@@ -567,15 +573,16 @@ impl Client {
     /// before; and where it goes: the pool that holds the newest version, so a key's versions
     /// stay together, or for a key no pool has seen, a pool chosen by free space.
     async fn write_target(&self, bucket: &str, key: &str) -> Result<(VersionId, Placement), Error> {
-        let seen = head::newest_version_seen(self, bucket, key).await?;
-        let pool = match seen {
-            Some((_, pool)) => pool,
+        let seen = head::writer_view(self, bucket, key).await?;
+        let pool = match seen.pool {
+            Some(pool) => pool,
             None => self.pool_for_new_key().await,
         };
+        assert!(self.topo.map.pools[pool].is_active(), "writes go to active pools only");
         if self.topo.map.pools.len() > 1 {
             self.remember_pool(bucket, key, pool);
         }
-        Ok((self.next_version(seen.map(|(version, _)| version)), self.topo.map.placement_in(pool, bucket, key)))
+        Ok((self.next_version(seen.newest), self.topo.map.placement_in(pool, bucket, key)))
     }
 
     /// The pool this client last found `bucket/key` in or wrote it to, if it remembers.
@@ -596,16 +603,18 @@ impl Client {
 
     /// An active pool for a key no pool holds: drawn at random in proportion to each active
     /// pool's free space (so pools fill evenly, and clients do not all pile onto the emptiest
-    /// one), from the nodes' answers at most `SPACE_MAX_AGE` old. The first pool when it is
-    /// the only active one or no node answers.
-    async fn pool_for_new_key(&self) -> usize {
-        if self.topo.map.pools.iter().filter(|pool| pool.is_active()).count() == 1 {
-            return 0;
+    /// one), from the nodes' answers at most `SPACE_MAX_AGE` old. The first active pool when
+    /// it is the only one or no node answers.
+    pub(crate) async fn pool_for_new_key(&self) -> usize {
+        let pools = &self.topo.map.pools;
+        let first_active = pools.iter().position(cluster::Pool::is_active).expect("a valid map has an active pool");
+        if pools.iter().filter(|pool| pool.is_active()).count() == 1 {
+            return first_active;
         }
         let free = self.pool_free_bytes().await;
         let total: u128 = free.iter().map(|&f| u128::from(f)).sum();
         if total == 0 {
-            return 0;
+            return first_active;
         }
         let mut draw = rand::Rng::gen_range(&mut rand::thread_rng(), 0..total);
         for (pool, &bytes) in free.iter().enumerate() {

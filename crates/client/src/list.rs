@@ -61,12 +61,13 @@ impl Client {
         self.bucket_result(&request, bucket, responses)
     }
 
-    /// Names of the buckets known to a majority of the reachable nodes of the first pool, sorted.
+    /// Names of the buckets known to a majority of the reachable nodes of the namespace pool
+    /// (pool 1 until it is removed), sorted.
     pub async fn list_buckets(&self) -> Result<Vec<String>, Error> {
         Ok(self.buckets().await?.into_iter().map(|b| b.name).collect())
     }
 
-    /// Buckets known to a majority of the reachable nodes of the first pool (which hold the
+    /// Buckets known to a majority of the reachable nodes of the namespace pool (which hold the
     /// bucket namespace), sorted by name, each with the earliest creation time any recorded.
     pub async fn buckets(&self) -> Result<Vec<BucketEntry>, Error> {
         self.with_map(|c| async move { c.buckets_once().await }).await
@@ -77,11 +78,12 @@ impl Client {
         Ok(self.bucket_namespace().await?.into_iter().filter(|b| !b.name.starts_with('.')).collect())
     }
 
-    /// Every bucket (internal ones included) a majority of the reachable nodes of the first
-    /// pool hold: the first pool's nodes hold the bucket namespace; nodes of later pools take it
-    /// from them (a new pool's nodes start without buckets).
+    /// Every bucket (internal ones included) a majority of the reachable nodes of the namespace
+    /// pool hold (`cluster::ClusterMap::namespace_pool`: the first pool that is active or
+    /// draining); nodes of other pools take it from them (a new pool's nodes start without
+    /// buckets).
     pub async fn bucket_namespace(&self) -> Result<Vec<BucketEntry>, Error> {
-        let namespace = self.topo.map.pool_nodes(0);
+        let namespace = self.topo.map.pool_nodes(self.topo.map.namespace_pool());
         let responses = self.call_nodes(&namespace, &Request::BucketList).await;
         let mut seen: BTreeMap<String, (usize, u64)> = BTreeMap::new();
         let mut reachable = 0;
@@ -133,10 +135,11 @@ impl Client {
     ) -> Result<ListPage, Error> {
         let limit = limit.clamp(1, LIST_LIMIT_MAX);
         let map = &self.topo.map;
-        // A joining pool holds nothing yet (its nodes may not run); the first pool's nodes hold
-        // the bucket namespace, so only they can say a bucket does not exist.
+        // A joining pool holds nothing yet (its nodes may not run), a removed one nothing any
+        // more; the namespace pool's nodes hold the bucket namespace, so only they can say a
+        // bucket does not exist.
         let sets: Vec<(usize, &cluster::ErasureSet)> = (0..map.pools.len())
-            .filter(|&pool| map.pools[pool].is_active())
+            .filter(|&pool| map.pools[pool].is_read())
             .flat_map(|pool| map.sets[map.pools[pool].sets.clone()].iter().map(move |set| (pool, set)))
             .collect();
         let mut calls = Vec::new();
@@ -215,9 +218,9 @@ impl Client {
         bucket: &str,
         responses: Vec<Result<Response, Error>>,
     ) -> Result<(), Error> {
-        // A majority of the first pool's nodes decides (they hold the bucket namespace); the
-        // other pools' nodes that missed the change take it from them later.
-        let namespace = self.topo.map.pool_nodes(0);
+        // A majority of the namespace pool's nodes decides (they hold the bucket namespace);
+        // the other pools' nodes that missed the change take it from them later.
+        let namespace = self.topo.map.pool_nodes(self.topo.map.namespace_pool());
         let mut ok = 0;
         let mut failed = Vec::new();
         for (node_idx, response) in responses.into_iter().enumerate() {
@@ -250,7 +253,7 @@ impl Client {
         self.require_majority_of(ok, namespace.len(), failed)
     }
 
-    fn failed_node(&self, node_idx: usize, reason: &str) -> crate::FailedNode {
+    pub(crate) fn failed_node(&self, node_idx: usize, reason: &str) -> crate::FailedNode {
         crate::FailedNode { node: self.node_id(node_idx).to_owned(), reason: reason.to_owned() }
     }
 
@@ -262,7 +265,7 @@ impl Client {
     }
 
     /// [`Client::call_all_nodes`] for the nodes `node_idxs`, answers in that order.
-    async fn call_nodes(&self, node_idxs: &[usize], request: &Request) -> Vec<Result<Response, Error>> {
+    pub(crate) async fn call_nodes(&self, node_idxs: &[usize], request: &Request) -> Vec<Result<Response, Error>> {
         let calls = node_idxs.iter().map(|&node_idx| self.call_now(node_idx, request));
         futures_util::future::join_all(calls).await
     }

@@ -134,12 +134,9 @@ pub(crate) async fn put(
     options: &PutOptions,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
     let map = Arc::clone(&client.topo.map);
-    let (k, n) = (map.erasure.k, map.erasure.n());
-    let chunk_bytes = map.chunk_bytes as usize;
+    let n = map.erasure.n();
     let mut md5 = Md5::new();
-    let mut crcs = Vec::new();
-    let mut size = 0u64;
-    let mut current = StripeBuffer::take(client, n * chunk_bytes);
+    let mut current = StripeBuffer::take(client, n * map.chunk_bytes as usize);
     // The version read (a round trip to the sets) overlaps reading and encoding the first stripe.
     let (mut target, filled) =
         tokio::join!(client.write_target(bucket, key), fill_stripe(client, source, &mut current, &mut md5));
@@ -158,6 +155,52 @@ pub(crate) async fn put(
             return Err(e);
         }
     };
+    let fields = MetaFields {
+        content_type: options.content_type.clone().unwrap_or_else(|| "application/octet-stream".into()),
+        user_meta: options.user_meta.clone(),
+        headers: options.headers.clone(),
+        modified_ms: unix_ms(),
+        etag: None,
+    };
+    let target = Target { bucket, key, version, placement };
+    upload(client, &target, current, source, md5, &fields, options.condition).await
+}
+
+/// Where an upload goes: the key, its version and its erasure set.
+struct Target<'a> {
+    bucket: &'a str,
+    key: &'a str,
+    version: VersionId,
+    placement: cluster::Placement,
+}
+
+/// The metadata fields an upload keeps as given (the rest it computes).
+struct MetaFields {
+    content_type: String,
+    user_meta: Vec<(String, String)>,
+    headers: Vec<(String, String)>,
+    modified_ms: u64,
+    /// The MD5 the bytes must have (a copy of a version): the commit is refused otherwise.
+    etag: Option<String>,
+}
+
+/// Sends `current` (the first stripe, filled already) and the rest of `source` to `target`'s
+/// set, then commits on W drives.
+async fn upload(
+    client: &Client,
+    target: &Target<'_>,
+    mut current: StripeBuffer,
+    source: &mut (dyn AsyncRead + Unpin + Send),
+    mut md5: Md5,
+    fields: &MetaFields,
+    condition: CommitCondition,
+) -> Result<(ObjectInfo, Vec<String>), Error> {
+    let map = Arc::clone(&client.topo.map);
+    let (k, n) = (map.erasure.k, map.erasure.n());
+    let chunk_bytes = map.chunk_bytes as usize;
+    let (bucket, key, version, placement) = (target.bucket, target.key, target.version, target.placement);
+    let mut crcs = Vec::new();
+    let mut size = 0u64;
     let mut fanout = match Fanout::open(client, bucket, key, version, &placement).await {
         Ok(fanout) => fanout,
         Err(e) => {
@@ -205,6 +248,16 @@ pub(crate) async fn put(
         fanout.abort_all().await;
         return Err(e);
     }
+    let etag = hex::encode(md5.finalize());
+    if let Some(expected) = fields.etag.as_ref().filter(|expected| **expected != etag) {
+        fanout.abort_all().await;
+        let reason = format!("the copied bytes have MD5 {etag}, the version {expected}");
+        return Err(Error::Node {
+            node: "(copy source)".into(),
+            kind: proto::ErrorKind::ChecksumMismatch,
+            message: reason,
+        });
+    }
     let meta = ObjectMeta {
         format: META_FORMAT_VERSION,
         bucket: bucket.to_owned(),
@@ -212,11 +265,11 @@ pub(crate) async fn put(
         version: fanout.version,
         deleted: false,
         size,
-        etag: hex::encode(md5.finalize()),
-        content_type: options.content_type.clone().unwrap_or_else(|| "application/octet-stream".into()),
-        user_meta: options.user_meta.clone(),
-        headers: options.headers.clone(),
-        modified_ms: unix_ms(),
+        etag,
+        content_type: fields.content_type.clone(),
+        user_meta: fields.user_meta.clone(),
+        headers: fields.headers.clone(),
+        modified_ms: fields.modified_ms,
         k: k as u8,
         m: map.erasure.m as u8,
         chunk_bytes: map.chunk_bytes,
@@ -227,9 +280,77 @@ pub(crate) async fn put(
         parts: Vec::new(),
     };
     debug_assert_eq!(meta.geometry(), StripeGeometry::new(size, k, map.chunk_bytes));
-    let committed = fanout.commit(&meta, options.condition).await?;
+    let committed = fanout.commit(&meta, condition).await?;
     let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
     Ok((ObjectInfo { meta, placement, drives, meta_positions: committed.positions }, committed.replaced_parts))
+}
+
+/// Bytes read from the source version per step of a copy (bounded memory per copy).
+const COPY_STEP_BYTES: usize = 8 << 20;
+
+/// Writes `meta`'s version of its key (the same version id, metadata and bytes, read from
+/// `source` when it has a data file) to the key's set in pool `pool`. Returns the chunk bytes
+/// written (data and parity) and the multipart pieces of a version it replaced there.
+pub(crate) async fn copy_version(
+    client: &Client,
+    meta: &ObjectMeta,
+    source: Option<&ObjectInfo>,
+    pool: usize,
+) -> Result<(u64, Vec<String>), Error> {
+    let map = Arc::clone(&client.topo.map);
+    let placement = map.placement_in(pool, &meta.bucket, &meta.key);
+    let target = Target { bucket: &meta.bucket, key: &meta.key, version: meta.version, placement };
+    if !meta.has_data_file() {
+        let mut fanout = Fanout::open(client, target.bucket, target.key, meta.version, &placement).await?;
+        let mut copy = meta.clone();
+        copy.set_idx = placement.set_idx as u32;
+        copy.rotation = placement.rotation as u8;
+        let committed = fanout.commit(&copy, CommitCondition::None).await?;
+        return Ok((0, committed.replaced_parts));
+    }
+    let source = source.expect("a version with data is copied from a readable source");
+    assert_eq!(source.meta.version, meta.version, "the copy reads the version it writes");
+    let fields = MetaFields {
+        content_type: meta.content_type.clone(),
+        user_meta: meta.user_meta.clone(),
+        headers: meta.headers.clone(),
+        modified_ms: meta.modified_ms,
+        etag: Some(meta.etag.clone()),
+    };
+    // The source version streams through a bounded pipe into the upload.
+    let (mut writer, mut reader) = tokio::io::duplex(COPY_STEP_BYTES);
+    let produce = async {
+        let mut buf = vec![0u8; COPY_STEP_BYTES.min(usize::try_from(meta.size).unwrap_or(usize::MAX)).max(1)];
+        let mut offset = 0u64;
+        while offset < meta.size {
+            let want = buf.len().min(usize::try_from(meta.size - offset).unwrap_or(usize::MAX));
+            let read = client.read_at(source, offset, &mut buf[..want]).await?;
+            if read == 0 {
+                break;
+            }
+            tokio::io::AsyncWriteExt::write_all(&mut writer, &buf[..read]).await.map_err(Error::Source)?;
+            offset += read as u64;
+        }
+        drop(writer);
+        Ok::<_, Error>(())
+    };
+    let consume = async {
+        let mut current = StripeBuffer::take(client, map.erasure.n() * map.chunk_bytes as usize);
+        let mut md5 = Md5::new();
+        if let Err(e) = fill_stripe(client, &mut reader, &mut current, &mut md5).await {
+            current.give_back(client);
+            return Err(e);
+        }
+        upload(client, &target, current, &mut reader, md5, &fields, CommitCondition::None).await
+    };
+    let (produced, uploaded) = tokio::join!(produce, consume);
+    // A failed read ends the pipe early: the upload then has fewer bytes, and its MD5 differs.
+    produced?;
+    let (info, replaced) = uploaded?;
+    assert_eq!(info.meta.size, meta.size, "a copy has the size of its source");
+    let geometry = meta.geometry();
+    let chunk_bytes: u64 = (0..geometry.stripes).map(|stripe| geometry.chunk_len(stripe) as u64).sum();
+    Ok((chunk_bytes * map.erasure.n() as u64, replaced))
 }
 
 /// Commits a delete marker: a newer version with no data.
@@ -252,14 +373,33 @@ pub(crate) async fn commit_without_data(
     condition: CommitCondition,
     fill: impl FnOnce(&mut ObjectMeta) -> Result<(), Error>,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
-    let map = &client.topo.map;
     let (version, placement) = client.write_target(bucket, key).await?;
     let mut fanout = Fanout::open(client, bucket, key, version, &placement).await?;
-    let mut meta = ObjectMeta {
+    let mut meta = empty_meta(client, bucket, key, version, placement);
+    if let Err(e) = fill(&mut meta) {
+        fanout.abort_all().await;
+        return Err(e);
+    }
+    assert!(!meta.has_data_file(), "commit_without_data commits no data");
+    let committed = fanout.commit(&meta, condition).await?;
+    let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
+    Ok((ObjectInfo { meta, placement, drives, meta_positions: committed.positions }, committed.replaced_parts))
+}
+
+/// The record of a version without data at `placement` (an empty object until filled in).
+pub(crate) fn empty_meta(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    version: VersionId,
+    placement: cluster::Placement,
+) -> ObjectMeta {
+    let map = &client.topo.map;
+    ObjectMeta {
         format: META_FORMAT_VERSION,
         bucket: bucket.to_owned(),
         key: key.to_owned(),
-        version: fanout.version,
+        version,
         deleted: false,
         size: 0,
         etag: String::new(),
@@ -275,15 +415,7 @@ pub(crate) async fn commit_without_data(
         rotation: placement.rotation as u8,
         crcs: Vec::new(),
         parts: Vec::new(),
-    };
-    if let Err(e) = fill(&mut meta) {
-        fanout.abort_all().await;
-        return Err(e);
     }
-    assert!(!meta.has_data_file(), "commit_without_data commits no data");
-    let committed = fanout.commit(&meta, condition).await?;
-    let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
-    Ok((ObjectInfo { meta, placement, drives, meta_positions: committed.positions }, committed.replaced_parts))
 }
 
 impl StripeBuffer {

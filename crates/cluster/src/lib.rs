@@ -85,6 +85,10 @@ pub enum Error {
     NoSuchPool { id: u32 },
     #[error("pool {id} is {state}, not {wanted}")]
     PoolState { id: u32, state: PoolState, wanted: PoolState },
+    #[error(
+        "pool {id} is the only active pool: its keys would have nowhere to go (add a pool first: `tessera pool add`)"
+    )]
+    LastActivePool { id: u32 },
 }
 
 /// `k` data chunks and `m` parity chunks per stripe; `n = k + m`.
@@ -187,11 +191,38 @@ pub enum PoolState {
     Joining,
     /// Takes new keys and is asked by every read and write.
     Active,
+    /// Being emptied (`tessera pool decommission`): asked by every read and write, as it still
+    /// holds keys, but no write goes to it; a key whose newest version is here gets its next
+    /// version in an active pool.
+    Draining,
+    /// Emptied: no read or write asks it, its nodes may be shut down. Its nodes and sets stay
+    /// in the map (so later maps still descend from this one), and it never comes back.
+    Removed,
 }
 
 impl Pool {
+    /// Whether writes may go to this pool (it takes new keys).
     pub fn is_active(&self) -> bool {
         self.state == PoolState::Active
+    }
+
+    /// Whether reads (and writers' version reads) ask this pool: it may hold keys.
+    pub fn is_read(&self) -> bool {
+        matches!(self.state, PoolState::Active | PoolState::Draining)
+    }
+}
+
+impl PoolState {
+    /// Whether a pool may go from `self` to `next` in a later map (a node catching up may
+    /// skip steps): joining -> active -> draining -> removed, and a draining pool back to
+    /// active (a decommission called off). Nothing leaves removed or goes back to joining.
+    pub fn may_become(self, next: PoolState) -> bool {
+        use PoolState::{Active, Draining, Joining, Removed};
+        self == next
+            || matches!(
+                (self, next),
+                (Joining, Active | Draining | Removed) | (Active, Draining | Removed) | (Draining, Active | Removed)
+            )
     }
 }
 
@@ -200,6 +231,8 @@ impl fmt::Display for PoolState {
         f.write_str(match self {
             PoolState::Joining => "joining",
             PoolState::Active => "active",
+            PoolState::Draining => "draining",
+            PoolState::Removed => "removed",
         })
     }
 }
@@ -477,6 +510,47 @@ impl ClusterMap {
         Ok(next)
     }
 
+    /// The next version of this map with active pool `id` draining (`tessera pool
+    /// decommission`): refused for the last active pool, whose keys would have nowhere to go.
+    pub fn with_pool_draining(&self, id: u32) -> Result<Self, Error> {
+        let next = self.with_pool_state(id, PoolState::Active, PoolState::Draining)?;
+        if !next.pools.iter().any(Pool::is_active) {
+            return Err(Error::LastActivePool { id });
+        }
+        Ok(next)
+    }
+
+    /// The next version of this map with draining pool `id` removed (its keys moved away).
+    pub fn with_pool_removed(&self, id: u32) -> Result<Self, Error> {
+        self.with_pool_state(id, PoolState::Draining, PoolState::Removed)
+    }
+
+    /// The next version of this map with draining pool `id` active again (a decommission
+    /// called off; what was moved stays moved).
+    pub fn with_pool_undrained(&self, id: u32) -> Result<Self, Error> {
+        self.with_pool_state(id, PoolState::Draining, PoolState::Active)
+    }
+
+    fn with_pool_state(&self, id: u32, wanted: PoolState, state: PoolState) -> Result<Self, Error> {
+        let mut next = self.clone();
+        let Some(pool) = next.pools.iter_mut().find(|pool| pool.id == id) else {
+            return Err(Error::NoSuchPool { id });
+        };
+        if pool.state != wanted {
+            return Err(Error::PoolState { id, state: pool.state, wanted });
+        }
+        pool.state = state;
+        next.version += 1;
+        Ok(next)
+    }
+
+    /// Index (into [`ClusterMap::pools`]) of the pool whose nodes hold the bucket namespace: the
+    /// first that is active or draining (pool 1 until it is removed). A bucket exists once a
+    /// majority of its nodes have it; nodes of other pools take the buckets from them.
+    pub fn namespace_pool(&self) -> usize {
+        self.pools.iter().position(Pool::is_read).expect("a valid map has an active pool")
+    }
+
     /// Checks that `next` may replace this map on a running cluster, as an admin's change:
     /// version one higher and [`ClusterMap::check_descendant`] (today: nodes' addresses only).
     pub fn check_successor(&self, next: &ClusterMap) -> Result<(), Error> {
@@ -532,10 +606,9 @@ impl ClusterMap {
                 _ => return Err(refuse(format!("node {} is removed, moved or has other drives", node.id))),
             }
         }
-        // A pool keeps its id and sets; its state only goes from joining to active.
-        let same_pool = |(old, new): (&Pool, &Pool)| {
-            old.id == new.id && old.sets == new.sets && (old.state == new.state || old.state == PoolState::Joining)
-        };
+        // A pool keeps its id and sets; its state only moves as `PoolState::may_become` says.
+        let same_pool =
+            |(old, new): (&Pool, &Pool)| old.id == new.id && old.sets == new.sets && old.state.may_become(new.state);
         if next.sets.get(..self.sets.len()) != Some(&self.sets[..])
             || next.pools.len() < self.pools.len()
             || !self.pools.iter().zip(&next.pools).all(same_pool)
@@ -601,8 +674,6 @@ impl ClusterMap {
     }
 
     /// Indexes (into [`ClusterMap::nodes`]) of the nodes of pool index `pool`, ascending.
-    /// The first pool's nodes hold the bucket namespace: a bucket exists once a majority of
-    /// them have it (nodes of later pools take the buckets from them).
     pub fn pool_nodes(&self, pool: usize) -> Vec<usize> {
         let mut nodes: Vec<usize> = self.sets[self.pools[pool].sets.clone()]
             .iter()
@@ -661,9 +732,13 @@ impl ClusterMap {
             }
             next_set = pool.sets.end;
         }
-        if self.pools.first().is_some_and(|pool| !pool.is_active()) {
-            return Err(Error::InvalidPools { reason: "pool 1 must be active".into() });
+        if self.pools.first().is_some_and(|pool| pool.state == PoolState::Joining) {
+            return Err(Error::InvalidPools { reason: "pool 1 cannot be joining (init makes it active)".into() });
         }
+        if !self.pools.iter().any(Pool::is_active) {
+            return Err(Error::InvalidPools { reason: "no pool is active".into() });
+        }
+
         if next_set != self.sets.len() {
             return Err(Error::InvalidPools {
                 reason: format!("the pools take {next_set} sets, the map lists {}", self.sets.len()),

@@ -403,3 +403,42 @@ fn a_joining_pool_becomes_active_once_and_never_goes_back() {
     let first_joining = active.to_toml().replacen("state = \"active\"", "state = \"joining\"", 1);
     assert!(matches!(ClusterMap::from_toml(&first_joining, Path::new("/d")), Err(Error::InvalidPools { .. })));
 }
+
+#[test]
+fn a_pool_drains_then_is_removed_and_the_last_active_pool_cannot_drain() {
+    let map = generate(6, 1, 4, 2).unwrap();
+    assert_eq!(map.with_pool_draining(1), Err(Error::LastActivePool { id: 1 }));
+    let joining = map.with_pool(&specs(&POOL_2), map.erasure).unwrap();
+    assert_eq!(joining.with_pool_draining(1), Err(Error::LastActivePool { id: 1 }), "a joining pool takes no keys");
+    let active = joining.with_pool_active(2).unwrap();
+    assert_eq!(active.namespace_pool(), 0);
+    let draining = active.with_pool_draining(1).unwrap();
+    assert_eq!(draining.pools[0].state, PoolState::Draining);
+    assert!(draining.pools[0].is_read() && !draining.pools[0].is_active());
+    assert_eq!(draining.namespace_pool(), 0, "a draining pool still holds the buckets");
+    assert_eq!(active.check_successor(&draining), Ok(()));
+    assert_eq!(draining.with_pool_draining(2), Err(Error::LastActivePool { id: 2 }));
+    assert_eq!(
+        draining.with_pool_draining(1),
+        Err(Error::PoolState { id: 1, state: PoolState::Draining, wanted: PoolState::Active })
+    );
+    // Called off, and drained again.
+    let undrained = draining.with_pool_undrained(1).unwrap();
+    assert_eq!(draining.check_successor(&undrained), Ok(()));
+    let removed = draining.with_pool_removed(1).unwrap();
+    assert_eq!(draining.check_successor(&removed), Ok(()));
+    assert_eq!(active.check_descendant(&removed), Ok(()), "a node catching up may skip draining");
+    assert!(!removed.pools[0].is_read());
+    assert_eq!(removed.namespace_pool(), 1, "the namespace moves to the next pool that holds keys");
+    assert_eq!(ClusterMap::from_toml(&removed.to_toml(), &removed.base_dir), Ok(removed.clone()));
+    assert_eq!(
+        active.with_pool_removed(1),
+        Err(Error::PoolState { id: 1, state: PoolState::Active, wanted: PoolState::Draining })
+    );
+    // Nothing comes back from removed.
+    let mut back = draining.clone();
+    back.version = removed.version + 1;
+    assert!(matches!(removed.check_successor(&back), Err(Error::BadSuccessor { .. })), "removed back to draining");
+    let none_active = removed.to_toml().replace("state = \"active\"", "state = \"draining\"");
+    assert!(matches!(ClusterMap::from_toml(&none_active, Path::new("/d")), Err(Error::InvalidPools { .. })));
+}

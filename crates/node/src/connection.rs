@@ -329,6 +329,15 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
             let retire_at_ms = retire_at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
             d.finalize(&bucket, &key, version, &missing_positions, retire_at_ms).map(|()| Response::Ok)
         }),
+        Request::Evict { drive, bucket, key, version } => with_drive(state, drive, |d| {
+            let retire_at = SystemTime::now() + state.retire_grace;
+            let retire_at_ms = retire_at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
+            let evicted = d.evict(&bucket, &key, version, retire_at_ms)?;
+            if evicted {
+                tracing::debug!(%bucket, %key, version = %version.to_hex(), "key moved to another pool; evicted here");
+            }
+            Ok(Response::Ok)
+        }),
         Request::Commit { drive, meta, missing_positions, condition } => with_drive(state, drive, |d| {
             staged.remove(&(drive as usize, meta.version));
             d.commit(&meta, &missing_positions, condition).map(|outcome| Response::Committed { outcome })

@@ -145,12 +145,12 @@ pub(crate) fn worker(state: &State) {
     }
 }
 
-/// Creates on this node's drives every bucket that a majority of the first pool's nodes hold
-/// (`holders` counts them; the first pool holds the bucket namespace): a node of a newly added
+/// Creates on this node's drives every bucket that a majority of the namespace pool's nodes
+/// hold (`holders` counts them; `ClusterMap::namespace_pool`, pool 1 until it is removed): a node of a newly added
 /// pool, or one that was down when a bucket was created, takes them from its peers. A bucket
 /// that majority lacks is left alone.
 fn take_buckets(state: &State, map: &ClusterMap, holders: &BTreeMap<String, usize>) {
-    let majority = map.pool_nodes(0).len() / 2 + 1;
+    let majority = map.pool_nodes(map.namespace_pool()).len() / 2 + 1;
     // The names come from authenticated peers' drives (internal buckets included).
     for (bucket, _) in holders.iter().filter(|(_, count)| **count >= majority) {
         for (drive_idx, drive) in state.drives.iter().enumerate() {
@@ -171,9 +171,9 @@ fn take_buckets(state: &State, map: &ClusterMap, holders: &BTreeMap<String, usiz
 fn catch_up(state: &State) {
     let map = state.map.get();
     let mut newest: Option<(u64, String)> = None;
-    // Buckets each answering node of the first pool holds (see `take_buckets`).
+    // Buckets each answering node of the namespace pool holds (see `take_buckets`).
     let mut holders: BTreeMap<String, usize> = BTreeMap::new();
-    let namespace = map.pool_nodes(0);
+    let namespace = map.pool_nodes(map.namespace_pool());
     for (node_idx, node) in map.nodes.iter().enumerate().filter(|(idx, _)| *idx != state.node_idx) {
         let answer = Peer::connect(node.addr, &map).and_then(|(mut peer, held)| {
             if held <= map.version {

@@ -45,9 +45,10 @@ use sha2::Sha256;
 /// added per-frame MACs, the client nonce, chunk checksums on writes and commit conditions;
 /// version 3 drive replacement, per-key "unavailable" and truncation flags, scrub and rebuild
 /// status; version 4 the cluster id and map version in the handshake, stale-map refusals and
-/// map updates; version 5 drive space (`Request::Space`). postcard encodes enum variants by
+/// map updates; version 5 drive space (`Request::Space`); version 6 moving keys off a pool
+/// (`Request::Evict`). postcard encodes enum variants by
 /// index and structs by position: any change to a message bumps this.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 /// First four bytes of every frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"TSR1";
 /// Bytes of a frame header.
@@ -622,6 +623,12 @@ pub enum Request {
     /// Free and total bytes of each of the node's drives ([`Response::Space`]): clients draw
     /// the pool of a new key in proportion to free space.
     Space,
+    /// `bucket/key` was copied to another pool up to `version` (acknowledged there): every
+    /// version of it on `drive` not newer than `version` stops being current and retires after
+    /// the node's grace (readers that chose one finish meanwhile), its repairs are dropped, and
+    /// the key leaves the drive's listing. Newer versions stay. Answered with [`Response::Ok`]
+    /// (also when the drive holds nothing of the key).
+    Evict { drive: u32, bucket: String, key: String, version: VersionId },
 }
 
 /// How much a [`Request::MetaGet`] answers per key.

@@ -48,6 +48,7 @@ pub(crate) fn s3_error(error: client::Error) -> S3Error {
         | E::WrongCluster { .. }
         | E::MapRefresh { .. }
         | E::MapChange(_)
+        | E::Pool { .. }
         | E::Node { .. }
         | E::Protocol { .. } => {
             tracing::warn!("{message}");

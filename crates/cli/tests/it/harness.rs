@@ -289,6 +289,19 @@ impl Cluster {
             .expect("run tessera")
     }
 
+    /// Starts the CLI against this cluster without waiting for it; its stdout is piped.
+    pub(crate) fn cli_spawn(&self, args: &[&str]) -> Child {
+        Command::new(TESSERA)
+            .args(args)
+            .env("TESSERA_CONFIG", &self.config)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tessera")
+    }
+
     /// Runs the CLI and asserts success; returns stdout.
     pub(crate) fn cli_ok(&self, args: &[&str]) -> String {
         let output = self.cli(args);

@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod buckets;
+mod decommission;
 mod durability;
 mod faults;
 mod harness;

@@ -6,13 +6,13 @@ use std::net::SocketAddr;
 
 use crate::harness::{Cluster, Shape, block_on, free_ports, payload};
 
-fn map_of(cluster: &Cluster) -> cluster::ClusterMap {
+pub(crate) fn map_of(cluster: &Cluster) -> cluster::ClusterMap {
     let text = std::fs::read_to_string(&cluster.config).unwrap();
     cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap()
 }
 
 /// `tessera pool add` of six nodes on new ports, each formatted and started.
-fn add_pool(cluster: &mut Cluster) -> Vec<SocketAddr> {
+pub(crate) fn add_pool(cluster: &mut Cluster) -> Vec<SocketAddr> {
     let base = free_ports(6);
     let addrs: Vec<SocketAddr> = (0..6u16).map(|i| SocketAddr::from(([127, 0, 0, 1], base + i))).collect();
     let mut args = vec!["pool".to_owned(), "add".to_owned()];

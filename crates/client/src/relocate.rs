@@ -1,0 +1,249 @@
+//! Moving keys between pools, key by key: what `tessera pool decommission` (empty a draining
+//! pool) and `tessera pool rebalance` (spread keys over pools by free space) do.
+//!
+//! A key moves in two steps, each safe to repeat: its newest version is copied to another pool
+//! with the same version id, metadata and bytes (acknowledged there on W drives), then every
+//! drive of the source set *evicts* the key up to that version (`proto::Request::Evict`): the
+//! versions stop being current, leave the drive's listing and retire after the node's grace,
+//! so a GET that chose the source copy finishes. Between the two steps both pools hold the same
+//! version, which readers treat as one. A copy that fails leaves the source untouched; an
+//! eviction that misses a drive leaves the key in that drive's listing for the next pass.
+
+use proto::{ListEntry, Request, Response, VersionId};
+
+use crate::head::{self, PoolHolding};
+use crate::{Client, Error, FailedNode, multipart, put};
+
+/// What a move does with versions in the source pool that no reader can choose (a write that
+/// never reached its quorum, or one in flight).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveKind {
+    /// Emptying a draining pool: every node of it holds the draining map, so no write can be
+    /// acknowledged there any more; unreadable versions are leftovers and are evicted too.
+    /// The copy goes to the active pool that holds the key's newest version elsewhere, else to
+    /// one drawn by free space.
+    Drain,
+    /// Spreading keys of an active pool: a version in flight there may yet be acknowledged, so
+    /// only versions no newer than the one copied (or found elsewhere) are evicted. The copy
+    /// goes to the active pool that holds the key's newest version elsewhere, else to pool id
+    /// `target_pool`.
+    Rebalance { target_pool: u32 },
+}
+
+/// What moving one key did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// Chunk bytes written to the target pool (data and parity; 0 when nothing was copied).
+    pub bytes: u64,
+    /// The pool id the newest version was copied to, if it was.
+    pub to_pool: Option<u32>,
+    /// Drives of the source set that evicted the key.
+    pub evicted: usize,
+    /// Drives of the source set that could not be told (the key stays in their listing).
+    pub failed: Vec<FailedNode>,
+}
+
+/// Keys some drive of a pool lists in one bucket.
+#[derive(Clone, Debug, Default)]
+pub struct PoolListing {
+    /// Sorted by key, one entry per key (the newest version any drive listed).
+    pub entries: Vec<ListEntry>,
+    /// More keys may follow the last one.
+    pub truncated: bool,
+    /// Drives that did not answer, with their set's index: keys only they hold are not listed.
+    pub silent: Vec<(usize, FailedNode)>,
+}
+
+impl Client {
+    /// Every bucket (internal ones included) some node of pool `pool_id` holds, sorted.
+    pub async fn pool_buckets(&self, pool_id: u32) -> Result<Vec<String>, Error> {
+        let client = self.current();
+        let pool = client.pool_index(pool_id)?;
+        let nodes = client.topo.map.pool_nodes(pool);
+        let answers = client.call_nodes(&nodes, &Request::BucketList).await;
+        let mut names = std::collections::BTreeSet::new();
+        let mut failed = Vec::new();
+        for (&node_idx, answer) in nodes.iter().zip(answers) {
+            match answer {
+                Ok(Response::Buckets { buckets }) => names.extend(buckets.into_iter().map(|b| b.name)),
+                Ok(other) => failed.push(client.failed_node(node_idx, &format!("answered {other:?}"))),
+                Err(e) => failed.push(client.failed_node(node_idx, &e.to_string())),
+            }
+        }
+        if failed.len() == nodes.len() {
+            let reasons: Vec<String> = failed.iter().map(|f| format!("{}: {}", f.node, f.reason)).collect();
+            return Err(Error::Pool { pool: pool_id, reason: format!("no node answered ({})", reasons.join("; ")) });
+        }
+        Ok(names.into_iter().collect())
+    }
+
+    /// Keys of `bucket` after `start_after` that any drive of pool `pool_id` lists (delete
+    /// markers included), sorted, at most `limit` (clamped to `proto::LIST_LIMIT_MAX`).
+    pub async fn pool_keys(
+        &self,
+        pool_id: u32,
+        bucket: &str,
+        start_after: &str,
+        limit: u32,
+    ) -> Result<PoolListing, Error> {
+        let client = self.current();
+        let map = &client.topo.map;
+        let pool = client.pool_index(pool_id)?;
+        let limit = limit.clamp(1, proto::LIST_LIMIT_MAX);
+        let drives: Vec<cluster::DriveRef> =
+            map.sets[map.pools[pool].sets.clone()].iter().flat_map(|set| set.drives.iter().copied()).collect();
+        let calls = drives.iter().map(|drive| {
+            let request = Request::List {
+                drive: drive.drive_idx as u32,
+                bucket: bucket.to_owned(),
+                prefix: String::new(),
+                start_after: start_after.to_owned(),
+                limit,
+            };
+            let client = &client;
+            async move { client.call(drive.node_idx, &request).await }
+        });
+        let mut merged: std::collections::BTreeMap<String, ListEntry> = std::collections::BTreeMap::new();
+        let mut listing = PoolListing::default();
+        let set_of = |i: usize| map.pools[pool].sets.start + i / map.erasure.n();
+        for (i, (drive, answer)) in drives.iter().zip(futures_util::future::join_all(calls).await).enumerate() {
+            match answer {
+                Ok(Response::Listing { entries }) => {
+                    // Each drive lists its first `limit` keys: the union's first `limit` are right.
+                    listing.truncated |= entries.len() >= limit as usize;
+                    for entry in entries {
+                        match merged.get(&entry.key) {
+                            Some(known) if known.version >= entry.version => {}
+                            _ => {
+                                merged.insert(entry.key.clone(), entry);
+                            }
+                        }
+                    }
+                }
+                // A drive that never got the bucket holds none of its keys.
+                Ok(Response::Error { kind: proto::ErrorKind::NoSuchBucket, .. }) => {}
+                Ok(other) => {
+                    listing.silent.push((set_of(i), client.failed_node(drive.node_idx, &format!("answered {other:?}"))))
+                }
+                Err(e) => listing.silent.push((set_of(i), client.failed_node(drive.node_idx, &e.to_string()))),
+            }
+        }
+        listing.entries = merged.into_values().take(limit as usize).collect();
+        Ok(listing)
+    }
+
+    /// Moves `bucket/key` out of pool `source_pool` (its id): copies the key's newest version
+    /// to another pool when only the source holds it (a delete marker too, when it hides an
+    /// older version in another pool), then evicts the key from the source set's drives up to
+    /// the newest version that is now acknowledged elsewhere. Safe to repeat, and to race
+    /// with writers: a newer version written meanwhile wins wherever it lands.
+    pub async fn move_key(&self, bucket: &str, key: &str, source_pool: u32, kind: MoveKind) -> Result<Moved, Error> {
+        let client = self.current();
+        let result = move_key_once(&client, bucket, key, source_pool, kind).await;
+        self.refreshed_after(&client, false).await;
+        result
+    }
+
+    /// Sends the creation of every bucket of the namespace to every node (a bucket a node has
+    /// already is left as it is), so that the next namespace pool holds them all before the
+    /// current one is removed. Returns how many buckets.
+    pub async fn spread_buckets(&self) -> Result<usize, Error> {
+        let client = self.current();
+        let buckets = client.bucket_namespace().await?;
+        for bucket in &buckets {
+            client.bucket_call(&Request::BucketCreate { bucket: bucket.name.clone() }, &bucket.name).await?;
+        }
+        Ok(buckets.len())
+    }
+
+    fn pool_index(&self, pool_id: u32) -> Result<usize, Error> {
+        let pools = &self.topo.map.pools;
+        pools.iter().position(|pool| pool.id == pool_id).ok_or(Error::Map(cluster::Error::NoSuchPool { id: pool_id }))
+    }
+}
+
+async fn move_key_once(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    source_pool: u32,
+    kind: MoveKind,
+) -> Result<Moved, Error> {
+    let map = &client.topo.map;
+    let source = client.pool_index(source_pool)?;
+    let holdings = head::holdings(client, bucket, key).await?;
+    let Some(src) = holdings.iter().find(|h| h.pool == source) else {
+        let reason = format!("it is {}, and holds no keys", map.pools[source].state);
+        return Err(Error::Pool { pool: source_pool, reason });
+    };
+    let others: Vec<&PoolHolding> = holdings.iter().filter(|h| h.pool != source).collect();
+    let top_other = others.iter().filter_map(|h| h.top()).max();
+    let mut moved = Moved::default();
+    let mut upto = top_other;
+    if let Some(top_src) = src.top()
+        && top_other.is_none_or(|other| other < top_src)
+    {
+        // Only the source holds the key's newest version: carry it.
+        let target = match others
+            .iter()
+            .filter(|h| map.pools[h.pool].is_active() && h.top().is_some())
+            .max_by_key(|h| h.top())
+        {
+            Some(holder) => holder.pool,
+            None => match kind {
+                MoveKind::Drain => client.pool_for_new_key().await,
+                MoveKind::Rebalance { target_pool } => client.pool_index(target_pool)?,
+            },
+        };
+        assert!(target != source && map.pools[target].is_active(), "keys move to another, active pool");
+        let copy = match &src.chosen {
+            Some(info) if info.meta.version == top_src && !info.meta.deleted => Some((info.meta.clone(), Some(info))),
+            // The key is deleted (a marker, or only a collected marker's floor): the deletion must
+            // go along only if another pool holds an older version it hides.
+            _ if top_other.is_some() => {
+                let placement = map.placement_in(target, bucket, key);
+                let mut marker = put::empty_meta(client, bucket, key, top_src, placement);
+                marker.deleted = true;
+                Some((marker, None))
+            }
+            _ => None,
+        };
+        if let Some((meta, source_info)) = copy {
+            let (bytes, replaced) = put::copy_version(client, &meta, source_info, target).await?;
+            multipart::delete_pieces(client, &replaced).await;
+            moved.bytes = bytes;
+            moved.to_pool = Some(map.pools[target].id);
+        }
+        upto = Some(top_src);
+    }
+    if kind == MoveKind::Drain {
+        // No write can be acknowledged in a draining pool: what no reader can choose is a leftover.
+        upto = upto.max(src.held);
+    }
+    if let Some(version) = upto {
+        evict(client, bucket, key, source, version, &mut moved).await;
+    }
+    Ok(moved)
+}
+
+/// Tells every drive of the key's set in pool index `pool` to evict it up to `version`.
+async fn evict(client: &Client, bucket: &str, key: &str, pool: usize, version: VersionId, moved: &mut Moved) {
+    let placement = client.topo.map.placement_in(pool, bucket, key);
+    let drives = client.set_drives(&placement).to_vec();
+    let calls = drives.iter().map(|drive| {
+        let request =
+            Request::Evict { drive: drive.drive_idx as u32, bucket: bucket.to_owned(), key: key.to_owned(), version };
+        async move { client.call_now(drive.node_idx, &request).await }
+    });
+    for (drive, answer) in drives.iter().zip(futures_util::future::join_all(calls).await) {
+        match answer {
+            Ok(Response::Ok) => moved.evicted += 1,
+            Ok(Response::Error { kind, message }) => {
+                let error = Error::from_node(client.node_id(drive.node_idx), kind, &message);
+                moved.failed.push(client.failed_node(drive.node_idx, &error.to_string()));
+            }
+            Ok(other) => moved.failed.push(client.failed_node(drive.node_idx, &format!("answered {other:?}"))),
+            Err(e) => moved.failed.push(client.failed_node(drive.node_idx, &e.to_string())),
+        }
+    }
+}
