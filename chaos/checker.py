@@ -13,7 +13,9 @@ edited map the next version, the node restarts there) while one client keeps pla
 map of the start (stale: every operation must fetch the new map and still be correct). With
 `--grow`, the cluster grows from 6 to 12 nodes during the run: `tessera pool add` of six more
 namespaces' nodes, which are then started, and `tessera pool activate` (one client keeps the
-start's map here too). Clients are `tessera` CLI processes, so the checker runs against any
+start's map here too); with `--decommission` as well, the first pool is then emptied and
+removed (`tessera pool decommission 1`, run again until it finishes) while the faults strike
+it, and its nodes are killed before the final reads. Clients are `tessera` CLI processes, so the checker runs against any
 build of the binary (`--tessera PATH`): that is how a bug is reproduced on the build before
 its fix.
 
@@ -796,24 +798,46 @@ def wait_repaired(workload: Workload) -> list[str]:
 class Growth:
     """--grow: a second pool of NODES nodes (namespaces NODES+1..2*NODES, created with the
     others and idle until then) is added at `at` seconds into the run, its nodes started, and
-    the pool activated, while the workload and the faults (on the first pool) go on."""
+    the pool activated, while the workload and the faults (on the first pool) go on. With
+    `decommission_at`, the first pool is then decommissioned from that time on: the command
+    is run again (it resumes) until it finishes or `until` passes."""
 
     ACTIVATE_TRIES = 60  # one a second: the new nodes take the buckets within moments
+    DECOMMISSION_TIMEOUT_S = 300.0  # one run of `pool decommission` (a few dozen small keys)
 
-    def __init__(self, cluster: Cluster, topo: Topology, workload: Workload, start: float, at: float):
+    def __init__(self, cluster: Cluster, topo: Topology, workload: Workload, start: float, at: float,
+                 decommission_at: float | None = None, until: float = 0.0):
         self.cluster, self.topo, self.workload, self.start, self.at = cluster, topo, workload, start, at
+        self.decommission_at, self.until = decommission_at, until
         self.events: list[str] = []
         self.added_at: float | None = None
         self.active_at: float | None = None
+        self.removed_at: float | None = None
+        self.decommission_runs = 0
 
     def log(self, text: str) -> None:
         line = f"{time.monotonic() - self.start:7.2f}s {text}"
         self.events.append(line)
         print("  grow", line, flush=True)
 
-    def tessera(self, *args: str) -> subprocess.CompletedProcess:
+    def tessera(self, *args: str, timeout: float = OP_TIMEOUT_S) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.cluster.tessera), *args, "--config", str(self.cluster.config)],
-                              capture_output=True, text=True, timeout=OP_TIMEOUT_S)
+                              capture_output=True, text=True, timeout=timeout)
+
+    def decommission(self) -> bool:
+        """One run of `tessera pool decommission 1`; whether pool 1 is removed."""
+        self.decommission_runs += 1
+        try:
+            result = self.tessera("pool", "decommission", "1", timeout=self.DECOMMISSION_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.log("pool decommission 1: timed out (run again)")
+            return False
+        lines = (result.stdout + result.stderr).strip().splitlines()
+        self.log(f"pool decommission 1 (run {self.decommission_runs}): {lines[-1:]}")
+        if result.returncode == 0:
+            self.removed_at = time.monotonic() - self.start
+            return True
+        return False
 
     def run(self) -> None:
         time.sleep(max(0.0, self.start + self.at - time.monotonic()))
@@ -843,13 +867,22 @@ class Growth:
                 # New keys from now on: their first versions go to either pool, by free space.
                 self.workload.keys = 2 * KEYS
                 self.log(f"pool 2 active; keys k{KEYS}..k{2 * KEYS - 1} in play from now on")
-                return
+                break
             time.sleep(1)
-        self.log(f"pool 2 never became active: {result.stderr.strip()}")
+        else:
+            self.log(f"pool 2 never became active: {result.stderr.strip()}")
+            return
+        if self.decommission_at is None:
+            return
+        time.sleep(max(0.0, self.start + self.decommission_at - time.monotonic()))
+        # Under the faults, a run may leave keys it could not move: run it again (it resumes).
+        while time.monotonic() < self.until and not self.decommission():
+            time.sleep(2)
 
 
-def probe_redundancy(workload: Workload, finals: dict[str, Op], rng: random.Random) -> list[str]:
-    """With repair converged, takes M nodes down at a time: every key must read as it did."""
+def probe_redundancy(workload: Workload, finals: dict[str, Op], rng: random.Random, first: int = 1) -> list[str]:
+    """With repair converged, takes M nodes of the pool whose nodes are `first`.. down at a
+    time: every key must read as it did."""
     cluster, problems = workload.cluster, []
     for key, final in sorted(finals.items()):
         if final.outcome != "value":
@@ -860,7 +893,7 @@ def probe_redundancy(workload: Workload, finals: dict[str, Op], rng: random.Rand
         if result.returncode != 0 or positions != NODES or "(no metadata)" in text:
             problems.append(f"lost redundancy: after repair, {key} is not on all {NODES} drives:\n{text}"
                             f"{result.stderr.decode(errors='replace')}")
-    sets = list(itertools.combinations(range(1, NODES + 1), M))
+    sets = list(itertools.combinations(range(first, first + NODES), M))
     if REDUNDANCY_PROBES < len(sets):
         sets = rng.sample(sets, REDUNDANCY_PROBES)
     for down in sets:
@@ -901,6 +934,8 @@ class Report:
     stale_client_done: int = 0  # operations the stale-map client completed (with --readdress or --grow)
     grown: list[str] = dataclasses.field(default_factory=list)  # with --grow: what the growth did
     grown_active_at: float | None = None  # with --grow: when pool 2 became active (s into the run)
+    removed_at: float | None = None  # with --decommission: when pool 1 was removed (s into the run)
+    decommission_runs: int = 0  # with --decommission: runs of `pool decommission 1` it took
     ops_after_growth: int = 0  # with --grow: acknowledged PUTs of the keys put in play after pool 2 was active
     keys_in_second_pool: int = 0  # with --grow: keys whose final version is in pool 2
 
@@ -916,6 +951,9 @@ class Report:
             lines.append(f"growth to a second pool: {len(self.grown)} events; PUTs acknowledged of the keys new since: "
                          f"{self.ops_after_growth}; keys read back from the second pool: {self.keys_in_second_pool}; "
                          f"operations completed by the client with the start's map: {self.stale_client_done}")
+            if self.removed_at is not None:
+                lines.append(f"pool 1 decommissioned and removed at {self.removed_at:.1f} s "
+                             f"({self.decommission_runs} run(s) of the command); its nodes were down for the final reads")
             lines += [f"  {line}" for line in self.grown]
         lines.append(f"anomalies: {len(self.anomalies)}")
         lines += [f"  {a}" for a in self.anomalies[:50]]
@@ -929,11 +967,14 @@ class Report:
 
 
 def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, faults_on: bool = True,
-                readdress: bool = False, grow: bool = False) -> Report:
+                readdress: bool = False, grow: bool = False, decommission: bool = False) -> Report:
     """One seeded run. Without faults (`faults_on=False`) the workload races reads against
     overwrites on a healthy cluster: every read must then succeed. With `readdress`, nodes move
     to new addresses too, and one client plans with the start's map throughout. With `grow`, a
-    second pool joins a third of the way in (and one client keeps the start's map)."""
+    second pool joins a third of the way in (and one client keeps the start's map); with
+    `decommission` too, the first pool is decommissioned from two thirds of the way in, and
+    its nodes are down for the final reads."""
+    grow = grow or decommission
     rng = random.Random(seed)
     full_drive = faults_on and rng.random() < 0.3
     topo = Topology(2 * NODES if grow else NODES)
@@ -956,7 +997,10 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
         workload = Workload(cluster, seed, deadline, ranged, skews, stale_client=readdress or grow)
         faults = Faults(cluster, topo, seed, deadline, start, readdress=readdress)
         threads = [threading.Thread(target=workload.client_loop, args=(c,), daemon=True) for c in range(CLIENTS)]
-        growth = Growth(cluster, topo, workload, start, duration / 3) if grow else None
+        growth = None
+        if grow:
+            growth = Growth(cluster, topo, workload, start, duration / 3,
+                            decommission_at=2 * duration / 3 if decommission else None, until=deadline + 60)
         if growth is not None:
             threads.append(threading.Thread(target=growth.run, daemon=True))
         if faults_on:
@@ -970,12 +1014,28 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
             if i not in cluster.procs:
                 cluster.start(i)
             cluster.wait_ready(i)
+        decommission_problems = []
+        if decommission and growth is not None and growth.removed_at is None:
+            # The faults are healed: a last run must finish the move.
+            if growth.active_at is None or not growth.decommission():
+                decommission_problems.append("pool 1 was not removed, even once every fault was healed:\n"
+                                             + "\n".join(growth.events[-5:]))
+        removed = growth is not None and growth.removed_at is not None
+        if removed:
+            # Nothing acknowledged may need the removed pool: its nodes are gone for the reads.
+            for i in range(1, NODES + 1):
+                cluster.kill(i)
         finals, problems = final_reads(workload)
-        anomalies = workload.corrupt + problems + check_history(workload.ops, finals)
+        anomalies = workload.corrupt + problems + check_history(workload.ops, finals) + decommission_problems
         anomalies += unavailable_reads(workload.ops, faults.impaired)
+        if removed:
+            for i in range(1, NODES + 1):
+                cluster.start(i)
+            for i in range(1, NODES + 1):
+                cluster.wait_ready(i)
         cluster.grow_full_drive()
         anomalies += wait_repaired(workload)
-        anomalies += probe_redundancy(workload, finals, rng)
+        anomalies += probe_redundancy(workload, finals, rng, first=NODES + 1 if removed else 1)
         counts: dict[str, int] = {}
         for op in workload.ops:
             counts[f"{op.kind}:{op.outcome}"] = counts.get(f"{op.kind}:{op.outcome}", 0) + 1
@@ -993,6 +1053,8 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
         if growth is not None:
             report.grown = growth.events
             report.grown_active_at = growth.active_at
+            report.removed_at = growth.removed_at
+            report.decommission_runs = growth.decommission_runs
             report.ops_after_growth = sum(1 for op in workload.ops if op.kind == "put" and op.outcome == "ok"
                                           and int(op.key[1:]) >= KEYS)
             # The second pool's one set is set 1 (the first pool has set 0).
@@ -1019,13 +1081,16 @@ def main() -> int:
                         help="nodes also move to new addresses (map pushes); one client keeps the start's map")
     parser.add_argument("--grow", action="store_true",
                         help="a second pool of 6 nodes is added and activated a third of the way in")
+    parser.add_argument("--decommission", action="store_true",
+                        help="--grow, then the first pool is decommissioned two thirds of the way in")
     args = parser.parse_args()
     seeds = args.seed or [random.SystemRandom().randrange(1, 1 << 31)]
     failed = 0
     for seed in seeds:
         try:
             report = run_checker(seed, args.duration, args.tessera, skew=not args.no_skew,
-                                 faults_on=not args.no_faults, readdress=args.readdress, grow=args.grow)
+                                 faults_on=not args.no_faults, readdress=args.readdress, grow=args.grow,
+                                 decommission=args.decommission)
         except CheckerError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

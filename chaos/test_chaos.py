@@ -29,6 +29,9 @@ READDRESS_SEED = 8
 # The cluster grows from 6 to 12 nodes (a second pool added and activated a third of the way
 # in) among the other faults, with one client on the map of the start throughout.
 GROW_SEED = 4
+# The same growth, then the first pool decommissioned from two thirds of the way in, under the
+# faults (which strike the first pool); its nodes are down for the final reads.
+DECOMMISSION_SEED = 4
 # Reads racing overwrites on a healthy cluster: on 7960c51 they failed (the old data file was
 # unlinked under them); every read must succeed.
 RACING_SEED = 21
@@ -79,5 +82,14 @@ def test_a_pool_added_under_faults_loses_nothing_and_stale_clients_follow() -> N
     # versions, which go to either pool).
     assert report.ops_after_growth > 10, report.text()
     assert report.keys_in_second_pool > 0, "some keys must live in the new pool:\n" + report.text()
+    assert report.stale_client_done > 50, report.text()
+    assert not report.anomalies, report.text()
+
+
+def test_a_pool_decommissioned_under_faults_loses_nothing() -> None:
+    report = run(DECOMMISSION_SEED, decommission=True)
+    assert report.grown_active_at is not None, "the second pool must become active:\n" + report.text()
+    assert report.removed_at is not None, "the first pool must be removed:\n" + report.text()
+    assert report.counts.get("put:ok", 0) > 50, "the workload must write under faults"
     assert report.stale_client_done > 50, report.text()
     assert not report.anomalies, report.text()

@@ -523,47 +523,63 @@ impl Drive {
     /// changed (a repeated eviction changes nothing).
     pub fn evict(&self, bucket: &str, key: &str, version: VersionId, retire_at_ms: u64) -> Result<bool, Error> {
         let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
-        let changed = {
+        let object_key = object_key(bucket, key);
+        let (changed, dropped) = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
-            let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
-            let mut repair = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
-            let mut finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
-            let object_key = object_key(bucket, key);
-            let mut changed = false;
-            let floor =
-                finalized.get(object_key.as_slice()).map_err(|e| self.db_err(e))?.map(|v| version_of_bytes(v.value()));
-            if floor.is_some_and(|floor| floor <= version) {
-                finalized.remove(object_key.as_slice()).map_err(|e| self.db_err(e))?;
-                changed = true;
-            }
-            if let Some(current) = self.current_row(&objects, &object_key)?.filter(|c| c.version <= version) {
-                objects.remove(object_key.as_slice()).map_err(|e| self.db_err(e))?;
-                let own_key = retained_key(&object_key, current.version);
-                let encoded = proto::encode_body(&current);
-                objects.insert(own_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
-                changed = true;
-            }
-            let (start, end) = retained_bounds(&object_key);
-            let mut older = Vec::new();
-            for entry in objects.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
-                let (row, _) = entry.map_err(|e| self.db_err(e))?;
-                if version_of_retained_key(row.value()) <= version {
-                    older.push(row.value().to_vec());
-                }
-            }
-            for row in older {
-                // The earlier of the two times: a version retiring already keeps its time.
-                let due = retire.get(row.as_slice()).map_err(|e| self.db_err(e))?.map(|at| at.value());
-                if due.is_none_or(|due| due > retire_at_ms) {
-                    retire.insert(row.as_slice(), retire_at_ms).map_err(|e| self.db_err(e))?;
-                    changed = true;
-                }
-                let queued = version_bytes(version_of_retained_key(&row));
-                changed |= repair.remove(queued.as_slice()).map_err(|e| self.db_err(e))?.is_some();
-            }
-            changed
+            let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+            let changed = self.evict_rows(&txn, &mut objects, &object_key, version, retire_at_ms)?;
+            // The current row became a retained one: the bound on retained versions holds.
+            let dropped = self.bound_retained(&txn, &mut objects, &mut versions, &object_key)?;
+            (changed, dropped)
         };
         txn.commit().map_err(|e| self.db_err(e))?;
+        self.remove_data_files(&dropped);
+        Ok(changed)
+    }
+
+    /// [`Drive::evict`]'s changes to the rows of one key, in `txn`.
+    fn evict_rows(
+        &self,
+        txn: &redb::WriteTransaction,
+        objects: &mut redb::Table<'_, &[u8], &[u8]>,
+        object_key: &[u8],
+        version: VersionId,
+        retire_at_ms: u64,
+    ) -> Result<bool, Error> {
+        let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+        let mut repair = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+        let mut finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+        let mut changed = false;
+        let floor = finalized.get(object_key).map_err(|e| self.db_err(e))?.map(|v| version_of_bytes(v.value()));
+        if floor.is_some_and(|floor| floor <= version) {
+            finalized.remove(object_key).map_err(|e| self.db_err(e))?;
+            changed = true;
+        }
+        if let Some(current) = self.current_row(objects, object_key)?.filter(|c| c.version <= version) {
+            objects.remove(object_key).map_err(|e| self.db_err(e))?;
+            let own_key = retained_key(object_key, current.version);
+            let encoded = proto::encode_body(&current);
+            objects.insert(own_key.as_slice(), encoded.as_slice()).map_err(|e| self.db_err(e))?;
+            changed = true;
+        }
+        let (start, end) = retained_bounds(object_key);
+        let mut older = Vec::new();
+        for entry in objects.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
+            let (row, _) = entry.map_err(|e| self.db_err(e))?;
+            if version_of_retained_key(row.value()) <= version {
+                older.push(row.value().to_vec());
+            }
+        }
+        for row in older {
+            // The earlier of the two times: a version retiring already keeps its time.
+            let due = retire.get(row.as_slice()).map_err(|e| self.db_err(e))?.map(|at| at.value());
+            if due.is_none_or(|due| due > retire_at_ms) {
+                retire.insert(row.as_slice(), retire_at_ms).map_err(|e| self.db_err(e))?;
+                changed = true;
+            }
+            let queued = version_bytes(version_of_retained_key(&row));
+            changed |= repair.remove(queued.as_slice()).map_err(|e| self.db_err(e))?.is_some();
+        }
         Ok(changed)
     }
 

@@ -452,3 +452,17 @@ fn eviction_keeps_newer_versions_and_a_version_moved_back_is_one_row() {
     assert_eq!(drive.retire_expired(u64::MAX, 100).unwrap(), 1);
     assert!(drive.open_version(version(3)).unwrap().is_some(), "the current version's file stays");
 }
+
+#[test]
+fn eviction_keeps_the_bound_on_retained_versions() {
+    let (_dir, drive) = drive();
+    for v in 1..=(proto::RETAINED_PER_KEY_MAX as u64 + 1) {
+        put(&drive, "a", version(v), 100);
+    }
+    assert_eq!(drive.get_versions("bkt", "a").unwrap().retained.len(), proto::RETAINED_PER_KEY_MAX);
+    assert!(drive.evict("bkt", "a", version(100), 1_000).unwrap());
+    let versions = drive.get_versions("bkt", "a").unwrap();
+    assert!(versions.current.is_none());
+    assert_eq!(versions.retained.len(), proto::RETAINED_PER_KEY_MAX, "the evicted current row took the oldest's place");
+    assert_eq!(versions.retained.last().map(|m| m.version), Some(version(proto::RETAINED_PER_KEY_MAX as u64 + 1)));
+}
