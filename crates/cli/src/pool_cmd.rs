@@ -34,7 +34,8 @@ enum PoolAction {
         /// A file with one IP:PORT[=DRIVES] per line (as --node).
         #[arg(long, value_name = "FILE")]
         hosts: Option<PathBuf>,
-        /// Erasure config of the new pool's sets: the cluster's (every pool uses it today).
+        /// Erasure config of the new pool's sets, e.g. 8+3 (default: the cluster's). Pools may
+        /// differ: each object is read with the k+m it was written with.
         #[arg(long)]
         ec: Option<ErasureConfig>,
     },
@@ -139,7 +140,7 @@ async fn add(
         pool.id,
         ids.join(", "),
         pool.sets.len(),
-        next.erasure,
+        pool.erasure,
         next.version,
         config.display()
     );
@@ -250,7 +251,7 @@ async fn decommission(client: &client::Client, id: u32, rate: u64, config: &Path
             left.keys
         );
     }
-    let silent_max = map.erasure.write_quorum() - 1;
+    let silent_max = map.pools[pool_idx].erasure.write_quorum() - 1;
     if left.silent_per_set > silent_max {
         bail!(
             "pool {id} lists no keys, but {} drives of one set did not answer (at most {silent_max} may be silent to prove it empty; {}): it stays draining; run the command again when they are back",
@@ -352,7 +353,8 @@ fn set_bytes(
     set: &cluster::ErasureSet,
     bytes: fn(&client::DriveSpace) -> u64,
 ) -> u64 {
-    let (k, n) = (map.erasure.k as u64, map.erasure.n() as u64);
+    let erasure = set.drives.first().map_or(map.erasure, |d| map.erasure_of_node(d.node_idx));
+    let (k, n) = (erasure.k as u64, erasure.n() as u64);
     let per_drive = set.drives.iter().map(|d| match &spaces[d.node_idx].drives {
         Ok(drives) => drives.get(d.drive_idx).map_or(0, bytes),
         Err(_) => 0,
@@ -482,7 +484,7 @@ async fn status(client: &client::Client) -> anyhow::Result<()> {
             pool.id,
             pool.state,
             sets.len(),
-            map.erasure,
+            pool.erasure,
             ids.join(","),
             format_bytes(free),
             format_bytes(total)

@@ -564,9 +564,9 @@ fn finish_stripe(
         }
         let contiguous = k == 1 || read.range_len == read.chunk_len;
         if contiguous && read.slots[..k].iter().all(|s| s.direct.is_some()) {
-            decode_in_place(client, read, buf)?;
+            decode_in_place(client, info, read, buf)?;
         } else {
-            decode_via_scratch(client, read, buf)?;
+            decode_via_scratch(client, info, read, buf)?;
         }
     }
     for (chunk_idx, slot) in read.slots.iter().enumerate().take(k) {
@@ -590,8 +590,9 @@ fn finish_stripe(
 /// Decodes a stripe whose k data chunks all belong whole in the caller's buffer (so they are
 /// contiguous there): missing data chunks are rebuilt straight into place, no copies. Works on
 /// the fetched range of each chunk (Reed-Solomon is byte-wise).
-fn decode_in_place(client: &Client, read: &mut StripeRead, buf: &mut [u8]) -> Result<(), Error> {
-    let k = client.inner.codec.k();
+fn decode_in_place(client: &Client, info: &ObjectInfo, read: &mut StripeRead, buf: &mut [u8]) -> Result<(), Error> {
+    let codec = client.codec(usize::from(info.meta.k), usize::from(info.meta.m))?;
+    let k = codec.k();
     // Whole chunks (or the single data chunk of k = 1): the fetched ranges are contiguous.
     let chunk_len = read.range_len;
     let base = read.slots[0].direct.expect("every data chunk is direct");
@@ -606,7 +607,7 @@ fn decode_in_place(client: &Client, read: &mut StripeRead, buf: &mut [u8]) -> Re
         debug_assert_eq!(chunk.len(), chunk_len);
     }
     chunks.extend(read.slots[k..].iter_mut().map(|s| s.scratch.as_mut_slice()));
-    client.inner.codec.reconstruct_data(&mut chunks, &present)?;
+    codec.reconstruct_data(&mut chunks, &present)?;
     for slot in &mut read.slots[..k] {
         slot.good = true;
     }
@@ -615,8 +616,9 @@ fn decode_in_place(client: &Client, read: &mut StripeRead, buf: &mut [u8]) -> Re
 
 /// Decodes a stripe with partial or padded data chunks through a stripe-sized scratch buffer;
 /// rebuilt chunks land in their slots' scratch and are copied out by `finish_stripe`.
-fn decode_via_scratch(client: &Client, read: &mut StripeRead, buf: &[u8]) -> Result<(), Error> {
-    let (k, n) = (client.inner.codec.k(), client.inner.codec.n());
+fn decode_via_scratch(client: &Client, info: &ObjectInfo, read: &mut StripeRead, buf: &[u8]) -> Result<(), Error> {
+    let codec = client.codec(usize::from(info.meta.k), usize::from(info.meta.m))?;
+    let (k, n) = (codec.k(), codec.n());
     // Only the fetched range of each chunk takes part (Reed-Solomon is byte-wise).
     let chunk_len = read.range_len;
     let mut stripe = vec![0u8; n * chunk_len];
@@ -632,7 +634,7 @@ fn decode_via_scratch(client: &Client, read: &mut StripeRead, buf: &[u8]) -> Res
         }
     }
     let mut chunks: Vec<&mut [u8]> = stripe.chunks_mut(chunk_len).collect();
-    client.inner.codec.reconstruct_data(&mut chunks, &present)?;
+    codec.reconstruct_data(&mut chunks, &present)?;
     for chunk_idx in 0..k {
         let slot = &mut read.slots[chunk_idx];
         if slot.needed && !slot.good {

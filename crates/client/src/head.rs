@@ -54,7 +54,7 @@ fn lookups<'a>(client: &Client, bucket: &'a str, key: &'a str) -> Vec<Lookup<'a>
 /// (spreading probes over the set's drives). Any version acknowledged in the set is on W
 /// drives, so on one of them.
 fn is_probed(client: &Client, placement: &Placement, position: usize) -> bool {
-    let erasure = client.topo.map.erasure;
+    let erasure = client.erasure_at(placement);
     let n = erasure.n();
     (position + n - placement.rotation) % n < n - erasure.write_quorum() + 1
 }
@@ -108,9 +108,11 @@ async fn settle(
     if detail == MetaDetail::WithFloor {
         return answers;
     }
-    let erasure = client.topo.map.erasure;
     let unsure: Vec<usize> = (0..asked.len())
-        .filter(|&i| !asked[i].probe && !crate::newest_is_readable(&answers[i].replies, erasure.marker_quorum()))
+        .filter(|&i| {
+            let marker_quorum = client.erasure_at(&asked[i].placement).marker_quorum();
+            !asked[i].probe && !crate::newest_is_readable(&answers[i].replies, marker_quorum)
+        })
         .collect();
     if !unsure.is_empty() {
         let again: Vec<Lookup<'_>> = unsure.iter().map(|&i| asked[i]).collect();
@@ -283,7 +285,7 @@ pub(crate) async fn writer_view(client: &Client, bucket: &str, key: &str) -> Res
         _ => newest_active.filter(|(version, _, _)| version.is_some()),
     };
     if let Some((_, _, set)) = &target
-        && set.answered < client.topo.map.erasure.write_quorum()
+        && set.answered < client.erasure_at(&set.placement).write_quorum()
     {
         return Err(set.write_quorum_error(client, bucket, key));
     }
@@ -315,7 +317,7 @@ impl SetVersions {
 
     /// The write cannot go to this set: fewer than W of its drives answered.
     fn write_quorum_error(&self, client: &Client, bucket: &str, key: &str) -> Error {
-        let erasure = client.topo.map.erasure;
+        let erasure = client.erasure_at(&self.placement);
         Error::WriteQuorum {
             bucket: bucket.into(),
             key: key.into(),
@@ -339,7 +341,7 @@ async fn versions_seen_in(
     target: bool,
 ) -> Result<SetVersions, Error> {
     let (bucket, key) = (lookup.bucket, lookup.key);
-    let erasure = client.topo.map.erasure;
+    let erasure = client.erasure_at(&lookup.placement);
     let drives = client.set_drives(&lookup.placement);
     let needed = erasure.n() - erasure.write_quorum() + 1;
     let enough = if target { erasure.write_quorum() } else { needed };
@@ -390,13 +392,13 @@ async fn versions_seen_in(
 
 /// Every version each lookup's key has on each drive of its set, in lookup order.
 async fn versions_many(client: &Client, lookups: &[Lookup<'_>], detail: MetaDetail) -> Vec<KeyAnswers> {
-    let n = client.topo.map.erasure.n();
     // (lookup index, set position) of every item each node is asked for.
     let mut asked: Vec<Vec<(usize, usize)>> = vec![Vec::new(); client.topo.pools.len()];
     let mut items: Vec<Vec<MetaKey>> = vec![Vec::new(); client.topo.pools.len()];
     for (key_idx, lookup) in lookups.iter().enumerate() {
         let drives = client.set_drives(&lookup.placement);
-        let positions = (0..n).filter(|&position| !lookup.probe || is_probed(client, &lookup.placement, position));
+        let positions =
+            (0..lookup.placement.n).filter(|&position| !lookup.probe || is_probed(client, &lookup.placement, position));
         for position in positions {
             let drive = &drives[position];
             asked[drive.node_idx].push((key_idx, position));
@@ -435,8 +437,10 @@ async fn versions_many(client: &Client, lookups: &[Lookup<'_>], detail: MetaDeta
         metas
     });
     let answers = futures_util::future::join_all(calls).await;
-    let mut by_key: Vec<KeyAnswers> =
-        (0..lookups.len()).map(|_| KeyAnswers { replies: vec![None; n], why: vec![None; n] }).collect();
+    let mut by_key: Vec<KeyAnswers> = lookups
+        .iter()
+        .map(|lookup| KeyAnswers { replies: vec![None; lookup.placement.n], why: vec![None; lookup.placement.n] })
+        .collect();
     for (node_answers, node_asked) in answers.into_iter().zip(&asked) {
         for (answer, &(key_idx, position)) in node_answers.into_iter().zip(node_asked) {
             match answer {
@@ -459,7 +463,7 @@ fn choose(
 ) -> Result<Option<ObjectMeta>, Error> {
     let replies = &answers.replies;
     let drives = client.set_drives(&placement);
-    let erasure = client.topo.map.erasure;
+    let erasure = client.erasure_at(&placement);
     let k = erasure.k;
     let reachable = replies.iter().filter(|r| r.is_some()).count();
     let Some(meta) = choose_version(replies, erasure.marker_quorum(), erasure.write_quorum()) else {

@@ -269,7 +269,8 @@ struct Inner {
     /// Held while the map is fetched anew, so one refresh serves every waiting operation; holds
     /// when the last refresh failed, and why: another is tried only after `down_backoff`.
     refreshing: tokio::sync::Mutex<Option<(std::time::Instant, String)>>,
-    codec: ec::Codec,
+    /// Codecs by k+m, made on first use: pools may differ (a handful at most).
+    codecs: std::sync::Mutex<Vec<Arc<ec::Codec>>>,
     options: ClientOptions,
     writer_id: u64,
     last_version_ns: AtomicU64,
@@ -306,12 +307,12 @@ const STRIPE_BUFFERS_POOLED_MAX: usize = 8;
 impl Client {
     /// A client of the cluster described by `map`.
     pub fn new(map: ClusterMap, options: ClientOptions) -> Result<Self, Error> {
-        let codec = ec::Codec::new(map.erasure.k, map.erasure.m)?;
+        let codec = Arc::new(ec::Codec::new(map.erasure.k, map.erasure.m)?);
         let topo = Arc::new(Topology::new(map));
         let inner = Inner {
             latest: std::sync::RwLock::new(Arc::clone(&topo)),
             refreshing: tokio::sync::Mutex::new(None),
-            codec,
+            codecs: std::sync::Mutex::new(vec![codec]),
             options,
             writer_id: rand::random(),
             last_version_ns: AtomicU64::new(0),
@@ -657,7 +658,7 @@ impl Client {
                     .map(|set| {
                         let least =
                             set.drives.iter().map(|d| nodes[d.node_idx].get(d.drive_idx).map_or(0, |s| s.free_bytes));
-                        least.min().unwrap_or(0) / map.erasure.n() as u64 * map.erasure.k as u64
+                        least.min().unwrap_or(0) / pool.erasure.n() as u64 * pool.erasure.k as u64
                     })
                     .sum()
             })
@@ -741,6 +742,22 @@ impl Client {
                 tracing::debug!(error = %e, "repair hint not delivered");
             }
         });
+    }
+
+    /// The codec of `k` data and `m` parity chunks (an object's, or a pool's).
+    fn codec(&self, k: usize, m: usize) -> Result<Arc<ec::Codec>, Error> {
+        let mut codecs = self.inner.codecs.lock().expect("codec lock poisoned");
+        if let Some(codec) = codecs.iter().find(|c| c.k() == k && c.n() == k + m) {
+            return Ok(Arc::clone(codec));
+        }
+        let codec = Arc::new(ec::Codec::new(k, m)?);
+        codecs.push(Arc::clone(&codec));
+        Ok(codec)
+    }
+
+    /// The k+m of the set `placement` names.
+    fn erasure_at(&self, placement: &Placement) -> cluster::ErasureConfig {
+        self.topo.map.erasure_of_set(placement.set_idx)
     }
 
     fn set_drives(&self, placement: &Placement) -> &[DriveRef] {

@@ -107,6 +107,9 @@ pub(crate) struct Committed {
 /// One stripe being filled or sent: k data chunks then m parity chunks, each `chunk_bytes` long.
 struct StripeBuffer {
     bytes: Vec<u8>,
+    /// The k and n it was last cut and encoded for (`fill_stripe`).
+    k: usize,
+    n: usize,
     /// Object bytes in this stripe (0 at the end of the source).
     data_len: usize,
     chunk_len: usize,
@@ -121,6 +124,8 @@ struct Fanout<'a> {
     bucket: &'a str,
     key: &'a str,
     version: VersionId,
+    /// The k+m of the set written to.
+    erasure: cluster::ErasureConfig,
     drives: Vec<DriveRef>,
     conns: Vec<Option<Conn>>,
     failures: Vec<Error>,
@@ -134,20 +139,42 @@ pub(crate) async fn put(
     options: &PutOptions,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
     let map = Arc::clone(&client.topo.map);
-    let n = map.erasure.n();
     let mut md5 = Md5::new();
-    let mut current = StripeBuffer::take(client, n * map.chunk_bytes as usize);
-    // The version read (a round trip to the sets) overlaps reading and encoding the first stripe.
-    let (mut target, filled) =
-        tokio::join!(client.write_target(bucket, key), fill_stripe(client, source, &mut current, &mut md5));
+    // The version read (a round trip to the sets) overlaps reading and encoding the first
+    // stripe when every pool has the cluster's k+m; else the target's k+m must be known first.
+    let uniform = map.pools.iter().all(|pool| pool.erasure == map.erasure);
+    let (mut target, current, filled) = if uniform {
+        let codec = client.codec(map.erasure.k, map.erasure.m)?;
+        let mut current = StripeBuffer::take(client, map.erasure.n() * map.chunk_bytes as usize);
+        let (target, filled) =
+            tokio::join!(client.write_target(bucket, key), fill_stripe(client, &codec, source, &mut current, &mut md5));
+        (target, current, filled)
+    } else {
+        let target = client.write_target(bucket, key).await?;
+        let erasure = client.erasure_at(&target.1);
+        let codec = client.codec(erasure.k, erasure.m)?;
+        let mut current = StripeBuffer::take(client, erasure.n() * map.chunk_bytes as usize);
+        let filled = fill_stripe(client, &codec, source, &mut current, &mut md5).await;
+        (Ok(target), current, filled)
+    };
+    let encoded_as = (current.k, current.n);
     let mut planner = client.clone();
     if filled.is_ok() && planner.refreshed_after(client, true).await {
         // A node holds a newer map: plan with it, keeping the stripe already read (a map
-        // change keeps the erasure config and chunk size).
+        // change keeps the chunk size, and the k+m of every pool it had).
         planner = client.current();
         target = planner.write_target(bucket, key).await;
     }
     let client = &planner;
+    let target = target.and_then(|(version, placement)| {
+        let erasure = client.erasure_at(&placement);
+        if filled.is_ok() && (erasure.k, erasure.n()) != encoded_as {
+            // The newer map sends the key to a pool of another k+m than the stripe was cut for.
+            let reason = format!("the key now goes to a pool of erasure {erasure}; run the upload again");
+            return Err(Error::MapRefresh { version: client.topo.map.version, reason });
+        }
+        Ok((version, placement))
+    });
     let (version, placement) = match (target, filled) {
         (Ok(target), Ok(())) => target,
         (Err(e), _) | (_, Err(e)) => {
@@ -196,7 +223,10 @@ async fn upload(
     condition: CommitCondition,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
     let map = Arc::clone(&client.topo.map);
-    let (k, n) = (map.erasure.k, map.erasure.n());
+    let erasure = client.erasure_at(&target.placement);
+    let (k, n) = (erasure.k, erasure.n());
+    assert_eq!((current.k, current.n), (k, n), "the first stripe is cut for the target's k+m");
+    let codec = client.codec(erasure.k, erasure.m)?;
     let chunk_bytes = map.chunk_bytes as usize;
     let (bucket, key, version, placement) = (target.bucket, target.key, target.version, target.placement);
     let mut crcs = Vec::new();
@@ -225,7 +255,7 @@ async fn upload(
             // Send this stripe while the next one is read and encoded: two stripes in flight.
             let (sent, filled) = tokio::join!(
                 fanout.send_stripe(&current, stripe_idx, offset, &placement),
-                fill_stripe(client, source, following, &mut md5)
+                fill_stripe(client, &codec, source, following, &mut md5)
             );
             sent?;
             filled?;
@@ -271,7 +301,7 @@ async fn upload(
         headers: fields.headers.clone(),
         modified_ms: fields.modified_ms,
         k: k as u8,
-        m: map.erasure.m as u8,
+        m: erasure.m as u8,
         chunk_bytes: map.chunk_bytes,
         block_bytes: block_bytes(map.chunk_bytes),
         set_idx: placement.set_idx as u32,
@@ -335,9 +365,11 @@ pub(crate) async fn copy_version(
         Ok::<_, Error>(())
     };
     let consume = async {
-        let mut current = StripeBuffer::take(client, map.erasure.n() * map.chunk_bytes as usize);
+        let erasure = map.pools[pool].erasure;
+        let codec = client.codec(erasure.k, erasure.m)?;
+        let mut current = StripeBuffer::take(client, erasure.n() * map.chunk_bytes as usize);
         let mut md5 = Md5::new();
-        if let Err(e) = fill_stripe(client, &mut reader, &mut current, &mut md5).await {
+        if let Err(e) = fill_stripe(client, &codec, &mut reader, &mut current, &mut md5).await {
             current.give_back(client);
             return Err(e);
         }
@@ -350,7 +382,7 @@ pub(crate) async fn copy_version(
     assert_eq!(info.meta.size, meta.size, "a copy has the size of its source");
     let geometry = meta.geometry();
     let chunk_bytes: u64 = (0..geometry.stripes).map(|stripe| geometry.chunk_len(stripe) as u64).sum();
-    Ok((chunk_bytes * map.erasure.n() as u64, replaced))
+    Ok((chunk_bytes * map.pools[pool].erasure.n() as u64, replaced))
 }
 
 /// Commits a delete marker: a newer version with no data.
@@ -395,6 +427,7 @@ pub(crate) fn empty_meta(
     placement: cluster::Placement,
 ) -> ObjectMeta {
     let map = &client.topo.map;
+    let erasure = client.erasure_at(&placement);
     ObjectMeta {
         format: META_FORMAT_VERSION,
         bucket: bucket.to_owned(),
@@ -407,8 +440,8 @@ pub(crate) fn empty_meta(
         user_meta: Vec::new(),
         headers: Vec::new(),
         modified_ms: unix_ms(),
-        k: map.erasure.k as u8,
-        m: map.erasure.m as u8,
+        k: erasure.k as u8,
+        m: erasure.m as u8,
         chunk_bytes: map.chunk_bytes,
         block_bytes: block_bytes(map.chunk_bytes),
         set_idx: placement.set_idx as u32,
@@ -424,7 +457,7 @@ impl StripeBuffer {
     fn take(client: &Client, bytes: usize) -> Self {
         let pooled = client.inner.stripe_buffers.lock().expect("stripe pool lock poisoned").pop();
         let bytes = pooled.filter(|b| b.len() == bytes).unwrap_or_else(|| vec![0u8; bytes]);
-        Self { bytes, data_len: 0, chunk_len: 0, crcs: Vec::new(), blocks_per_chunk: 0 }
+        Self { bytes, k: 0, n: 0, data_len: 0, chunk_len: 0, crcs: Vec::new(), blocks_per_chunk: 0 }
     }
 
     fn give_back(self, client: &Client) {
@@ -448,12 +481,14 @@ impl StripeBuffer {
 /// checksums every chunk. `data_len == 0` means the source has ended.
 async fn fill_stripe(
     client: &Client,
+    codec: &ec::Codec,
     source: &mut (dyn AsyncRead + Unpin + Send),
     stripe: &mut StripeBuffer,
     md5: &mut Md5,
 ) -> Result<(), Error> {
-    let codec = &client.inner.codec;
     let (k, n) = (codec.k(), codec.n());
+    assert!(stripe.bytes.len() >= n * client.topo.map.chunk_bytes as usize, "a stripe buffer holds n chunks");
+    (stripe.k, stripe.n) = (k, n);
     let capacity = k * client.topo.map.chunk_bytes as usize;
     let mut filled = 0;
     while filled < capacity {
@@ -500,7 +535,9 @@ impl<'a> Fanout<'a> {
         let opens =
             drives.iter().map(|d| client.topo.pools[d.node_idx].get(options.connect_timeout, options.down_backoff));
         let results = futures_util::future::join_all(opens).await;
-        let mut fanout = Self { client, bucket, key, version, drives, conns: Vec::new(), failures: Vec::new() };
+        let erasure = client.erasure_at(placement);
+        let mut fanout =
+            Self { client, bucket, key, version, erasure, drives, conns: Vec::new(), failures: Vec::new() };
         let mut skipped = Vec::new();
         for (position, result) in results.into_iter().enumerate() {
             match result {
@@ -514,7 +551,7 @@ impl<'a> Fanout<'a> {
                 }
             }
         }
-        if fanout.alive() < client.topo.map.erasure.write_quorum() {
+        if fanout.alive() < fanout.erasure.write_quorum() {
             // Skipping recently failed nodes would cost the quorum: try them now (they may be
             // back) rather than fail the PUT.
             for position in skipped {
@@ -571,7 +608,7 @@ impl<'a> Fanout<'a> {
     }
 
     fn check_quorum(&self) -> Result<(), Error> {
-        let erasure = self.client.topo.map.erasure;
+        let erasure = self.erasure;
         if self.alive() >= erasure.write_quorum() {
             return Ok(());
         }
@@ -579,7 +616,7 @@ impl<'a> Fanout<'a> {
     }
 
     fn quorum_error(&self, acked: usize) -> Error {
-        let erasure = self.client.topo.map.erasure;
+        let erasure = self.erasure;
         let tolerated = erasure.n() - erasure.write_quorum();
         let precondition = |e: &&Error| matches!(e, Error::Node { kind: proto::ErrorKind::PreconditionFailed, .. });
         if self.failures.iter().any(|e| precondition(&e)) {
@@ -721,7 +758,7 @@ impl<'a> Fanout<'a> {
                 None => {}
             }
         }
-        let quorum = self.client.topo.map.erasure.write_quorum();
+        let quorum = self.erasure.write_quorum();
         if applied.len() >= quorum {
             self.release();
             self.finalize(&applied).await;

@@ -105,7 +105,7 @@ impl Client {
         });
         let mut merged: std::collections::BTreeMap<String, ListEntry> = std::collections::BTreeMap::new();
         let mut listing = PoolListing::default();
-        let set_of = |i: usize| map.pools[pool].sets.start + i / map.erasure.n();
+        let set_of = |i: usize| map.pools[pool].sets.start + i / map.pools[pool].erasure.n();
         for (i, (drive, answer)) in drives.iter().zip(futures_util::future::join_all(calls).await).enumerate() {
             match answer {
                 Ok(Response::Listing { entries }) => {

@@ -79,8 +79,6 @@ pub enum Error {
     InvalidPools { reason: String },
     #[error("a new pool cannot reuse {what}: node {id} has it")]
     PoolOverlap { what: String, id: String },
-    #[error("a pool of erasure {found} cannot join a cluster of {cluster}: every pool uses the cluster's k+m")]
-    PoolErasure { found: ErasureConfig, cluster: ErasureConfig },
     #[error("the cluster has no pool {id}")]
     NoSuchPool { id: u32 },
     #[error("pool {id} is {state}, not {wanted}")]
@@ -179,6 +177,9 @@ pub struct Pool {
     /// Its sets: a contiguous range of [`ClusterMap::sets`].
     pub sets: std::ops::Range<usize>,
     pub state: PoolState,
+    /// The k+m of its sets (pool 1: the cluster's [`ClusterMap::erasure`]; a later pool may
+    /// have another).
+    pub erasure: ErasureConfig,
 }
 
 /// Where a pool is in its life.
@@ -447,7 +448,7 @@ impl ClusterMap {
     ) -> Result<Self, Error> {
         let nodes = pool_nodes(nodes, erasure, 0)?;
         let sets = plan_sets(&nodes, erasure.n());
-        let pools = vec![Pool { id: 1, sets: 0..sets.len(), state: PoolState::Active }];
+        let pools = vec![Pool { id: 1, sets: 0..sets.len(), state: PoolState::Active, erasure }];
         let map = Self {
             cluster_id: cluster_id.to_owned(),
             version: 1,
@@ -467,9 +468,6 @@ impl ClusterMap {
     /// the last node's, drives `nI/dJ` when counted), its sets planned as `init` plans them.
     /// Objects stay where they are: each pool's sets are hashed over on their own.
     pub fn with_pool(&self, nodes: &[NodeSpec], erasure: ErasureConfig) -> Result<Self, Error> {
-        if erasure != self.erasure {
-            return Err(Error::PoolErasure { found: erasure, cluster: self.erasure });
-        }
         let first_node = self.nodes.len();
         let added = pool_nodes(nodes, erasure, first_node)?;
         for node in &added {
@@ -491,7 +489,7 @@ impl ClusterMap {
         }
         next.nodes.extend(added);
         let id = next.pools.last().map_or(1, |pool| pool.id + 1);
-        next.pools.push(Pool { id, sets: first_set..next.sets.len(), state: PoolState::Joining });
+        next.pools.push(Pool { id, sets: first_set..next.sets.len(), state: PoolState::Joining, erasure });
         next.validate()?;
         Ok(next)
     }
@@ -606,9 +604,10 @@ impl ClusterMap {
                 _ => return Err(refuse(format!("node {} is removed, moved or has other drives", node.id))),
             }
         }
-        // A pool keeps its id and sets; its state only moves as `PoolState::may_become` says.
-        let same_pool =
-            |(old, new): (&Pool, &Pool)| old.id == new.id && old.sets == new.sets && old.state.may_become(new.state);
+        // A pool keeps its id, sets and k+m; its state only moves as `PoolState::may_become` says.
+        let same_pool = |(old, new): (&Pool, &Pool)| {
+            old.id == new.id && old.sets == new.sets && old.erasure == new.erasure && old.state.may_become(new.state)
+        };
         if next.sets.get(..self.sets.len()) != Some(&self.sets[..])
             || next.pools.len() < self.pools.len()
             || !self.pools.iter().zip(&next.pools).all(same_pool)
@@ -667,7 +666,7 @@ impl ClusterMap {
         name.push(b'/');
         name.extend_from_slice(key.as_bytes());
         let hash = xxhash_rust::xxh3::xxh3_64(&name);
-        let n = self.erasure.n();
+        let n = self.pools[pool].erasure.n();
         let sets = &self.pools[pool].sets;
         let set_idx = sets.start + (hash % sets.len() as u64) as usize;
         Placement { set_idx, rotation: ((hash >> 32) % n as u64) as usize, n }
@@ -682,6 +681,18 @@ impl ClusterMap {
         nodes.sort_unstable();
         nodes.dedup();
         nodes
+    }
+
+    /// The k+m of the sets node `node_idx` has drives in (a node belongs to one pool).
+    pub fn erasure_of_node(&self, node_idx: usize) -> ErasureConfig {
+        let pool = self.sets.iter().position(|set| set.drives.iter().any(|d| d.node_idx == node_idx));
+        pool.map_or(self.erasure, |set_idx| self.erasure_of_set(set_idx))
+    }
+
+    /// The k+m of erasure set `set_idx` (its pool's).
+    pub fn erasure_of_set(&self, set_idx: usize) -> ErasureConfig {
+        let pool = self.pool_of_set(set_idx).expect("every set belongs to a pool");
+        self.pools[pool].erasure
     }
 
     /// Index (into [`ClusterMap::pools`]) of the pool that set `set_idx` belongs to.
@@ -759,9 +770,13 @@ impl ClusterMap {
                 }
             }
         }
+        if self.pools[0].erasure != self.erasure {
+            return Err(Error::InvalidPools { reason: "pool 1 must use the cluster's erasure config".into() });
+        }
         let mut used = HashSet::new();
         for (set_idx, set) in self.sets.iter().enumerate() {
             let invalid = |reason: String| Error::InvalidSet { set_idx, reason };
+            let n = self.erasure_of_set(set_idx).n();
             if set.drives.len() != n {
                 return Err(invalid(format!("has {} drives, the erasure config needs {n}", set.drives.len())));
             }
@@ -815,6 +830,9 @@ mod file {
         id: u32,
         sets: usize,
         state: PoolState,
+        /// K+M of the pool's sets when it differs from the cluster's `ec`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ec: Option<String>,
     }
 
     #[derive(Serialize, Deserialize)]
@@ -864,7 +882,12 @@ mod file {
                 pools: map
                     .pools
                     .iter()
-                    .map(|pool| PoolFile { id: pool.id, sets: pool.sets.len(), state: pool.state })
+                    .map(|pool| PoolFile {
+                        id: pool.id,
+                        sets: pool.sets.len(),
+                        state: pool.state,
+                        ec: (pool.erasure != map.erasure).then(|| pool.erasure.to_string()),
+                    })
                     .collect(),
             }
         }
@@ -902,10 +925,14 @@ mod file {
                 let end = start.checked_add(pool.sets).ok_or_else(|| Error::InvalidPools {
                     reason: format!("pool {} takes {} sets", pool.id, pool.sets),
                 })?;
-                pools.push(Pool { id: pool.id, sets: start..end, state: pool.state });
+                let pool_erasure = match &pool.ec {
+                    Some(text) => text.parse()?,
+                    None => erasure,
+                };
+                pools.push(Pool { id: pool.id, sets: start..end, state: pool.state, erasure: pool_erasure });
             }
             if pools.is_empty() {
-                pools.push(Pool { id: 1, sets: 0..sets.len(), state: PoolState::Active });
+                pools.push(Pool { id: 1, sets: 0..sets.len(), state: PoolState::Active, erasure });
             }
             Ok(ClusterMap {
                 cluster_id: self.cluster_id,

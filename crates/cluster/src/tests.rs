@@ -284,8 +284,8 @@ fn an_added_pool_takes_new_nodes_and_sets_and_is_a_successor() {
     assert_eq!(
         grown.pools,
         vec![
-            Pool { id: 1, sets: 0..2, state: PoolState::Active },
-            Pool { id: 2, sets: 2..3, state: PoolState::Joining }
+            Pool { id: 1, sets: 0..2, state: PoolState::Active, erasure: map.erasure },
+            Pool { id: 2, sets: 2..3, state: PoolState::Joining, erasure: map.erasure }
         ]
     );
     assert_eq!(
@@ -323,8 +323,8 @@ fn bad_pools_are_refused_with_the_reason() {
     let map = generate(6, 1, 4, 2).unwrap();
     let few = specs(&POOL_2[..5]);
     assert_eq!(map.with_pool(&few, map.erasure), Err(Error::TooFewNodes { k: 4, m: 2, nodes: 5 }));
-    let other = ErasureConfig::new(3, 3).unwrap();
-    assert!(matches!(map.with_pool(&specs(&POOL_2), other), Err(Error::PoolErasure { .. })));
+    let narrow = ErasureConfig::new(2, 1).unwrap();
+    assert_eq!(map.with_pool(&specs(&POOL_2[..2]), narrow), Err(Error::TooFewNodes { k: 2, m: 1, nodes: 2 }));
     let mut overlapping = specs(&POOL_2);
     overlapping[3].addr = map.nodes[1].addr;
     let err = map.with_pool(&overlapping, map.erasure).unwrap_err();
@@ -343,11 +343,11 @@ fn bad_pools_are_refused_with_the_reason() {
     // A map without pools (written before them) is one pool of every set.
     let old: String = text.split("[[pool]]").next().unwrap().to_owned();
     let mut parsed = parse(&old).unwrap();
-    assert_eq!(parsed.pools, vec![Pool { id: 1, sets: 0..2, state: PoolState::Active }]);
+    assert_eq!(parsed.pools, vec![Pool { id: 1, sets: 0..2, state: PoolState::Active, erasure: map.erasure }]);
     // One node with drives in both pools.
     parsed.pools = vec![
-        Pool { id: 1, sets: 0..1, state: PoolState::Active },
-        Pool { id: 2, sets: 1..2, state: PoolState::Active },
+        Pool { id: 1, sets: 0..1, state: PoolState::Active, erasure: map.erasure },
+        Pool { id: 2, sets: 1..2, state: PoolState::Active, erasure: map.erasure },
     ];
     parsed.sets[1].drives[0] = DriveRef { node_idx: 0, drive_idx: 0 };
     assert!(parsed.validate().is_err());
@@ -441,4 +441,34 @@ fn a_pool_drains_then_is_removed_and_the_last_active_pool_cannot_drain() {
     assert!(matches!(removed.check_successor(&back), Err(Error::BadSuccessor { .. })), "removed back to draining");
     let none_active = removed.to_toml().replace("state = \"active\"", "state = \"draining\"");
     assert!(matches!(ClusterMap::from_toml(&none_active, Path::new("/d")), Err(Error::InvalidPools { .. })));
+}
+
+#[test]
+fn a_pool_may_have_its_own_erasure_config() {
+    let map = generate(6, 1, 4, 2).unwrap();
+    let narrow = ErasureConfig::new(2, 1).unwrap();
+    let grown = map.with_pool(&specs(&POOL_2), narrow).unwrap();
+    assert_eq!((grown.pools[0].erasure, grown.pools[1].erasure), (map.erasure, narrow));
+    assert_eq!(grown.erasure, map.erasure, "the cluster's k+m stays pool 1's");
+    // Six nodes of one drive in sets of 3: two sets, each on distinct nodes.
+    assert_eq!(grown.pools[1].sets, 1..3);
+    assert!(grown.sets[1..].iter().all(|set| set.drives.len() == 3));
+    assert_eq!(grown.erasure_of_set(0), map.erasure);
+    assert_eq!(grown.erasure_of_set(2), narrow);
+    for key in ["a", "b", "c", "d"] {
+        let placement = grown.placement_in(1, "bkt", key);
+        assert_eq!(placement.n, 3);
+        assert!((1..3).contains(&placement.set_idx) && placement.rotation < 3);
+        assert_eq!(grown.placement_in(0, "bkt", key), map.placement_in(0, "bkt", key), "pool 1 moves nothing");
+    }
+    let text = grown.to_toml();
+    assert!(text.contains("ec = \"2+1\""), "{text}");
+    assert_eq!(ClusterMap::from_toml(&text, &grown.base_dir), Ok(grown.clone()));
+    assert_eq!(map.check_successor(&grown), Ok(()));
+    // A later map may not change a pool's k+m (its objects would be misread).
+    let mut changed = grown.with_pool_active(2).unwrap();
+    changed.pools[1].erasure = ErasureConfig::new(1, 2).unwrap();
+    assert!(matches!(grown.check_successor(&changed), Err(Error::BadSuccessor { .. })));
+    let wrong_size = text.replace("ec = \"2+1\"", "ec = \"3+1\"");
+    assert!(matches!(ClusterMap::from_toml(&wrong_size, &grown.base_dir), Err(Error::InvalidSet { .. })));
 }

@@ -260,7 +260,7 @@ fn others(set: &ErasureSet, position: usize) -> impl Iterator<Item = (usize, Dri
 /// How many of the other drives must answer a listing for it to include every acknowledged
 /// key: n - W + 1 (an acknowledged key is on at least W - 1 of the n - 1 others).
 fn listing_quorum(state: &State) -> usize {
-    let erasure = state.map.get().erasure;
+    let erasure = state.map.get().erasure_of_node(state.node_idx);
     erasure.n() - erasure.write_quorum() + 1
 }
 
@@ -423,7 +423,8 @@ impl Target<'_> {
             // without it.
             let silent = (0..replies.len()).filter(|&p| p != position && replies[p].is_none()).count();
             if silent > 0
-                && proto::VersionTally::of(replies).most_held() + silent + 1 >= state.map.get().erasure.write_quorum()
+                && proto::VersionTally::of(replies).most_held() + silent + 1
+                    >= state.map.get().erasure_of_node(state.node_idx).write_quorum()
             {
                 return Err(RepairError::Refused(format!("{silent} peers did not answer for {key}")));
             }
@@ -528,6 +529,6 @@ fn set_versions(
 /// whether it is acknowledged. `None` when no version is readable.
 fn readable_version(state: &State, replies: &[Option<KeyVersions>]) -> Option<(ObjectMeta, bool)> {
     let tally = proto::VersionTally::of(replies);
-    let meta = tally.newest_readable(state.map.get().erasure.marker_quorum())?;
+    let meta = tally.newest_readable(state.map.get().erasure_of_node(state.node_idx).marker_quorum())?;
     Some((meta.clone(), tally.floor.is_some_and(|f| f >= meta.version)))
 }

@@ -667,7 +667,7 @@ fn expect_ok(answer: Response, what: &str) -> Result<(), RepairError> {
 /// Every drive's repair state, for `tessera repair status`.
 pub(crate) fn status(state: &State) -> proto::RepairStatus {
     let (mode, bytes_per_s) = state.repair.get();
-    let m = state.map.get().erasure.m;
+    let m = state.map.get().erasure_of_node(state.node_idx).m;
     let drives = (0..state.drives.len())
         .map(|idx| {
             let mut status = drive_status(&state.drives[idx], &state.repair_stats[idx], m);

@@ -206,7 +206,7 @@ fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], d
         checked.push((meta, position, floor, retains));
     }
     let replies = peer_versions(state, peers, &checked);
-    let erasure = state.map.get().erasure;
+    let erasure = state.map.get().erasure_of_node(state.node_idx);
     for ((meta, position, floor, retains), replies) in checked.iter().zip(replies) {
         // A drive that collected this delete marker holds it as far as anyone can tell.
         let holds = |v: &KeyVersions| {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use cluster::PoolState;
 
 use crate::harness::{Cluster, Shape, block_on, payload};
-use crate::pools::{add_pool, map_of};
+use crate::pools::{add_pool, add_pool_of, map_of};
 
 /// What each key should read as: its bytes, or `None` for a deleted key.
 type Expected = BTreeMap<String, Option<Vec<u8>>>;
@@ -293,5 +293,53 @@ fn rebalance_spreads_keys_over_pools_and_a_decommission_can_be_called_off() {
             in_first += usize::from(map.pools[0].sets.contains(&info.placement.set_idx));
         }
         assert!(in_first > 0, "new keys go to pool 1 again");
+    });
+}
+
+#[test]
+fn a_pool_of_another_erasure_config_serves_its_keys_and_takes_a_decommissioned_pools() {
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let (mut expected, _) = fill(&cluster);
+    // Three nodes of one drive: one set of 2+1 (W = 3: every drive takes each write).
+    add_pool_of(&mut cluster, 3, "2+1", "pool 2 added (joining): nodes n7, n8, n9, 1 erasure set(s) of 2+1");
+    let status = cluster.cli_ok(&["pool", "status"]);
+    assert!(status.contains("pool 2\tactive\t1 set(s) of 2+1\tnodes n7,n8,n9"), "{status}");
+    let map = map_of(&cluster);
+    let client = cluster.client();
+    let mut in_second = 0;
+    block_on(async {
+        for i in 0..24u64 {
+            let key = format!("new-{i}");
+            let value = payload([0, 3_000, 300_000, 2_500_000][i as usize % 4], 500 + i);
+            let info = client.put_bytes("bkt", &key, &value, &Default::default()).await.unwrap();
+            if map.pools[1].sets.contains(&info.placement.set_idx) {
+                in_second += 1;
+                assert_eq!((info.meta.k, info.meta.m, info.placement.n), (2, 1, 3), "{key}: the pool's k+m");
+            } else {
+                assert_eq!((info.meta.k, info.meta.m), (4, 2), "{key}");
+            }
+            expected.insert(key, Some(value));
+        }
+    });
+    assert!(in_second > 0, "some new keys went to the 2+1 pool");
+    check_all(&client, &expected);
+    // One node of the 2+1 set down (m = 1): its keys are decoded from the other two.
+    cluster.kill_node(7);
+    check_all(&cluster.client(), &expected);
+    cluster.start_node(7);
+    cluster.wait_ready();
+
+    // Everything moves into the 2+1 pool, re-encoded; pool 1's nodes then go.
+    let out = cluster.cli_ok(&["pool", "decommission", "1"]);
+    assert!(out.contains("pool 1 is removed"), "{out}");
+    for idx in 0..6 {
+        cluster.kill_node(idx);
+    }
+    let reader = cluster.client();
+    check_all(&reader, &expected);
+    block_on(async {
+        let info = reader.head("bkt", "obj-3").await.unwrap();
+        assert_eq!((info.meta.k, info.meta.m), (2, 1), "moved objects take the target pool's k+m");
     });
 }
