@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use cluster::PoolState;
 
 use crate::harness::{Cluster, Shape, block_on, payload};
-use crate::pools::{add_pool, add_pool_of, map_of};
+use crate::faults::{Unmount, mount_tmpfs};
+use crate::pools::{add_pool, add_pool_of, add_pool_with, map_of};
 
 /// What each key should read as: its bytes, or `None` for a deleted key.
 type Expected = BTreeMap<String, Option<Vec<u8>>>;
@@ -342,4 +343,31 @@ fn a_pool_of_another_erasure_config_serves_its_keys_and_takes_a_decommissioned_p
         let info = reader.head("bkt", "obj-3").await.unwrap();
         assert_eq!((info.meta.k, info.meta.m), (2, 1), "moved objects take the target pool's k+m");
     });
+}
+
+#[test]
+fn a_pool_whose_keys_do_not_fit_elsewhere_is_not_decommissioned() {
+    // Not a skip: a suite run without root must fail here rather than pass without the test.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test mounts 2 MiB tmpfs drives and needs root (CI runs as root)");
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let client = cluster.client();
+    block_on(async {
+        for i in 0..6u64 {
+            client.put_bytes("bkt", &format!("k-{i}"), &payload(1 << 20, i), &Default::default()).await.unwrap();
+        }
+    });
+    // The new pool's drives are 2 MiB each: about 1.3 MiB of objects fit in its set.
+    let mounted = std::sync::Mutex::new(Vec::new());
+    let expected = "pool 2 added (joining): nodes n7, n8, n9, n10, n11, n12, 1 erasure set(s) of 4+2";
+    add_pool_with(&mut cluster, 6, "4+2", expected, |cluster, idx| {
+        let dir = cluster.drive_dir(idx, 0);
+        std::fs::create_dir_all(&dir).unwrap();
+        mount_tmpfs(&dir, "2m", false);
+        mounted.lock().unwrap().push(dir);
+    });
+    let _unmount = Unmount(mounted.into_inner().unwrap());
+    one_line(&cluster, &["pool", "decommission", "1"], "the other active pools have");
+    let map = map_of(&cluster);
+    assert_eq!((map.version, map.pools[0].state), (3, PoolState::Active), "nothing changed");
 }

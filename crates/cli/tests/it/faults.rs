@@ -352,7 +352,7 @@ fn full_disks_fail_the_put_cleanly_and_the_node_keeps_serving() {
     }
 }
 
-struct Unmount(Vec<std::path::PathBuf>);
+pub(crate) struct Unmount(pub(crate) Vec<std::path::PathBuf>);
 
 impl Drop for Unmount {
     fn drop(&mut self) {
@@ -362,7 +362,7 @@ impl Drop for Unmount {
     }
 }
 
-fn mount_tmpfs(dir: &std::path::Path, size: &str, remount: bool) {
+pub(crate) fn mount_tmpfs(dir: &std::path::Path, size: &str, remount: bool) {
     let options = if remount { format!("remount,size={size}") } else { format!("size={size}") };
     let mut mount = std::process::Command::new("mount");
     if !remount {

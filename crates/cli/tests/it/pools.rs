@@ -19,6 +19,18 @@ pub(crate) fn add_pool(cluster: &mut Cluster) -> Vec<SocketAddr> {
 /// `tessera pool add --ec EC` of `count` nodes (one drive each) on new ports, each formatted
 /// and started; the command must print `expected`.
 pub(crate) fn add_pool_of(cluster: &mut Cluster, count: u16, ec: &str, expected: &str) -> Vec<SocketAddr> {
+    add_pool_with(cluster, count, ec, expected, |_, _| {})
+}
+
+/// [`add_pool_of`], with `prepare(cluster, node index)` run for each new node before its drive
+/// is formatted (to mount something there, say).
+pub(crate) fn add_pool_with(
+    cluster: &mut Cluster,
+    count: u16,
+    ec: &str,
+    expected: &str,
+    prepare: impl Fn(&Cluster, usize),
+) -> Vec<SocketAddr> {
     let base = free_ports(usize::from(count));
     let addrs: Vec<SocketAddr> = (0..count).map(|i| SocketAddr::from(([127, 0, 0, 1], base + i))).collect();
     let mut args = vec!["pool".to_owned(), "add".to_owned(), "--ec".to_owned(), ec.to_owned()];
@@ -31,6 +43,7 @@ pub(crate) fn add_pool_of(cluster: &mut Cluster, count: u16, ec: &str, expected:
     let first = cluster.addrs.len();
     cluster.add_nodes(&addrs);
     for idx in first..first + addrs.len() {
+        prepare(cluster, idx);
         cluster.cli_ok(&["drive", "format", "--node", &format!("n{}", idx + 1)]);
         cluster.start_node(idx);
     }
