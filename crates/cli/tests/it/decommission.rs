@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use cluster::PoolState;
 
-use crate::harness::{Cluster, Shape, block_on, payload};
 use crate::faults::{Unmount, mount_tmpfs};
+use crate::harness::{Cluster, Shape, block_on, payload};
 use crate::pools::{add_pool, add_pool_of, add_pool_with, map_of};
 
 /// What each key should read as: its bytes, or `None` for a deleted key.
