@@ -93,6 +93,8 @@ pub enum Error {
     PreconditionFailed { bucket: String, key: String },
     #[error("staged data for version {version} does not match its checksums at stripe {stripe}")]
     StagedChecksumMismatch { version: String, stripe: u64 },
+    #[error("version {version}'s data file is being deleted on drive {path}; try again")]
+    VersionBusy { path: PathBuf, version: String },
 }
 
 /// Replaces the file at `path` with `bytes` so that a crash leaves the old file or the new one,
@@ -154,6 +156,37 @@ pub struct Drive {
     /// Taken shared by chunk writes and commits, exclusive by [`Drive::wipe`]: a wipe never
     /// runs between a commit's rename of its data file and its metadata transaction.
     wiping: std::sync::RwLock<()>,
+    /// Versions whose data file is being published or deleted (see [`FileGuards`]).
+    file_guards: std::sync::Mutex<FileGuards>,
+}
+
+/// A version's data file is published (staged file renamed in, then its metadata committed)
+/// and deleted (its row dropped in a transaction, then the file unlinked) in two steps each; for
+/// one version the two must not interleave, or a file just published for a version moved back
+/// to this drive could be unlinked by the retirement of the same version's old row. A deleter
+/// leaves a file that is being published alone (the publisher's row will name it); a publisher
+/// refuses while the file is being deleted (the commit fails on this drive and is retried).
+#[derive(Debug, Default)]
+struct FileGuards {
+    publishing: std::collections::HashSet<VersionId>,
+    deleting: std::collections::HashSet<VersionId>,
+}
+
+/// Held while a version's data file is published; see [`FileGuards`].
+struct Publishing<'a> {
+    drive: &'a Drive,
+    version: VersionId,
+}
+
+impl Drop for Publishing<'_> {
+    fn drop(&mut self) {
+        self.drive
+            .file_guards
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .publishing
+            .remove(&self.version);
+    }
 }
 
 impl Drive {
@@ -208,6 +241,7 @@ impl Drive {
             syncing: std::sync::Mutex::new(()),
             deferred_losses: std::sync::atomic::AtomicU64::new(0),
             wiping: std::sync::RwLock::new(()),
+            file_guards: std::sync::Mutex::new(FileGuards::default()),
         };
         drive.create_tables()?;
         drive.sweep()?;
@@ -368,6 +402,8 @@ impl Drive {
             }
         }
         let has_data = meta.has_data_file();
+        // Held until the metadata names the published file.
+        let _publishing = if has_data { Some(self.publishing(meta.version)?) } else { None };
         if has_data {
             self.publish_staged(meta, sync)?;
         }
@@ -617,6 +653,7 @@ impl Drive {
         }
         if meta.has_data_file() {
             let _committing = self.wiping.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _publishing = self.publishing(meta.version)?;
             // The metadata naming this file is durable already: so must the file be.
             self.publish_staged(meta, MetaSync::Now)?;
         }
@@ -1336,6 +1373,15 @@ impl Drive {
     }
 
     fn remove_data_file(&self, version: VersionId) {
+        {
+            let mut guards = self.file_guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if guards.publishing.contains(&version) {
+                // Published again under us (the version came back to this drive): the new row
+                // names the new file.
+                return;
+            }
+            guards.deleting.insert(version);
+        }
         let path = self.data_path(version);
         if let Err(e) = fs::remove_file(&path)
             && e.kind() != io::ErrorKind::NotFound
@@ -1343,6 +1389,18 @@ impl Drive {
             // The sweep at the next open removes it; nothing references it any more.
             tracing::warn!(path = %path.display(), error = %e, "could not remove a superseded data file");
         }
+        self.file_guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).deleting.remove(&version);
+    }
+
+    /// Marks `version`'s data file as being published until the guard drops; refused while it
+    /// is being deleted (see [`FileGuards`]).
+    fn publishing(&self, version: VersionId) -> Result<Publishing<'_>, Error> {
+        let mut guards = self.file_guards.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if guards.deleting.contains(&version) {
+            return Err(Error::VersionBusy { path: self.root.clone(), version: version.to_hex() });
+        }
+        guards.publishing.insert(version);
+        Ok(Publishing { drive: self, version })
     }
 
     fn staging_path(&self, version: VersionId) -> PathBuf {

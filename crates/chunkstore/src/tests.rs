@@ -466,3 +466,16 @@ fn eviction_keeps_the_bound_on_retained_versions() {
     assert_eq!(versions.retained.len(), proto::RETAINED_PER_KEY_MAX, "the evicted current row took the oldest's place");
     assert_eq!(versions.retained.last().map(|m| m.version), Some(version(proto::RETAINED_PER_KEY_MAX as u64 + 1)));
 }
+
+#[test]
+fn a_version_moved_back_after_it_retired_here_is_published_afresh() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(3), 100);
+    assert!(drive.evict("bkt", "a", version(3), 1_000).unwrap());
+    assert_eq!(drive.retire_expired(1_000, 100).unwrap(), 1);
+    assert!(drive.open_version(version(3)).unwrap().is_none());
+    put(&drive, "a", version(3), 100);
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().map(|m| m.version), Some(version(3)));
+    assert!(drive.open_version(version(3)).unwrap().is_some());
+    assert_eq!(drive.retire_expired(u64::MAX, 100).unwrap(), 0, "the current version never retires");
+}

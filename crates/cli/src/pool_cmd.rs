@@ -301,11 +301,9 @@ async fn remove(client: &client::Client, id: u32, pool_idx: usize, config: &Path
     let next = current.with_pool_removed(id)?;
     if next.namespace_pool() != current.namespace_pool() {
         // The next pool takes over the bucket namespace: it must hold every bucket first.
-        let buckets = client.spread_buckets().await.context("hand the bucket namespace to the next pool")?;
-        println!(
-            "pool {} holds the bucket namespace from now on ({buckets} buckets)",
-            next.pools[next.namespace_pool()].id
-        );
+        let heir = next.pools[next.namespace_pool()].id;
+        let buckets = client.hand_over_buckets(heir).await.context("hand the bucket namespace to the next pool")?;
+        println!("pool {heir} holds the bucket namespace from now on ({buckets} buckets)");
     }
     let silent = client.push_map(&next).await?;
     crate::cluster_cmd::write_map(config, &next)?;

@@ -240,6 +240,9 @@ pub(crate) struct WriterView {
     /// stay in one pool), or when that pool is draining, the active pool with the newest
     /// version of the key; `None` when no active pool has seen the key (a pool is drawn).
     pub(crate) pool: Option<usize>,
+    /// The key's newest version is in a draining pool (and no active pool has seen the key):
+    /// the write goes where the mover sends the key (`ClusterMap::pool_for_moved_key`).
+    pub(crate) draining: bool,
 }
 
 /// What every pool that may hold the key (active or draining) holds of it, for a writer. A pool
@@ -278,6 +281,7 @@ pub(crate) async fn writer_view(client: &Client, bucket: &str, key: &str) -> Res
             newest = Some((seen.newest_live, lookup.pool, seen));
         }
     }
+    let draining = newest.as_ref().is_some_and(|(version, pool, _)| version.is_some() && !pools[*pool].is_active());
     let target = match newest {
         Some(found) if pools[found.1].is_active() => Some(found),
         // The newest version is in a draining pool: the write goes to the active pool that
@@ -289,7 +293,8 @@ pub(crate) async fn writer_view(client: &Client, bucket: &str, key: &str) -> Res
     {
         return Err(set.write_quorum_error(client, bucket, key));
     }
-    Ok(WriterView { newest: version, pool: target.map(|(_, pool, _)| pool) })
+    let pool = target.map(|(_, pool, _)| pool);
+    Ok(WriterView { newest: version, pool, draining: draining && pool.is_none() })
 }
 
 /// What one set holds of a key, for a writer.
@@ -505,15 +510,7 @@ fn choose(
 /// holders of the version about drives that missed it.
 fn info_of(client: &Client, placement: Placement, answers: &KeyAnswers, meta: ObjectMeta) -> ObjectInfo {
     let replies = &answers.replies;
-    let drives = client.set_drives(&placement);
-    let meta_positions = replies
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.as_ref().is_some_and(|v| v.all().any(|m| m.version == meta.version)))
-        .map(|(p, _)| p)
-        .collect();
-    let names = drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
-    let info = ObjectInfo { meta, placement, drives: names, meta_positions };
+    let info = object_info(client, placement, answers, meta);
     // A drive that answered with only older versions missed this one (slept through the write,
     // or lost it). Reads plan around it, so they never meet its missing chunk: tell a holder
     // now, as a read meeting a missing chunk would.
@@ -529,22 +526,71 @@ fn info_of(client: &Client, placement: Placement, answers: &KeyAnswers, meta: Ob
     info
 }
 
+/// What a read of `meta` (chosen from `answers`, the replies of its set) needs to know.
+fn object_info(client: &Client, placement: Placement, answers: &KeyAnswers, meta: ObjectMeta) -> ObjectInfo {
+    let drives = client.set_drives(&placement);
+    let meta_positions = answers
+        .replies
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.as_ref().is_some_and(|v| v.all().any(|m| m.version == meta.version)))
+        .map(|(p, _)| p)
+        .collect();
+    let names = drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
+    ObjectInfo { meta, placement, drives: names, meta_positions }
+}
+
 /// What one pool holds of a key, for moving the key between pools.
 pub(crate) struct PoolHolding {
     /// Index of the pool in the map.
     pub(crate) pool: usize,
     /// The version its set agrees on (a delete marker included), with what reading it needs.
     pub(crate) chosen: Option<ObjectInfo>,
-    /// The newest version any of its drives knows acknowledged (a collected marker leaves it).
-    pub(crate) floor: Option<VersionId>,
-    /// The newest version any of its drives holds, readable or not.
-    pub(crate) held: Option<VersionId>,
+    /// The newest version known acknowledged here: a drive's floor names it (a collected
+    /// marker leaves only that), or W drives hold it.
+    pub(crate) acknowledged: Option<VersionId>,
+    /// The newest version held here that cannot have been acknowledged: its holders and the
+    /// drives that did not answer are fewer than W.
+    pub(crate) leftover: Option<VersionId>,
+    /// A version newer than the chosen one and every floor that may be acknowledged but cannot
+    /// be read now: too few holders to read it, but with the silent drives they reach W.
+    pub(crate) doubtful: Option<VersionId>,
 }
 
 impl PoolHolding {
-    /// The newest version this pool speaks for: chosen or acknowledged.
+    /// The newest version this pool speaks for: chosen or known acknowledged.
     pub(crate) fn top(&self) -> Option<VersionId> {
-        self.chosen.as_ref().map(|info| info.meta.version).max(self.floor)
+        self.chosen.as_ref().map(|info| info.meta.version).max(self.acknowledged)
+    }
+
+    fn of(client: &Client, lookup: &Lookup<'_>, answer: &KeyAnswers, chosen: Option<ObjectMeta>) -> Self {
+        let write_quorum = client.erasure_at(&lookup.placement).write_quorum();
+        let silent = answer.replies.iter().filter(|r| r.is_none()).count();
+        let mut holders: std::collections::BTreeMap<VersionId, usize> = std::collections::BTreeMap::new();
+        for reply in answer.replies.iter().flatten() {
+            let mut versions: Vec<VersionId> = reply.all().map(|m| m.version).collect();
+            versions.sort_unstable();
+            versions.dedup();
+            for version in versions {
+                *holders.entry(version).or_default() += 1;
+            }
+        }
+        let floor = answer.replies.iter().flatten().filter_map(|v| v.finalized).max();
+        let held_by_w = holders.iter().filter(|(_, count)| **count >= write_quorum).map(|(v, _)| *v).max();
+        let chosen_version = chosen.as_ref().map(|meta| meta.version);
+        let leftover = holders.iter().filter(|(_, count)| **count + silent < write_quorum).map(|(v, _)| *v).max();
+        let doubtful = holders
+            .iter()
+            .filter(|(version, count)| {
+                **count < write_quorum
+                    && **count + silent >= write_quorum
+                    && chosen_version.is_none_or(|c| c < **version)
+                    && floor.is_none_or(|f| f < **version)
+            })
+            .map(|(v, _)| *v)
+            .max();
+        let chosen = chosen.map(|meta| object_info(client, lookup.placement, answer, meta));
+        PoolHolding { pool: lookup.pool, chosen, acknowledged: floor.max(held_by_w), leftover, doubtful }
     }
 }
 
@@ -552,7 +598,7 @@ impl PoolHolding {
 /// with floors. Fails if a pool cannot tell (fewer than k of the key's drives there answered).
 /// A drive without a current version of the key holds only versions on their way out (evicted
 /// by an earlier move, or written below a collected marker's floor): they do not count, or a
-/// key moved back and forth would be evicted from both pools.
+/// key moved back and forth would be evicted from both pools. Sends no repair hints.
 pub(crate) async fn holdings(client: &Client, bucket: &str, key: &str) -> Result<Vec<PoolHolding>, Error> {
     let mut asked = lookups(client, bucket, key);
     for lookup in &mut asked {
@@ -567,10 +613,7 @@ pub(crate) async fn holdings(client: &Client, bucket: &str, key: &str) -> Result
     let mut holdings = Vec::with_capacity(asked.len());
     for (lookup, answer) in asked.iter().zip(answers) {
         let chosen = choose(client, bucket, key, lookup.placement, &answer)?;
-        let floor = answer.replies.iter().flatten().filter_map(|v| v.finalized).max();
-        let held = answer.replies.iter().flatten().flat_map(KeyVersions::all).map(|m| m.version).max();
-        let chosen = chosen.map(|meta| info_of(client, lookup.placement, &answer, meta));
-        holdings.push(PoolHolding { pool: lookup.pool, chosen, floor, held });
+        holdings.push(PoolHolding::of(client, lookup, &answer, chosen));
     }
     Ok(holdings)
 }

@@ -577,6 +577,7 @@ impl Client {
         let seen = head::writer_view(self, bucket, key).await?;
         let pool = match seen.pool {
             Some(pool) => pool,
+            None if seen.draining => self.topo.map.pool_for_moved_key(bucket, key),
             None => self.pool_for_new_key().await,
         };
         assert!(self.topo.map.pools[pool].is_active(), "writes go to active pools only");

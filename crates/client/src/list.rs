@@ -161,11 +161,12 @@ impl Client {
         let mut truncated = false;
         let mut failed: Vec<crate::FailedNode> = Vec::new();
         let mut namespace_answered = 0;
+        let namespace = map.namespace_pool();
         for (pool, node_idx, response) in futures_util::future::join_all(calls).await {
             match response {
                 Ok(Response::Listing { entries }) => {
                     answered += 1;
-                    namespace_answered += usize::from(pool == 0);
+                    namespace_answered += usize::from(pool == namespace);
                     truncated |= entries.len() as u32 == limit;
                     for entry in entries {
                         match newest.get(&entry.key) {
@@ -176,7 +177,7 @@ impl Client {
                         }
                     }
                 }
-                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) if pool == 0 => missing_bucket += 1,
+                Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) if pool == namespace => missing_bucket += 1,
                 // A later pool's node that has not taken the bucket yet holds nothing in it.
                 Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => answered += 1,
                 Ok(Response::Error { message, .. }) => failed.push(self.failed_node(node_idx, &message)),
@@ -220,10 +221,19 @@ impl Client {
     ) -> Result<(), Error> {
         // A majority of the namespace pool's nodes decides (they hold the bucket namespace);
         // the other pools' nodes that missed the change take it from them later.
-        let namespace = self.topo.map.pool_nodes(self.topo.map.namespace_pool());
+        let map = &self.topo.map;
+        let namespace = map.pool_nodes(map.namespace_pool());
+        // A removed pool's nodes hold no keys and may be gone: their answers do not count.
+        let removed: Vec<usize> = (0..map.pools.len())
+            .filter(|&pool| map.pools[pool].state == cluster::PoolState::Removed)
+            .flat_map(|pool| map.pool_nodes(pool))
+            .collect();
         let mut ok = 0;
         let mut failed = Vec::new();
         for (node_idx, response) in responses.into_iter().enumerate() {
+            if removed.contains(&node_idx) {
+                continue;
+            }
             if !namespace.contains(&node_idx) {
                 if let Ok(Response::Error { kind: ErrorKind::BucketNotEmpty, .. }) = response {
                     return Err(Error::BucketNotEmpty { bucket: bucket.into() });

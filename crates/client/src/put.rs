@@ -335,6 +335,12 @@ pub(crate) async fn copy_version(
         let mut copy = meta.clone();
         copy.set_idx = placement.set_idx as u32;
         copy.rotation = placement.rotation as u8;
+        if copy.parts.is_empty() {
+            // A marker or an empty object takes the target's k+m (a multipart record keeps
+            // its pieces').
+            let erasure = client.erasure_at(&placement);
+            (copy.k, copy.m) = (erasure.k as u8, erasure.m as u8);
+        }
         let committed = fanout.commit(&copy, CommitCondition::None).await?;
         return Ok((0, committed.replaced_parts));
     }
@@ -348,7 +354,7 @@ pub(crate) async fn copy_version(
         etag: Some(meta.etag.clone()),
     };
     // The source version streams through a bounded pipe into the upload.
-    let (mut writer, mut reader) = tokio::io::duplex(COPY_STEP_BYTES);
+    let (mut writer, reader) = tokio::io::duplex(COPY_STEP_BYTES);
     let produce = async {
         let mut buf = vec![0u8; COPY_STEP_BYTES.min(usize::try_from(meta.size).unwrap_or(usize::MAX)).max(1)];
         let mut offset = 0u64;
@@ -364,10 +370,14 @@ pub(crate) async fn copy_version(
         drop(writer);
         Ok::<_, Error>(())
     };
-    let consume = async {
-        let erasure = map.pools[pool].erasure;
+    // The reader is the upload's: it goes when the upload ends, so a failed upload ends the
+    // producer's writes too instead of leaving them blocked on a full pipe.
+    let erasure = map.pools[pool].erasure;
+    let chunk_bytes = map.chunk_bytes as usize;
+    let consume = async move {
+        let mut reader = reader;
         let codec = client.codec(erasure.k, erasure.m)?;
-        let mut current = StripeBuffer::take(client, erasure.n() * map.chunk_bytes as usize);
+        let mut current = StripeBuffer::take(client, erasure.n() * chunk_bytes);
         let mut md5 = Md5::new();
         if let Err(e) = fill_stripe(client, &codec, &mut reader, &mut current, &mut md5).await {
             current.give_back(client);
@@ -376,13 +386,17 @@ pub(crate) async fn copy_version(
         upload(client, &target, current, &mut reader, md5, &fields, CommitCondition::None).await
     };
     let (produced, uploaded) = tokio::join!(produce, consume);
-    // A failed read ends the pipe early: the upload then has fewer bytes, and its MD5 differs.
-    produced?;
-    let (info, replaced) = uploaded?;
+    // A failed read ends the pipe early: the upload then has fewer bytes, its MD5 differs and
+    // it fails; the read's error says more. An upload that failed first breaks the pipe.
+    let (info, replaced) = match (produced, uploaded) {
+        (_, Ok(done)) => done,
+        (Err(e), Err(_)) if !matches!(e, Error::Source(_)) => return Err(e),
+        (_, Err(e)) => return Err(e),
+    };
     assert_eq!(info.meta.size, meta.size, "a copy has the size of its source");
-    let geometry = meta.geometry();
-    let chunk_bytes: u64 = (0..geometry.stripes).map(|stripe| geometry.chunk_len(stripe) as u64).sum();
-    Ok((chunk_bytes * map.pools[pool].erasure.n() as u64, replaced))
+    let geometry = info.meta.geometry();
+    let written: u64 = (0..geometry.stripes).map(|stripe| geometry.chunk_len(stripe) as u64).sum();
+    Ok((written * erasure.n() as u64, replaced))
 }
 
 /// Commits a delete marker: a newer version with no data.

@@ -9,6 +9,7 @@
 //! version, which readers treat as one. A copy that fails leaves the source untouched; an
 //! eviction that misses a drive leaves the key in that drive's listing for the next pass.
 
+use cluster::PoolState;
 use proto::{ListEntry, Request, Response, VersionId};
 
 use crate::head::{self, PoolHolding};
@@ -144,14 +145,45 @@ impl Client {
         result
     }
 
-    /// Sends the creation of every bucket of the namespace to every node (a bucket a node has
-    /// already is left as it is), so that the next namespace pool holds them all before the
-    /// current one is removed. Returns how many buckets.
-    pub async fn spread_buckets(&self) -> Result<usize, Error> {
+    /// Hands the bucket namespace to pool `to_pool` (its id) before the namespace pool is
+    /// removed: every bucket of the namespace is created on every node (a node that has it
+    /// leaves it as it is) and must then be held by a majority of `to_pool`'s nodes; a bucket
+    /// those nodes hold that the namespace does not (a delete they missed) is deleted there.
+    /// Returns how many buckets the namespace has.
+    pub async fn hand_over_buckets(&self, to_pool: u32) -> Result<usize, Error> {
         let client = self.current();
         let buckets = client.bucket_namespace().await?;
         for bucket in &buckets {
             client.bucket_call(&Request::BucketCreate { bucket: bucket.name.clone() }, &bucket.name).await?;
+        }
+        let nodes = client.topo.map.pool_nodes(client.pool_index(to_pool)?);
+        let answers = client.call_nodes(&nodes, &Request::BucketList).await;
+        let mut holders: std::collections::BTreeMap<String, Vec<usize>> = std::collections::BTreeMap::new();
+        for (&node_idx, answer) in nodes.iter().zip(answers) {
+            if let Ok(Response::Buckets { buckets }) = answer {
+                for bucket in buckets {
+                    holders.entry(bucket.name).or_default().push(node_idx);
+                }
+            }
+        }
+        let majority = nodes.len() / 2 + 1;
+        for bucket in &buckets {
+            let held = holders.get(&bucket.name).map_or(0, Vec::len);
+            if held < majority {
+                let reason =
+                    format!("only {held} of its {} nodes hold bucket {:?}, a majority must", nodes.len(), bucket.name);
+                return Err(Error::Pool { pool: to_pool, reason });
+            }
+        }
+        for (name, held_by) in &holders {
+            if buckets.iter().any(|b| &b.name == name) {
+                continue;
+            }
+            let answers = client.call_nodes(held_by, &Request::BucketDelete { bucket: name.clone() }).await;
+            if answers.iter().any(|a| matches!(a, Ok(Response::Error { kind: proto::ErrorKind::BucketNotEmpty, .. }))) {
+                let reason = format!("its nodes hold bucket {name:?}, which the namespace deleted, with objects in it");
+                return Err(Error::Pool { pool: to_pool, reason });
+            }
         }
         Ok(buckets.len())
     }
@@ -171,54 +203,72 @@ async fn move_key_once(
 ) -> Result<Moved, Error> {
     let map = &client.topo.map;
     let source = client.pool_index(source_pool)?;
-    let holdings = head::holdings(client, bucket, key).await?;
-    let Some(src) = holdings.iter().find(|h| h.pool == source) else {
-        let reason = format!("it is {}, and holds no keys", map.pools[source].state);
-        return Err(Error::Pool { pool: source_pool, reason });
+    // The map may have changed since the move began (a decommission called off, a target
+    // pool drained): each key checks it again.
+    let wanted = match kind {
+        MoveKind::Drain => PoolState::Draining,
+        MoveKind::Rebalance { .. } => PoolState::Active,
     };
+    if map.pools[source].state != wanted {
+        let reason = format!("it is {}, not {wanted}: the move stopped", map.pools[source].state);
+        return Err(Error::Pool { pool: source_pool, reason });
+    }
+    let holdings = head::holdings(client, bucket, key).await?;
+    let src = holdings.iter().find(|h| h.pool == source).expect("a draining or active pool is asked");
     let others: Vec<&PoolHolding> = holdings.iter().filter(|h| h.pool != source).collect();
-    let top_other = others.iter().filter_map(|h| h.top()).max();
+    // Only what is known acknowledged elsewhere counts: a version in flight there may yet be
+    // rolled back.
+    let acknowledged_elsewhere = others.iter().filter_map(|h| h.acknowledged).max();
+    if let Some(doubtful) = src.doubtful
+        && acknowledged_elsewhere.is_none_or(|other| other < doubtful)
+    {
+        let reason = format!(
+            "{bucket}/{key}: version {} may be acknowledged but cannot be read now (too many drives silent); the next pass tries again",
+            doubtful.to_hex()
+        );
+        return Err(Error::Pool { pool: source_pool, reason });
+    }
     let mut moved = Moved::default();
-    let mut upto = top_other;
+    let mut upto = acknowledged_elsewhere;
     if let Some(top_src) = src.top()
-        && top_other.is_none_or(|other| other < top_src)
+        && acknowledged_elsewhere.is_none_or(|other| other < top_src)
     {
         // Only the source holds the key's newest version: carry it.
-        let target = match others
-            .iter()
-            .filter(|h| map.pools[h.pool].is_active() && h.top().is_some())
-            .max_by_key(|h| h.top())
-        {
-            Some(holder) => holder.pool,
-            None => match kind {
-                MoveKind::Drain => client.pool_for_new_key().await,
-                MoveKind::Rebalance { target_pool } => client.pool_index(target_pool)?,
-            },
+        let holder =
+            others.iter().filter(|h| map.pools[h.pool].is_active() && h.top().is_some()).max_by_key(|h| h.top());
+        let target = match (holder, kind) {
+            (Some(holder), _) => holder.pool,
+            (None, MoveKind::Drain) => map.pool_for_moved_key(bucket, key),
+            (None, MoveKind::Rebalance { target_pool }) => client.pool_index(target_pool)?,
         };
-        assert!(target != source && map.pools[target].is_active(), "keys move to another, active pool");
-        let copy = match &src.chosen {
-            Some(info) if info.meta.version == top_src && !info.meta.deleted => Some((info.meta.clone(), Some(info))),
-            // The key is deleted (a marker, or only a collected marker's floor): the deletion must
-            // go along only if another pool holds an older version it hides.
-            _ if top_other.is_some() => {
-                let placement = map.placement_in(target, bucket, key);
+        if target == source || !map.pools[target].is_active() {
+            let reason = format!(
+                "pool {} is {}: keys move to another, active pool",
+                map.pools[target].id, map.pools[target].state
+            );
+            return Err(Error::Pool { pool: source_pool, reason });
+        }
+        let placement = map.placement_in(target, bucket, key);
+        let (meta, source_info) = match &src.chosen {
+            Some(info) if info.meta.version == top_src && !info.meta.deleted => (info.meta.clone(), Some(info)),
+            // Deleted (a marker, or only a collected marker's floor): the deletion goes along,
+            // metadata only, so no older version elsewhere comes back.
+            _ => {
                 let mut marker = put::empty_meta(client, bucket, key, top_src, placement);
                 marker.deleted = true;
-                Some((marker, None))
+                (marker, None)
             }
-            _ => None,
         };
-        if let Some((meta, source_info)) = copy {
-            let (bytes, replaced) = put::copy_version(client, &meta, source_info, target).await?;
-            multipart::delete_pieces(client, &replaced).await;
-            moved.bytes = bytes;
-            moved.to_pool = Some(map.pools[target].id);
-        }
+        let (bytes, replaced) = put::copy_version(client, &meta, source_info, target).await?;
+        multipart::delete_pieces(client, &replaced).await;
+        moved.bytes = bytes;
+        moved.to_pool = Some(map.pools[target].id);
         upto = Some(top_src);
     }
     if kind == MoveKind::Drain {
-        // No write can be acknowledged in a draining pool: what no reader can choose is a leftover.
-        upto = upto.max(src.held);
+        // No write can be acknowledged in a draining pool any more: a version there that could
+        // never have been acknowledged is a leftover, evicted too.
+        upto = upto.max(src.leftover);
     }
     if let Some(version) = upto {
         evict(client, bucket, key, source, version, &mut moved).await;

@@ -672,6 +672,23 @@ impl ClusterMap {
         Placement { set_idx, rotation: ((hash >> 32) % n as u64) as usize, n }
     }
 
+    /// The active pool a key leaves a draining pool for when no active pool holds it: the one
+    /// whose hash with the key is highest (rendezvous hashing), so the mover and every writer
+    /// of the key agree on it without talking to each other.
+    pub fn pool_for_moved_key(&self, bucket: &str, key: &str) -> usize {
+        let score = |pool: &Pool| {
+            let mut name = Vec::with_capacity(bucket.len() + key.len() + 6);
+            name.extend_from_slice(bucket.as_bytes());
+            name.push(b'/');
+            name.extend_from_slice(key.as_bytes());
+            name.push(0);
+            name.extend_from_slice(&pool.id.to_le_bytes());
+            xxhash_rust::xxh3::xxh3_64(&name)
+        };
+        let active = self.pools.iter().enumerate().filter(|(_, pool)| pool.is_active());
+        active.max_by_key(|(_, pool)| score(pool)).map(|(idx, _)| idx).expect("a valid map has an active pool")
+    }
+
     /// Indexes (into [`ClusterMap::nodes`]) of the nodes of pool index `pool`, ascending.
     pub fn pool_nodes(&self, pool: usize) -> Vec<usize> {
         let mut nodes: Vec<usize> = self.sets[self.pools[pool].sets.clone()]

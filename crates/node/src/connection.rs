@@ -486,6 +486,8 @@ fn error_response(error: &chunkstore::Error) -> Response {
         E::DiskFull { .. } => ErrorKind::DiskFull,
         E::NoStagedData { .. } => ErrorKind::NoSuchUpload,
         E::StagedLengthMismatch { .. } | E::StagedChecksumMismatch { .. } => ErrorKind::BadRequest,
+        // Retried by the writer (another drive of the set may take it meanwhile).
+        E::VersionBusy { .. } => ErrorKind::Io,
         E::PreconditionFailed { .. } => ErrorKind::PreconditionFailed,
         E::DriveMissing { .. } | E::DriveUnusable { .. } | E::Io { .. } | E::Db { .. } | E::CorruptMeta { .. } => {
             // A drive that fails or holds corrupt metadata needs a human; clients read around it.
