@@ -155,6 +155,8 @@ pub enum Error {
     MapChange(String),
     #[error("pool {pool}: {reason}")]
     Pool { pool: u32, reason: String },
+    #[error("no active pool has erasure {erasure}, which this multipart upload's parts use; complete or abort it")]
+    NoPoolForErasure { erasure: String },
     #[error("{bucket}/{key} already exists")]
     PreconditionFailed { bucket: String, key: String },
     #[error("bucket {bucket:?} has more than {max} multipart upload records; abort some uploads")]
@@ -573,12 +575,19 @@ impl Client {
     /// this call, whatever the clocks of the writers say) and than anything this client issued
     /// before; and where it goes: the pool that holds the newest version, so a key's versions
     /// stay together, or for a key no pool has seen, a pool chosen by free space.
-    async fn write_target(&self, bucket: &str, key: &str) -> Result<(VersionId, Placement), Error> {
+    /// With `only`, the write goes to a pool of that erasure config.
+    async fn write_target(
+        &self,
+        bucket: &str,
+        key: &str,
+        only: Option<cluster::ErasureConfig>,
+    ) -> Result<(VersionId, Placement), Error> {
         let seen = head::writer_view(self, bucket, key).await?;
+        let pools = &self.topo.map.pools;
         let pool = match seen.pool {
-            Some(pool) => pool,
-            None if seen.draining => self.topo.map.pool_for_moved_key(bucket, key),
-            None => self.pool_for_new_key().await,
+            Some(pool) if only.is_none_or(|only| pools[pool].erasure == only) => pool,
+            None if seen.draining && only.is_none() => self.topo.map.pool_for_moved_key(bucket, key),
+            _ => self.pool_for_new_key(only).await?,
         };
         assert!(self.topo.map.pools[pool].is_active(), "writes go to active pools only");
         if self.topo.map.pools.len() > 1 {
@@ -607,23 +616,29 @@ impl Client {
     /// pool's free space (so pools fill evenly, and clients do not all pile onto the emptiest
     /// one), from the nodes' answers at most `SPACE_MAX_AGE` old. The first active pool when
     /// it is the only one or no node answers.
-    pub(crate) async fn pool_for_new_key(&self) -> usize {
+    /// With `only`, among the active pools of that erasure config (an error if there is none).
+    pub(crate) async fn pool_for_new_key(&self, only: Option<cluster::ErasureConfig>) -> Result<usize, Error> {
         let pools = &self.topo.map.pools;
-        let first_active = pools.iter().position(cluster::Pool::is_active).expect("a valid map has an active pool");
-        if pools.iter().filter(|pool| pool.is_active()).count() == 1 {
-            return first_active;
+        let eligible = |pool: &cluster::Pool| pool.is_active() && only.is_none_or(|only| pool.erasure == only);
+        let Some(first) = pools.iter().position(eligible) else {
+            let only = only.expect("a valid map has an active pool");
+            return Err(Error::NoPoolForErasure { erasure: only.to_string() });
+        };
+        if pools.iter().filter(|pool| eligible(pool)).count() == 1 {
+            return Ok(first);
         }
         let free = self.pool_free_bytes().await;
-        let total: u128 = free.iter().map(|&f| u128::from(f)).sum();
+        let weight = |pool: usize| if eligible(&pools[pool]) { u128::from(free[pool]) } else { 0 };
+        let total: u128 = (0..pools.len()).map(weight).sum();
         if total == 0 {
-            return first_active;
+            return Ok(first);
         }
         let mut draw = rand::Rng::gen_range(&mut rand::thread_rng(), 0..total);
-        for (pool, &bytes) in free.iter().enumerate() {
-            if draw < u128::from(bytes) {
-                return pool;
+        for pool in 0..pools.len() {
+            if draw < weight(pool) {
+                return Ok(pool);
             }
-            draw -= u128::from(bytes);
+            draw -= weight(pool);
         }
         unreachable!("the draw is below the sum of the weights")
     }
@@ -754,6 +769,12 @@ impl Client {
         let codec = Arc::new(ec::Codec::new(k, m)?);
         codecs.push(Arc::clone(&codec));
         Ok(codec)
+    }
+
+    /// The k and m of pool index `pool`, as an object's metadata records them.
+    fn pool_erasure(&self, pool: usize) -> (u8, u8) {
+        let erasure = self.topo.map.pools[pool].erasure;
+        (erasure.k as u8, erasure.m as u8)
     }
 
     /// The k+m of the set `placement` names.

@@ -108,16 +108,20 @@ impl Client {
         // The marker check reads nothing from `source`: it may run again with a newer map.
         // Then, like `Client::put`, `put::put` plans again if a node shows a newer map early.
         let mut client = self.current();
-        let marker = client.upload_marker(bucket, key, upload_id).await;
-        if self.refreshed_after(&client, marker.is_err()).await {
+        let first = client.upload_marker(bucket, key, upload_id).await;
+        let marker = if self.refreshed_after(&client, first.is_err()).await {
             client = self.current();
-            client.upload_marker(bucket, key, upload_id).await?;
+            client.upload_marker(bucket, key, upload_id).await?
         } else {
-            marker?;
-        }
+            first?
+        };
         let result = async {
             let piece = piece_key(bucket, upload_id, number);
-            let (info, _) = crate::put::put(&client, MULTIPART_BUCKET, &piece, source, &PutOptions::default()).await?;
+            // One object's parts share one k+m: the upload's marker's (pools may differ).
+            let erasure = cluster::ErasureConfig::new(usize::from(marker.k), usize::from(marker.m))?;
+            let options = PutOptions::default();
+            let (info, _) =
+                crate::put::put_in(&client, MULTIPART_BUCKET, &piece, source, &options, Some(erasure)).await?;
             Ok(PartInfo { number, size: info.meta.size, etag: info.meta.etag, modified_ms: info.meta.modified_ms })
         }
         .await;
@@ -214,6 +218,8 @@ impl Client {
         }
         let newest = self.newest_pieces(bucket, upload_id).await?;
         let mut pieces = Vec::with_capacity(parts.len());
+        // The record's k+m describes its pieces: they must share one.
+        let mut erasure: Option<(u8, u8)> = None;
         for (number, etag) in parts {
             let Some(entry) = newest.get(number) else {
                 return Err(Error::InvalidPart { number: *number, reason: "it was not uploaded".into() });
@@ -228,6 +234,14 @@ impl Client {
             if info.meta.etag != etag.trim_matches('"') {
                 return Err(Error::InvalidPart { number: *number, reason: format!("its ETag is {}", info.meta.etag) });
             }
+            let (k, m) = (info.meta.k, info.meta.m);
+            if let Some((first_k, first_m)) = erasure.filter(|&first| first != (k, m)) {
+                let reason = format!(
+                    "it is stored {k}+{m}, the other parts {first_k}+{first_m} (moved between pools of another k+m); upload it again"
+                );
+                return Err(Error::InvalidPart { number: *number, reason });
+            }
+            erasure = Some((k, m));
             pieces.push(piece_of(*number, info.meta));
         }
         // Sizes only once every part is known to exist: a missing part is the likelier mistake.
@@ -236,10 +250,13 @@ impl Client {
         }
         let etag = multipart_etag(&pieces);
         let size = pieces.iter().map(|p| p.size).sum();
+        let (k, m) = erasure.expect("at least one part");
+        let only = Some(cluster::ErasureConfig::new(usize::from(k), usize::from(m))?);
         let (info, replaced) =
-            crate::put::commit_without_data(self, bucket, key, proto::CommitCondition::None, |meta| {
+            crate::put::commit_without_data(self, bucket, key, proto::CommitCondition::None, only, |meta| {
                 meta.size = size;
                 meta.etag = etag;
+                (meta.k, meta.m) = (k, m);
                 meta.content_type = marker.content_type.clone();
                 meta.user_meta = marker.user_meta.clone();
                 meta.headers = marker.headers.clone();
@@ -434,7 +451,7 @@ pub(crate) async fn delete_pieces(client: &Client, keys: &[String]) {
     }
 }
 
-fn piece_of(number: u32, meta: ObjectMeta) -> PartPiece {
+pub(crate) fn piece_of(number: u32, meta: ObjectMeta) -> PartPiece {
     PartPiece {
         number,
         piece_key: meta.key,

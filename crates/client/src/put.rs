@@ -138,19 +138,35 @@ pub(crate) async fn put(
     source: &mut (dyn AsyncRead + Unpin + Send),
     options: &PutOptions,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
+    put_in(client, bucket, key, source, options, None).await
+}
+
+/// [`put`] into a pool of erasure config `only` when given (a multipart piece goes where its
+/// upload's other pieces can go: one object's parts share one k+m).
+pub(crate) async fn put_in(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    source: &mut (dyn AsyncRead + Unpin + Send),
+    options: &PutOptions,
+    only: Option<cluster::ErasureConfig>,
+) -> Result<(ObjectInfo, Vec<String>), Error> {
     let map = Arc::clone(&client.topo.map);
     let mut md5 = Md5::new();
     // The version read (a round trip to the sets) overlaps reading and encoding the first
     // stripe when every pool has the cluster's k+m; else the target's k+m must be known first.
-    let uniform = map.pools.iter().all(|pool| pool.erasure == map.erasure);
+    let uniform =
+        only.is_none_or(|only| only == map.erasure) && map.pools.iter().all(|pool| pool.erasure == map.erasure);
     let (mut target, current, filled) = if uniform {
         let codec = client.codec(map.erasure.k, map.erasure.m)?;
         let mut current = StripeBuffer::take(client, map.erasure.n() * map.chunk_bytes as usize);
-        let (target, filled) =
-            tokio::join!(client.write_target(bucket, key), fill_stripe(client, &codec, source, &mut current, &mut md5));
+        let (target, filled) = tokio::join!(
+            client.write_target(bucket, key, only),
+            fill_stripe(client, &codec, source, &mut current, &mut md5)
+        );
         (target, current, filled)
     } else {
-        let target = client.write_target(bucket, key).await?;
+        let target = client.write_target(bucket, key, only).await?;
         let erasure = client.erasure_at(&target.1);
         let codec = client.codec(erasure.k, erasure.m)?;
         let mut current = StripeBuffer::take(client, erasure.n() * map.chunk_bytes as usize);
@@ -163,7 +179,7 @@ pub(crate) async fn put(
         // A node holds a newer map: plan with it, keeping the stripe already read (a map
         // change keeps the chunk size, and the k+m of every pool it had).
         planner = client.current();
-        target = planner.write_target(bucket, key).await;
+        target = planner.write_target(bucket, key, only).await;
     }
     let client = &planner;
     let target = target.and_then(|(version, placement)| {
@@ -319,14 +335,15 @@ async fn upload(
 const COPY_STEP_BYTES: usize = 8 << 20;
 
 /// Writes `meta`'s version of its key (the same version id, metadata and bytes, read from
-/// `source` when it has a data file) to the key's set in pool `pool`. Returns the chunk bytes
-/// written (data and parity) and the multipart pieces of a version it replaced there.
+/// `source` when it has a data file) to the key's set in pool `pool`. Returns the metadata
+/// written, the chunk bytes written (data and parity) and the multipart pieces of a version it
+/// replaced there.
 pub(crate) async fn copy_version(
     client: &Client,
     meta: &ObjectMeta,
     source: Option<&ObjectInfo>,
     pool: usize,
-) -> Result<(u64, Vec<String>), Error> {
+) -> Result<(ObjectMeta, u64, Vec<String>), Error> {
     let map = Arc::clone(&client.topo.map);
     let placement = map.placement_in(pool, &meta.bucket, &meta.key);
     let target = Target { bucket: &meta.bucket, key: &meta.key, version: meta.version, placement };
@@ -337,12 +354,12 @@ pub(crate) async fn copy_version(
         copy.rotation = placement.rotation as u8;
         if copy.parts.is_empty() {
             // A marker or an empty object takes the target's k+m (a multipart record keeps
-            // its pieces').
+            // its pieces', which the caller moved first if they changed).
             let erasure = client.erasure_at(&placement);
             (copy.k, copy.m) = (erasure.k as u8, erasure.m as u8);
         }
         let committed = fanout.commit(&copy, CommitCondition::None).await?;
-        return Ok((0, committed.replaced_parts));
+        return Ok((copy, 0, committed.replaced_parts));
     }
     let source = source.expect("a version with data is copied from a readable source");
     assert_eq!(source.meta.version, meta.version, "the copy reads the version it writes");
@@ -396,13 +413,13 @@ pub(crate) async fn copy_version(
     assert_eq!(info.meta.size, meta.size, "a copy has the size of its source");
     let geometry = info.meta.geometry();
     let written: u64 = (0..geometry.stripes).map(|stripe| geometry.chunk_len(stripe) as u64).sum();
-    Ok((written * erasure.n() as u64, replaced))
+    Ok((info.meta, written * erasure.n() as u64, replaced))
 }
 
 /// Commits a delete marker: a newer version with no data.
 pub(crate) async fn delete(client: &Client, bucket: &str, key: &str) -> Result<Vec<String>, Error> {
     client.head_inner(bucket, key).await?;
-    let (_, replaced) = commit_without_data(client, bucket, key, CommitCondition::None, |marker| {
+    let (_, replaced) = commit_without_data(client, bucket, key, CommitCondition::None, None, |marker| {
         marker.deleted = true;
         Ok(())
     })
@@ -411,15 +428,18 @@ pub(crate) async fn delete(client: &Client, bucket: &str, key: &str) -> Result<V
 }
 
 /// Commits a version that has no data file of its own (a delete marker, or a multipart object
-/// whose bytes are its parts' pieces) on the key's set. `fill` completes the record.
+/// whose bytes are its parts' pieces) on the key's set, in a pool of erasure config `only` when
+/// given (a multipart record goes to a pool of its pieces' k+m, whose sets can hold the k drives
+/// a reader wants of it). `fill` completes the record.
 pub(crate) async fn commit_without_data(
     client: &Client,
     bucket: &str,
     key: &str,
     condition: CommitCondition,
+    only: Option<cluster::ErasureConfig>,
     fill: impl FnOnce(&mut ObjectMeta) -> Result<(), Error>,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
-    let (version, placement) = client.write_target(bucket, key).await?;
+    let (version, placement) = client.write_target(bucket, key, only).await?;
     let mut fanout = Fanout::open(client, bucket, key, version, &placement).await?;
     let mut meta = empty_meta(client, bucket, key, version, placement);
     if let Err(e) = fill(&mut meta) {

@@ -13,7 +13,7 @@ use cluster::PoolState;
 use proto::{ListEntry, Request, Response, VersionId};
 
 use crate::head::{self, PoolHolding};
-use crate::{Client, Error, FailedNode, multipart, put};
+use crate::{Client, Error, FailedNode, MULTIPART_BUCKET, multipart, put};
 
 /// What a move does with versions in the source pool that no reader can choose (a write that
 /// never reached its quorum, or one in flight).
@@ -259,9 +259,15 @@ async fn move_key_once(
                 (marker, None)
             }
         };
-        let (bytes, replaced) = put::copy_version(client, &meta, source_info, target).await?;
+        let mut meta = meta;
+        if !meta.parts.is_empty() && client.pool_erasure(target) != (meta.k, meta.m) {
+            // A multipart record's k+m is its pieces': into a pool of another k+m its pieces go
+            // first, re-encoded, and the record names them there.
+            moved.bytes += move_pieces(client, &mut meta, target).await?;
+        }
+        let (_, bytes, replaced) = put::copy_version(client, &meta, source_info, target).await?;
         multipart::delete_pieces(client, &replaced).await;
-        moved.bytes = bytes;
+        moved.bytes += bytes;
         moved.to_pool = Some(map.pools[target].id);
         upto = Some(top_src);
     }
@@ -274,6 +280,29 @@ async fn move_key_once(
         evict(client, bucket, key, source, version, &mut moved).await;
     }
     Ok(moved)
+}
+
+/// Copies the pieces of multipart record `record` to pool index `pool` (re-encoded with its
+/// k+m, same version ids) and points the record at them, with that k+m. The pieces' old copies
+/// leave their pool when the mover meets their keys. Returns the chunk bytes written.
+async fn move_pieces(client: &Client, record: &mut proto::ObjectMeta, pool: usize) -> Result<u64, Error> {
+    let mut bytes = 0;
+    for part in &mut record.parts {
+        let piece = client.head_inner(MULTIPART_BUCKET, &part.piece_key).await?;
+        if piece.meta.version != part.version {
+            let reason = format!(
+                "piece {} of {}/{} is not the version the object names",
+                part.piece_key, record.bucket, record.key
+            );
+            return Err(Error::Pool { pool: client.topo.map.pools[pool].id, reason });
+        }
+        let (written, piece_bytes, _) = put::copy_version(client, &piece.meta, Some(&piece), pool).await?;
+        bytes += piece_bytes;
+        *part = multipart::piece_of(part.number, written);
+    }
+    let erasure = client.topo.map.pools[pool].erasure;
+    (record.k, record.m) = (erasure.k as u8, erasure.m as u8);
+    Ok(bytes)
 }
 
 /// Tells every drive of the key's set in pool index `pool` to evict it up to `version`.

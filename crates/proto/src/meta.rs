@@ -123,8 +123,11 @@ impl ObjectMeta {
         if self.chunk_bytes == 0 || self.chunk_bytes as usize > CHUNK_BYTES_MAX {
             return invalid(format!("chunk_bytes {}", self.chunk_bytes));
         }
-        if usize::from(self.rotation) >= self.n() {
-            return invalid(format!("rotation {} >= n", self.rotation));
+        // A version without data may sit in a set of another size than its k+m says (a
+        // multipart record's k+m is its pieces', which may be in a pool of another k+m).
+        let positions = if self.has_data_file() { self.n() } else { cluster::N_MAX };
+        if usize::from(self.rotation) >= positions {
+            return invalid(format!("rotation {} >= {positions}", self.rotation));
         }
         if self.block_bytes == 0 || self.block_bytes > self.chunk_bytes {
             return invalid(format!("block_bytes {} not in 1..=chunk_bytes", self.block_bytes));

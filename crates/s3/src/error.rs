@@ -49,6 +49,7 @@ pub(crate) fn s3_error(error: client::Error) -> S3Error {
         | E::MapRefresh { .. }
         | E::MapChange(_)
         | E::Pool { .. }
+        | E::NoPoolForErasure { .. }
         | E::Node { .. }
         | E::Protocol { .. } => {
             tracing::warn!("{message}");

@@ -301,7 +301,7 @@ fn rebalance_spreads_keys_over_pools_and_a_decommission_can_be_called_off() {
 fn a_pool_of_another_erasure_config_serves_its_keys_and_takes_a_decommissioned_pools() {
     let mut cluster = Cluster::start(Shape::default());
     cluster.cli_ok(&["mb", "bkt"]);
-    let (mut expected, _) = fill(&cluster);
+    let (mut expected, pending) = fill(&cluster);
     // Three nodes of one drive: one set of 2+1 (W = 3: every drive takes each write).
     add_pool_of(&mut cluster, 3, "2+1", "pool 2 added (joining): nodes n7, n8, n9, 1 erasure set(s) of 2+1");
     let status = cluster.cli_ok(&["pool", "status"]);
@@ -324,6 +324,28 @@ fn a_pool_of_another_erasure_config_serves_its_keys_and_takes_a_decommissioned_p
         }
     });
     assert!(in_second > 0, "some new keys went to the 2+1 pool");
+    // Multipart uploads with pools of two k+m: an object's parts share its upload's k+m.
+    block_on(async {
+        for i in 0..4u64 {
+            let key = format!("mp-{i}");
+            let (first, second) = (payload(5 << 20, 700 + i), payload(70_000, 710 + i));
+            let id = client.create_multipart("bkt", &key, &Default::default()).await.unwrap();
+            let one = client.put_part("bkt", &key, &id, 1, &mut first.as_slice()).await.unwrap();
+            let two = client.put_part("bkt", &key, &id, 2, &mut second.as_slice()).await.unwrap();
+            let info = client.complete_multipart("bkt", &key, &id, &[(1, one.etag), (2, two.etag)]).await.unwrap();
+            let record_erasure = (info.meta.k, info.meta.m);
+            let map = map_of(&cluster);
+            for part in &info.meta.parts {
+                let erasure = map.erasure_of_set(part.set_idx as usize);
+                assert_eq!(
+                    (erasure.k as u8, erasure.m as u8),
+                    record_erasure,
+                    "{key}: the parts share the record's k+m"
+                );
+            }
+            expected.insert(key, Some([first, second].concat()));
+        }
+    });
     check_all(&client, &expected);
     // One node of the 2+1 set down (m = 1): its keys are decoded from the other two.
     cluster.kill_node(7);
@@ -342,6 +364,12 @@ fn a_pool_of_another_erasure_config_serves_its_keys_and_takes_a_decommissioned_p
     block_on(async {
         let info = reader.head("bkt", "obj-3").await.unwrap();
         assert_eq!((info.meta.k, info.meta.m), (2, 1), "moved objects take the target pool's k+m");
+        let info = reader.head("bkt", "mp").await.unwrap();
+        assert_eq!((info.meta.k, info.meta.m), (2, 1), "a multipart object's pieces moved with it, re-encoded");
+        // The upload left in progress moved too, and completes in the pool it is in now.
+        let part = reader.list_parts("bkt", "pending", &pending).await.unwrap();
+        reader.complete_multipart("bkt", "pending", &pending, &[(1, part[0].etag.clone())]).await.unwrap();
+        assert_eq!(reader.get("bkt", "pending").await.unwrap(), payload(2_000, 92));
     });
 }
 
