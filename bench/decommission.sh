@@ -22,6 +22,8 @@ bin="$root/target/release/tessera"
 bench_name=decommission
 # shellcheck source=bench/work-dir.sh
 source "$root/bench/work-dir.sh"
+# shellcheck source=bench/pool-helpers.sh
+source "$root/bench/pool-helpers.sh"
 
 # One turn: a fresh cluster, filled, grown, then pool 1 decommissioned at budget $2; prints
 # "LABEL SECONDS PUT_BYTES_PER_S" (the PUT baseline measured on pool 2 afterwards).
@@ -30,28 +32,12 @@ turn() {
     local dir="$work/$label"
     "$bin" init --nodes 6 --ec 4+2 --data "$dir" --base-port "$port" >/dev/null
     local config="$dir/cluster.toml" node_pids=()
-    start() {
-        TESSERA_LOG=warn "$bin" node --config "$config" --id "n$1" 2>>"$work/nodes.log" &
-        node_pids+=($!)
-        pids+=($!)
-    }
-    wait_port() {
-        for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.05; done
-        echo "error: no node on port $1" >&2
-        exit 1
-    }
-    for i in $(seq 6); do start "$i"; done
+    for i in $(seq 6); do start_node "$config" "$i"; done
     for i in $(seq 0 5); do wait_port $((port + i)); done
     # `bench get` writes its objects first: they stay in pool 1.
     "$bin" bench get --config "$config" --size "$size" --objects "$objects" --concurrency 4 --duration 1s \
         --bucket moved >/dev/null
-    local add=()
-    for i in $(seq 6 11); do add+=(--node "127.0.0.1:$((port + i))=1"); done
-    "$bin" pool add --config "$config" "${add[@]}" >/dev/null
-    for i in $(seq 7 12); do "$bin" drive format --config "$config" --node "n$i" >/dev/null; start "$i"; done
-    for i in $(seq 6 11); do wait_port $((port + i)); done
-    for _ in $(seq 50); do "$bin" pool activate --config "$config" 2 >/dev/null 2>&1 && break; sleep 0.2; done
-    "$bin" pool status --config "$config" | grep -q "^pool 2	active" || { echo "error: pool 2 not active" >&2; exit 1; }
+    add_second_pool "$config" "$port"
     sync
     local t0 t1
     t0=$(date +%s.%N)

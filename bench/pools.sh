@@ -22,6 +22,8 @@ bin="$root/target/release/tessera"
 bench_name=pools
 # shellcheck source=bench/work-dir.sh
 source "$root/bench/work-dir.sh"
+# shellcheck source=bench/pool-helpers.sh
+source "$root/bench/pool-helpers.sh"
 
 # One turn: a fresh 12-node cluster laid out as $1 ("one" or "two" pools), then PUT 1 MiB,
 # GET 1 MiB and GET 4 KiB, results appended as JSON lines.
@@ -34,29 +36,12 @@ turn() {
         "$bin" init --nodes 6 --ec 4+2 --data "$dir" --base-port "$port" >/dev/null
     fi
     local config="$dir/cluster.toml" node_pids=()
-    start() {
-        TESSERA_LOG=warn "$bin" node --config "$config" --id "n$1" 2>>"$work/nodes.log" &
-        node_pids+=($!)
-        pids+=($!)
-    }
-    wait_port() {
-        for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.05; done
-        echo "error: no node on port $1" >&2
-        exit 1
-    }
     local first=12
     [ "$label" = two ] && first=6
-    for i in $(seq "$first"); do start "$i"; done
+    for i in $(seq "$first"); do start_node "$config" "$i"; done
     for i in $(seq 0 $((first - 1))); do wait_port $((port + i)); done
     if [ "$label" = two ]; then
-        local add=()
-        for i in $(seq 6 11); do add+=(--node "127.0.0.1:$((port + i))=1"); done
-        "$bin" pool add --config "$config" "${add[@]}" >/dev/null
-        for i in $(seq 7 12); do "$bin" drive format --config "$config" --node "n$i" >/dev/null; start "$i"; done
-        for i in $(seq 6 11); do wait_port $((port + i)); done
-        # The new nodes take the buckets from the first pool's nodes within moments of starting.
-        for _ in $(seq 50); do "$bin" pool activate --config "$config" 2 >/dev/null 2>&1 && break; sleep 0.2; done
-        "$bin" pool status --config "$config" | grep -q "^pool 2	active" || { echo "error: pool 2 not active" >&2; exit 1; }
+        add_second_pool "$config" "$port"
     fi
     local common=(--config "$config" --objects "$objects" --duration "$duration" --json)
     printf '{"label":"%s","op":"put","result":%s}\n' "$label" \
