@@ -279,6 +279,17 @@ async fn move_key_once(
     if let Some(version) = upto {
         evict(client, bucket, key, source, version, &mut moved).await;
     }
+    // A multipart object replaced by a version written to another pool: its writer found no
+    // pieces to delete there (it replaced nothing in that pool), so they go now, as a writer
+    // replacing it in place would delete them.
+    if let Some(replaced) = src.chosen.as_ref().filter(|info| {
+        !info.meta.parts.is_empty()
+            && moved.to_pool.is_none()
+            && acknowledged_elsewhere.is_some_and(|v| v > info.meta.version)
+    }) {
+        let pieces: Vec<String> = replaced.meta.parts.iter().map(|part| part.piece_key.clone()).collect();
+        multipart::delete_pieces(client, &pieces).await;
+    }
     Ok(moved)
 }
 

@@ -198,12 +198,16 @@ fn a_decommission_cut_short_resumes_and_bad_requests_change_nothing() {
     one_line(&cluster, &["pool", "decommission", "9"], "the cluster has no pool 9");
     let client = cluster.client();
     let mut expected = Expected::new();
-    block_on(async {
+    let upload = block_on(async {
         for i in 0..40u64 {
             let value = payload(200_000, i);
             client.put_bytes("bkt", &format!("k-{i}"), &value, &Default::default()).await.unwrap();
             expected.insert(format!("k-{i}"), Some(value));
         }
+        let id = client.create_multipart("bkt", "mp", &Default::default()).await.unwrap();
+        let part = client.put_part("bkt", "mp", &id, 1, &mut payload(3_000, 99).as_slice()).await.unwrap();
+        client.complete_multipart("bkt", "mp", &id, &[(1, part.etag)]).await.unwrap();
+        id
     });
     add_pool(&mut cluster);
     one_line(&cluster, &["pool", "decommission", "2", "--cancel"], "pool 2 is active, not draining");
@@ -233,9 +237,12 @@ fn a_decommission_cut_short_resumes_and_bad_requests_change_nothing() {
         assert!(map.pools[1].sets.contains(&info.placement.set_idx), "no write goes to a draining pool");
         assert_eq!(client.get("bkt", "k-39").await.unwrap(), b"rewritten");
         client.delete("bkt", "k-38").await.unwrap();
+        // A multipart object in the draining pool replaced by a version in the active one.
+        client.put_bytes("bkt", "mp", b"no longer multipart", &Default::default()).await.unwrap();
     });
     expected.insert("k-39".into(), Some(b"rewritten".to_vec()));
     expected.insert("k-38".into(), None);
+    expected.insert("mp".into(), Some(b"no longer multipart".to_vec()));
 
     let out = cluster.cli_ok(&["pool", "decommission", "1"]);
     assert!(out.contains("pool 1 is draining already: resuming the move"), "{out}");
@@ -244,7 +251,17 @@ fn a_decommission_cut_short_resumes_and_bad_requests_change_nothing() {
     for idx in 0..6 {
         cluster.kill_node(idx);
     }
-    check_all(&cluster.client(), &expected);
+    let reader = cluster.client();
+    check_all(&reader, &expected);
+    // The replaced multipart object's pieces went with it: only delete markers of them are left.
+    let pieces = block_on(reader.pool_keys(2, client::MULTIPART_BUCKET, "", 1000)).unwrap();
+    let live: Vec<&str> = pieces
+        .entries
+        .iter()
+        .filter(|entry| entry.key.contains(upload.as_str()) && !entry.deleted)
+        .map(|entry| entry.key.as_str())
+        .collect();
+    assert!(live.is_empty(), "pieces of the replaced multipart object are garbage: {live:?}");
 }
 
 #[test]
