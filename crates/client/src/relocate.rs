@@ -20,9 +20,10 @@ use crate::{Client, Error, FailedNode, MULTIPART_BUCKET, multipart, put};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MoveKind {
     /// Emptying a draining pool: every node of it holds the draining map, so no write can be
-    /// acknowledged there any more; unreadable versions are leftovers and are evicted too.
-    /// The copy goes to the active pool that holds the key's newest version elsewhere, else to
-    /// one drawn by free space.
+    /// acknowledged there any more; versions whose holders and silent drives are fewer than W
+    /// (never acknowledged) are leftovers and are evicted too. The copy goes to the active pool
+    /// that holds the key's newest version elsewhere, else to
+    /// `cluster::ClusterMap::pool_for_moved_key` (where writers of the key go too).
     Drain,
     /// Spreading keys of an active pool: a version in flight there may yet be acknowledged, so
     /// only versions no newer than the one copied (or found elsewhere) are evicted. The copy
