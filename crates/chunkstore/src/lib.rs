@@ -56,9 +56,16 @@ const FINALIZED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("final
 /// Node settings an admin changed at run time (repair mode and rate): name -> value.
 const SETTINGS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("settings");
 
-/// Most retained versions per key on one drive ([`proto::RETAINED_PER_KEY_MAX`]). Reached only
-/// by overwrites of one key faster than their grace, or unacknowledged ones; then the oldest goes.
+/// Most retained versions per key on one drive ([`proto::RETAINED_PER_KEY_MAX`]): a commit that
+/// would keep more is refused on this drive (see [`RETAINED_SETTLED_MAX`]).
 pub use proto::RETAINED_PER_KEY_MAX;
+
+/// Retained versions per key past which the oldest *settled* ones go early (before their
+/// grace): those older than the drive's acknowledged floor, which a newer acknowledged version
+/// supersedes. Rows at or above the floor may be the newest acknowledged version (its finalize
+/// may be late or lost), so they are never dropped to make room: only
+/// [`RETAINED_PER_KEY_MAX`] bounds them, by refusing commits.
+pub const RETAINED_SETTLED_MAX: usize = 8;
 
 /// Name of the file that marks a directory as a Tessera drive.
 pub const DRIVE_MARKER: &str = "tessera-drive";
@@ -95,6 +102,8 @@ pub enum Error {
     StagedChecksumMismatch { version: String, stripe: u64 },
     #[error("version {version}'s data file is being deleted on drive {path}; try again")]
     VersionBusy { path: PathBuf, version: String },
+    #[error("{bucket}/{key} has {max} versions on drive {path} that no acknowledged version supersedes yet; try again")]
+    TooManyVersions { path: PathBuf, bucket: String, key: String, max: usize },
 }
 
 /// Replaces the file at `path` with `bytes` so that a crash leaves the old file or the new one,
@@ -390,7 +399,11 @@ impl Drive {
         if !self.has_bucket(&meta.bucket)? {
             return Err(Error::NoSuchBucket { bucket: meta.bucket.clone() });
         }
-        if let Some(current) = self.get_meta(&meta.bucket, &meta.key)? {
+        let before = self.get_versions(&meta.bucket, &meta.key)?;
+        // Whether a row names this version's data file already (a retried commit of a version
+        // retained here): a refused commit then leaves the file to it.
+        let held = before.all().any(|m| m.version == meta.version);
+        if let Some(current) = before.current {
             if condition == CommitCondition::IfAbsent && !current.deleted && current.version != meta.version {
                 self.abort(meta.version)?;
                 return Err(Error::PreconditionFailed { bucket: meta.bucket.clone(), key: meta.key.clone() });
@@ -402,19 +415,35 @@ impl Drive {
             }
         }
         let has_data = meta.has_data_file();
-        // Held until the metadata names the published file.
-        let _publishing = if has_data { Some(self.publishing(meta.version)?) } else { None };
+        // Held until the metadata names the published file (or the commit is refused, and
+        // the file is deleted below as this version's, not a later publisher's).
+        let publishing = if has_data { Some(self.publishing(meta.version)?) } else { None };
         if has_data {
             self.publish_staged(meta, sync)?;
         }
-        let replaced = self.commit_meta(meta, has_data, missing_positions, condition, sync)?;
-        match replaced {
+        let replaced = self.commit_meta(meta, has_data, missing_positions, condition, sync);
+        drop(publishing);
+        match replaced? {
+            ReplaceResult::TooMany => {
+                if has_data && !held {
+                    // Published for this commit only: nothing names it.
+                    self.remove_data_file(meta.version);
+                }
+                Err(Error::TooManyVersions {
+                    path: self.root.clone(),
+                    bucket: meta.bucket.clone(),
+                    key: meta.key.clone(),
+                    max: RETAINED_PER_KEY_MAX,
+                })
+            }
             ReplaceResult::Superseded { current, dropped } => {
                 self.remove_data_files(&dropped);
                 Ok(CommitOutcome::Superseded { current })
             }
             ReplaceResult::ConditionFailed => {
-                self.remove_data_file(meta.version);
+                if has_data && !held {
+                    self.remove_data_file(meta.version);
+                }
                 Err(Error::PreconditionFailed { bucket: meta.bucket.clone(), key: meta.key.clone() })
             }
             ReplaceResult::Applied { replaced_parts, dropped } => {
@@ -564,8 +593,10 @@ impl Drive {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
             let changed = self.evict_rows(&txn, &mut objects, &object_key, version, retire_at_ms)?;
-            // The current row became a retained one: the bound on retained versions holds.
-            let dropped = self.bound_retained(&txn, &mut objects, &mut versions, &object_key)?;
+            // The current row became a retained one, retiring like the others: settled rows
+            // past the bound go now; the eviction is never refused (readers' answers carry the
+            // newest rows only, marked truncated, when a key has more).
+            let dropped = self.bound_retained(&txn, &mut objects, &mut versions, &object_key)?.unwrap_or_default();
             (changed, dropped)
         };
         txn.commit().map_err(|e| self.db_err(e))?;
@@ -984,6 +1015,21 @@ impl Drive {
     /// (`finalized` is left `None`: see [`Drive::finalized`]).
     pub fn get_versions(&self, bucket: &str, key: &str) -> Result<KeyVersions, Error> {
         let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
+        self.versions_in(&txn, bucket, key)
+    }
+
+    /// [`Drive::get_versions`] with `finalized` filled in ([`Drive::finalized`]), read in one
+    /// transaction (what a read asks every drive when there are several pools).
+    pub fn get_versions_with_floor(&self, bucket: &str, key: &str) -> Result<KeyVersions, Error> {
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
+        let mut versions = self.versions_in(&txn, bucket, key)?;
+        let table = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+        let value = table.get(object_key(bucket, key).as_slice()).map_err(|e| self.db_err(e))?;
+        versions.finalized = value.map(|v| version_of_bytes(v.value()));
+        Ok(versions)
+    }
+
+    fn versions_in(&self, txn: &redb::ReadTransaction, bucket: &str, key: &str) -> Result<KeyVersions, Error> {
         let objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
         let object_key = object_key(bucket, key);
         // The key's row, then its retained rows (`object_key NUL version`), in one range.
@@ -1080,6 +1126,8 @@ enum ReplaceResult {
     },
     /// `CommitCondition::IfAbsent` and a live version appeared since the first check.
     ConditionFailed,
+    /// The key would keep more than [`RETAINED_PER_KEY_MAX`] retained versions: nothing changed.
+    TooMany,
 }
 
 impl Drive {
@@ -1252,14 +1300,17 @@ impl Drive {
                     ReplaceResult::Applied { replaced_parts, dropped: Vec::new() }
                 }
             };
-            let dropped = self.bound_retained(&txn, &mut objects, &mut versions, &object_key)?;
+            let Some(dropped) = self.bound_retained(&txn, &mut objects, &mut versions, &object_key)? else {
+                // Dropped uncommitted: the drive keeps what it had.
+                return Ok(ReplaceResult::TooMany);
+            };
             if !missing_positions.is_empty() {
                 self.queue_repair_in(&txn, &meta.bucket, &meta.key, meta.version, missing_positions)?;
             }
             match result {
                 ReplaceResult::Applied { replaced_parts, .. } => ReplaceResult::Applied { replaced_parts, dropped },
                 ReplaceResult::Superseded { current, .. } => ReplaceResult::Superseded { current, dropped },
-                ReplaceResult::ConditionFailed => ReplaceResult::ConditionFailed,
+                other => other,
             }
         };
         let drops_files = matches!(&result, ReplaceResult::Applied { dropped, .. } | ReplaceResult::Superseded { dropped, .. } if !dropped.is_empty());
@@ -1298,30 +1349,44 @@ impl Drive {
         synced.map_err(|e| self.io_err(&self.root, e))
     }
 
-    /// Keeps at most [`RETAINED_PER_KEY_MAX`] retained versions of a key: drops the oldest ones
-    /// (their data files are deleted by the caller after the transaction).
+    /// Bounds a key's retained versions without dropping one that may be the newest
+    /// acknowledged: past [`RETAINED_SETTLED_MAX`] rows, the oldest rows older than the drive's
+    /// acknowledged floor go (their data files are deleted by the caller after the
+    /// transaction). `None` when more than [`RETAINED_PER_KEY_MAX`] rows would still be kept:
+    /// the caller refuses its change (a late commit of an old version, or a key with many
+    /// unacknowledged writes), so no acknowledged version is ever dropped to make room.
     fn bound_retained(
         &self,
         txn: &redb::WriteTransaction,
         retained: &mut redb::Table<'_, &[u8], &[u8]>,
         versions: &mut redb::Table<'_, &str, u8>,
         object_key: &[u8],
-    ) -> Result<Vec<VersionId>, Error> {
+    ) -> Result<Option<Vec<VersionId>>, Error> {
         let (start, end) = retained_bounds(object_key);
         let mut keys = Vec::new();
         for entry in retained.range(start.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
             keys.push(entry.map_err(|e| self.db_err(e))?.0.value().to_vec());
         }
-        let excess = keys.len().saturating_sub(RETAINED_PER_KEY_MAX);
         let mut dropped = Vec::new();
-        if excess > 0 {
+        if keys.len() > RETAINED_SETTLED_MAX {
+            let floor = {
+                let finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+                let floor = finalized.get(object_key).map_err(|e| self.db_err(e))?;
+                floor.map(|v| version_of_bytes(v.value()))
+            };
+            // Oldest first (the rows sort by version).
+            let settled = keys.iter().take_while(|k| floor.is_some_and(|f| version_of_retained_key(k) < f));
+            let excess = keys.len() - RETAINED_SETTLED_MAX;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
-            for k in &keys[..excess] {
+            for k in settled.take(excess) {
                 dropped.push(self.drop_retained_row(retained, &mut retire, versions, k)?);
             }
-            tracing::warn!(drive = %self.root.display(), dropped = excess, "a key had more than {RETAINED_PER_KEY_MAX} retained versions; dropped the oldest");
         }
-        Ok(dropped)
+        if keys.len() - dropped.len() > RETAINED_PER_KEY_MAX {
+            tracing::warn!(drive = %self.root.display(), "a key has more than {RETAINED_PER_KEY_MAX} versions no acknowledged version supersedes; a commit of it is refused");
+            return Ok(None);
+        }
+        Ok(Some(dropped))
     }
 
     /// Removes a retained row, its retirement time and its data file's reference; returns the

@@ -134,14 +134,67 @@ fn finalize_queues_the_positions_that_missed_the_version() {
 }
 
 #[test]
-fn retained_versions_are_bounded_per_key() {
+fn settled_retained_versions_are_bounded_per_key() {
     let (_dir, drive) = drive();
-    for v in 1..=(RETAINED_PER_KEY_MAX as u64 + 3) {
+    let last = RETAINED_SETTLED_MAX as u64 + 3;
+    for v in 1..=last {
+        put(&drive, "a", version(v), 100);
+        drive.finalize("bkt", "a", version(v), &[], u64::MAX).unwrap();
+    }
+    let versions = drive.get_versions("bkt", "a").unwrap();
+    assert_eq!(versions.retained.len(), RETAINED_SETTLED_MAX);
+    assert!(drive.open_version(version(1)).unwrap().is_none(), "the oldest went first");
+    assert!(drive.open_version(version(2)).unwrap().is_none());
+    assert!(drive.open_version(version(3)).unwrap().is_some());
+}
+
+#[test]
+fn unsettled_versions_are_never_dropped_and_past_the_bound_a_commit_is_refused() {
+    let (_dir, drive) = drive();
+    // Nothing acknowledged here: any of them may be the newest acknowledged version (its
+    // finalize late or lost), so none goes to make room.
+    let last = RETAINED_PER_KEY_MAX as u64 + 2;
+    for v in 2..=last {
         put(&drive, "a", version(v), 100);
     }
     let versions = drive.get_versions("bkt", "a").unwrap();
     assert_eq!(versions.retained.len(), RETAINED_PER_KEY_MAX);
-    assert!(drive.open_version(version(1)).unwrap().is_none(), "the oldest went first");
+    assert!(drive.open_version(version(2)).unwrap().is_some(), "no unsettled version is dropped");
+    // One more row would pass the bound: refused, the drive as it was, the published file gone.
+    for refused_version in [version(last + 1), version(1)] {
+        let refused = put_if(&drive, "a", refused_version, 100, CommitCondition::None);
+        assert!(matches!(refused, Err(Error::TooManyVersions { .. })), "{refused:?}");
+        assert!(drive.open_version(refused_version).unwrap().is_none());
+        let versions = drive.get_versions("bkt", "a").unwrap();
+        assert_eq!(versions.current.map(|m| m.version), Some(version(last)));
+        assert_eq!(versions.retained.len(), RETAINED_PER_KEY_MAX);
+    }
+    // Once a version is acknowledged, the ones it supersedes go and commits are taken again.
+    drive.finalize("bkt", "a", version(last), &[], u64::MAX).unwrap();
+    assert!(matches!(put(&drive, "a", version(last + 1), 100), CommitOutcome::Applied { .. }));
+    assert_eq!(drive.get_versions("bkt", "a").unwrap().retained.len(), RETAINED_SETTLED_MAX);
+    assert!(drive.open_version(version(last)).unwrap().is_some(), "the acknowledged version stays");
+}
+
+#[test]
+fn a_late_commit_is_kept_unless_an_acknowledged_version_supersedes_it() {
+    let (_dir, drive) = drive();
+    for v in 3..=(RETAINED_SETTLED_MAX as u64 + 3) {
+        put(&drive, "a", version(v), 100);
+    }
+    // Version 2 arrives after nine newer ones, none acknowledged: kept beside them (it may be
+    // acknowledged, as the newest of its writer's view; dropping it would lose it here).
+    assert!(matches!(put(&drive, "a", version(2), 100), CommitOutcome::Superseded { .. }));
+    assert!(drive.get_versions("bkt", "a").unwrap().retained.iter().any(|m| m.version == version(2)));
+    assert!(drive.open_version(version(2)).unwrap().is_some());
+    // Once the newest is acknowledged, a late commit of version 1 is superseded by it: it is
+    // dropped at once, with the other settled versions past the bound.
+    drive.finalize("bkt", "a", version(RETAINED_SETTLED_MAX as u64 + 3), &[], u64::MAX).unwrap();
+    assert!(matches!(put(&drive, "a", version(1), 100), CommitOutcome::Superseded { .. }));
+    let versions = drive.get_versions("bkt", "a").unwrap();
+    assert_eq!(versions.retained.len(), RETAINED_SETTLED_MAX);
+    assert!(versions.retained.iter().all(|m| m.version > version(2)));
+    assert!(drive.open_version(version(1)).unwrap().is_none());
 }
 
 #[test]
@@ -454,7 +507,7 @@ fn eviction_keeps_newer_versions_and_a_version_moved_back_is_one_row() {
 }
 
 #[test]
-fn eviction_keeps_the_bound_on_retained_versions() {
+fn an_eviction_is_never_refused_by_the_bound_on_retained_versions() {
     let (_dir, drive) = drive();
     for v in 1..=(proto::RETAINED_PER_KEY_MAX as u64 + 1) {
         put(&drive, "a", version(v), 100);
@@ -463,8 +516,10 @@ fn eviction_keeps_the_bound_on_retained_versions() {
     assert!(drive.evict("bkt", "a", version(100), 1_000).unwrap());
     let versions = drive.get_versions("bkt", "a").unwrap();
     assert!(versions.current.is_none());
-    assert_eq!(versions.retained.len(), proto::RETAINED_PER_KEY_MAX, "the evicted current row took the oldest's place");
+    // Every row retires at the eviction's time; the node's answers carry the newest 32.
+    assert_eq!(versions.retained.len(), proto::RETAINED_PER_KEY_MAX + 1);
     assert_eq!(versions.retained.last().map(|m| m.version), Some(version(proto::RETAINED_PER_KEY_MAX as u64 + 1)));
+    assert_eq!(drive.retire_expired(u64::MAX, 100).unwrap(), proto::RETAINED_PER_KEY_MAX + 1);
 }
 
 #[test]
@@ -478,4 +533,17 @@ fn a_version_moved_back_after_it_retired_here_is_published_afresh() {
     assert_eq!(drive.get_meta("bkt", "a").unwrap().map(|m| m.version), Some(version(3)));
     assert!(drive.open_version(version(3)).unwrap().is_some());
     assert_eq!(drive.retire_expired(u64::MAX, 100).unwrap(), 0, "the current version never retires");
+}
+
+#[test]
+fn versions_with_floor_read_both_at_once() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(1), 100);
+    put(&drive, "a", version(2), 100);
+    drive.finalize("bkt", "a", version(2), &[], 1_000).unwrap();
+    let mut expected = drive.get_versions("bkt", "a").unwrap();
+    assert_eq!(expected.finalized, None, "without the floor");
+    expected.finalized = drive.finalized("bkt", "a").unwrap();
+    assert_eq!(drive.get_versions_with_floor("bkt", "a").unwrap(), expected);
+    assert_eq!(drive.get_versions_with_floor("bkt", "absent").unwrap().all().count(), 0);
 }

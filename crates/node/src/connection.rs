@@ -299,16 +299,20 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
                     if state.is_rebuilding(item.drive as usize) {
                         return unavailable;
                     }
-                    let versions = drive.get_versions(&item.bucket, &item.key).and_then(|mut versions| {
-                        if detail == proto::MetaDetail::WithFloor {
-                            versions.finalized = drive.finalized(&item.bucket, &item.key)?;
-                        }
-                        Ok(versions)
-                    });
+                    let versions = match detail {
+                        proto::MetaDetail::WithFloor => drive.get_versions_with_floor(&item.bucket, &item.key),
+                        proto::MetaDetail::Versions => drive.get_versions(&item.bucket, &item.key),
+                    };
                     let mut versions = versions.unwrap_or_else(|e| {
                         tracing::error!(error = %e, "metadata read failed; reporting the drive unavailable for the key");
                         unavailable
                     });
+                    if versions.retained.len() > proto::RETAINED_PER_KEY_MAX {
+                        // Kept past the bound by an eviction (never by a commit): the answer
+                        // carries the newest and says it left some out.
+                        versions.retained.drain(..versions.retained.len() - proto::RETAINED_PER_KEY_MAX);
+                        versions.retained_truncated = true;
+                    }
                     if !versions.retained.is_empty() {
                         let bytes: usize = versions.retained.iter().map(|m| proto::encode_body(m).len()).sum();
                         if bytes > retained_budget {
@@ -486,8 +490,9 @@ fn error_response(error: &chunkstore::Error) -> Response {
         E::DiskFull { .. } => ErrorKind::DiskFull,
         E::NoStagedData { .. } => ErrorKind::NoSuchUpload,
         E::StagedLengthMismatch { .. } | E::StagedChecksumMismatch { .. } => ErrorKind::BadRequest,
-        // Retried by the writer (another drive of the set may take it meanwhile).
-        E::VersionBusy { .. } => ErrorKind::Io,
+        // This drive misses the write (the writer counts it failed; repair or a later write
+        // brings the key back in line).
+        E::VersionBusy { .. } | E::TooManyVersions { .. } => ErrorKind::Io,
         E::PreconditionFailed { .. } => ErrorKind::PreconditionFailed,
         E::DriveMissing { .. } | E::DriveUnusable { .. } | E::Io { .. } | E::Db { .. } | E::CorruptMeta { .. } => {
             // A drive that fails or holds corrupt metadata needs a human; clients read around it.

@@ -469,8 +469,10 @@ pub enum RepairKind {
     Damaged,
 }
 
-/// Most retained versions one key has on one drive (and in one [`KeyVersions`]).
-pub const RETAINED_PER_KEY_MAX: usize = 8;
+/// Most retained versions one key has on one drive (and in one [`KeyVersions`]). Past a
+/// smaller number a drive drops the oldest versions that a newer acknowledged one supersedes;
+/// others (maybe the newest acknowledged) it keeps, up to this bound, then refuses commits.
+pub const RETAINED_PER_KEY_MAX: usize = 32;
 
 /// The versions one drive holds of one key.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
