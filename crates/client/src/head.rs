@@ -126,6 +126,52 @@ async fn settle(
 
 /// Metadata of `keys` (names already validated), in order.
 pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
+    let mut outcomes = head_round(client, keys).await;
+    for attempt in 1..=FLOOR_RETRIES {
+        let unsettled: Vec<usize> =
+            (0..outcomes.len()).filter(|&i| matches!(outcomes[i], Outcome::Unsettled(_))).collect();
+        if unsettled.is_empty() {
+            break;
+        }
+        // The write the floor names is landing on its drives meanwhile (or its drives are out
+        // of reach): ask those keys again.
+        tokio::time::sleep(FLOOR_RETRY_PAUSE * attempt).await;
+        let again: Vec<(String, String)> = unsettled.iter().map(|&i| keys[i].clone()).collect();
+        for (i, outcome) in unsettled.into_iter().zip(head_round(client, &again).await) {
+            outcomes[i] = outcome;
+        }
+    }
+    outcomes
+        .into_iter()
+        .map(|outcome| match outcome {
+            Outcome::Done(result) => *result,
+            Outcome::Unsettled(e) => Err(e),
+        })
+        .collect()
+}
+
+/// Rounds of metadata reads a key gets when its drives know a version acknowledged that they
+/// cannot show yet ([`Outcome::Unsettled`]), after the first, and the pause before the first
+/// of them (growing with each).
+const FLOOR_RETRIES: u32 = 3;
+const FLOOR_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// What one round of metadata reads made of a key.
+enum Outcome {
+    Done(Box<Result<ObjectInfo, Error>>),
+    /// A version newer than the one chosen is acknowledged (a drive's floor names it) and is an
+    /// object, not a delete, but too few of the answers hold it to read it: the read raced its
+    /// write (drives answered before and after it landed), or its drives are out of reach.
+    /// Neither "absent" nor the older version is a right answer: ask again, then fail with the
+    /// error.
+    Unsettled(Error),
+}
+
+/// One pool's lookup of a key, its drives' answers and the version chosen from them.
+type PoolChoice<'a> = (Lookup<'a>, KeyAnswers, Result<Option<ObjectMeta>, Error>);
+
+/// One round of [`head_many`].
+async fn head_round(client: &Client, keys: &[(String, String)]) -> Vec<Outcome> {
     let pools = client.topo.map.pools.iter().filter(|pool| pool.is_read()).count();
     let mut asked: Vec<Lookup<'_>> = keys.iter().flat_map(|(bucket, key)| lookups(client, bucket, key)).collect();
     debug_assert_eq!(asked.len(), keys.len() * pools, "one lookup per key and active pool");
@@ -142,7 +188,7 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
         .chunks(pools)
         .map(|per_pool| {
             let (bucket, key) = (per_pool[0].bucket, per_pool[0].key);
-            let chosen: Vec<(Lookup<'_>, KeyAnswers, Result<Option<ObjectMeta>, Error>)> = per_pool
+            let chosen: Vec<PoolChoice<'_>> = per_pool
                 .iter()
                 .map(|lookup| {
                     let answer = answers.next().expect("one answer per lookup");
@@ -158,49 +204,122 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
 }
 
 /// The newest version any pool chose for the key (a delete marker there makes it absent), unless
-/// a pool's drives know a newer version acknowledged (a collected marker: absent; else that
-/// pool's failure). A pool that could not tell (too few drives answered) fails the read only if
-/// no other pool holds a version: a key's writes go to one pool, so a pool that cannot be read
-/// is then the only place it can be. (A key whose first versions raced into two pools reads
-/// the older while the newer one's pool cannot be read: ARCHITECTURE.md, Pools.) With several
-/// pools, remembers where the key was.
-fn newest_of_pools(
+/// a pool's drives know a newer version acknowledged: a collected delete marker (absent), a
+/// version that pool cannot read now (its failure), or an object whose write raced this read
+/// ([`Outcome::Unsettled`]). A pool that could not tell (too few drives answered) fails the
+/// read only if no other pool holds a version: a key's writes go to one pool, so a pool that
+/// cannot be read is then the only place it can be. (A key whose first versions raced into two
+/// pools reads the older while the newer one's pool cannot be read: ARCHITECTURE.md, Pools.)
+/// With several pools, remembers where the key was.
+fn newest_of_pools(client: &Client, bucket: &str, key: &str, chosen: Vec<PoolChoice<'_>>, remember: bool) -> Outcome {
+    let version_of =
+        |choice: &Result<Option<ObjectMeta>, Error>| choice.as_ref().ok().and_then(Option::as_ref).map(|m| m.version);
+    // The newest version any pool knows acknowledged.
+    let floor =
+        chosen.iter().flat_map(|(_, answer, _)| answer.replies.iter().flatten().filter_map(|v| v.finalized)).max();
+    let mut newest: Option<usize> = None;
+    for (i, (_, _, choice)) in chosen.iter().enumerate() {
+        if let Some(version) = version_of(choice)
+            && newest.is_none_or(|best| version_of(&chosen[best].2).is_some_and(|b| b < version))
+        {
+            newest = Some(i);
+        }
+    }
+    if remember && let Some(i) = newest {
+        client.remember_pool(bucket, key, chosen[i].0.pool);
+    }
+    let newest_version = newest.and_then(|i| version_of(&chosen[i].2));
+    let floor_ahead = match (floor, newest_version) {
+        (Some(floor), Some(version)) => floor > version,
+        _ => false,
+    };
+    let unsettled =
+        if floor_ahead { unreadable_floor(client, bucket, key, &chosen, floor.expect("checked")) } else { None };
+    let mut unavailable = None;
+    let mut picked = None;
+    for (i, (lookup, answer, choice)) in chosen.into_iter().enumerate() {
+        match choice {
+            Err(e) => unavailable = unavailable.or(Some(e)),
+            Ok(Some(meta)) if Some(i) == newest => picked = Some((lookup, answer, meta)),
+            Ok(_) => {}
+        }
+    }
+    let not_found = || Error::NotFound { bucket: bucket.into(), key: key.into() };
+    if floor_ahead {
+        return match (unavailable, unsettled) {
+            (Some(e), _) => Outcome::Done(Box::new(Err(e))),
+            (None, Some(e)) => Outcome::Unsettled(e),
+            // A delete since collected (only its floor is left), or not collected yet.
+            (None, None) => Outcome::Done(Box::new(Err(not_found()))),
+        };
+    }
+    Outcome::Done(Box::new(match (picked, unavailable) {
+        (Some((_, _, meta)), _) if meta.deleted => Err(not_found()),
+        (Some((lookup, answer, meta)), _) => Ok(info_of(client, lookup.placement, &answer, meta)),
+        (None, Some(e)) => Err(e),
+        (None, None) => Err(not_found()),
+    }))
+}
+
+/// For a read whose chosen version is older than `floor`, a version its drives know
+/// acknowledged: `None` when `floor` is a delete (no answer holds it, as a collected marker
+/// leaves only its floor, or one holds it as a marker), else the error that the object version
+/// `floor` cannot be read from the answers: how many drives hold it, and what the others said.
+fn unreadable_floor(
     client: &Client,
     bucket: &str,
     key: &str,
-    chosen: Vec<(Lookup<'_>, KeyAnswers, Result<Option<ObjectMeta>, Error>)>,
-    remember: bool,
-) -> Result<ObjectInfo, Error> {
-    let mut newest: Option<(Lookup<'_>, KeyAnswers, ObjectMeta)> = None;
-    let mut unavailable = None;
-    // The newest version a pool that chose none (or an older one) knows acknowledged: a delete
-    // marker there that was collected leaves only this floor.
-    let mut floor: Option<VersionId> = None;
-    for (lookup, answer, choice) in chosen {
-        let pool_floor = answer.replies.iter().flatten().filter_map(|v| v.finalized).max();
-        floor = floor.max(pool_floor);
-        match choice {
-            Ok(Some(meta)) if newest.as_ref().is_none_or(|(_, _, best)| best.version < meta.version) => {
-                newest = Some((lookup, answer, meta));
-            }
-            Ok(_) => {}
-            Err(e) => unavailable = unavailable.or(Some(e)),
+    chosen: &[PoolChoice<'_>],
+    floor: VersionId,
+) -> Option<Error> {
+    // The pool whose answers hold the version most.
+    let mut best: Option<(usize, &Lookup<'_>, &KeyAnswers, &ObjectMeta)> = None;
+    for (lookup, answer, _) in chosen {
+        let held: Vec<&ObjectMeta> =
+            answer.replies.iter().flatten().filter_map(|v| v.all().find(|m| m.version == floor)).collect();
+        if held.iter().any(|m| m.deleted) {
+            return None;
+        }
+        if let Some(meta) = held.first()
+            && best.as_ref().is_none_or(|(count, ..)| *count < held.len())
+        {
+            best = Some((held.len(), lookup, answer, meta));
         }
     }
-    if remember && let Some((lookup, _, _)) = &newest {
-        client.remember_pool(bucket, key, lookup.pool);
-    }
-    // A pool acknowledged something newer than every version found: a delete marker since
-    // collected (the key is absent), or a version that pool cannot read now (it failed).
-    if newest.as_ref().is_some_and(|(_, _, meta)| floor.is_some_and(|f| f > meta.version)) {
-        return Err(unavailable.unwrap_or_else(|| Error::NotFound { bucket: bucket.into(), key: key.into() }));
-    }
-    match (newest, unavailable) {
-        (Some((_, _, meta)), _) if meta.deleted => Err(Error::NotFound { bucket: bucket.into(), key: key.into() }),
-        (Some((lookup, answer, meta)), _) => Ok(info_of(client, lookup.placement, &answer, meta)),
-        (None, Some(e)) => Err(e),
-        (None, None) => Err(Error::NotFound { bucket: bucket.into(), key: key.into() }),
-    }
+    let (holders, lookup, answer, meta) = best?;
+    let drives = client.set_drives(&lookup.placement);
+    let unreachable = drives
+        .iter()
+        .zip(&answer.replies)
+        .zip(&answer.why)
+        .filter(|((_, reply), _)| reply.as_ref().is_none_or(|v| v.all().all(|m| m.version != floor)))
+        .map(|((d, reply), why)| {
+            let node = client.node_id(d.node_idx).to_owned();
+            let reason = match (reply, why) {
+                (Some(_), _) => format!(
+                    "node {node}: drive {} does not hold version {}, which is acknowledged",
+                    d.drive_idx,
+                    floor.to_hex()
+                ),
+                (None, Some(Silence::Failed(error))) => error.clone(),
+                (None, Some(Silence::Unavailable)) => {
+                    format!("node {node}: drive {} cannot answer for the key", d.drive_idx)
+                }
+                (None, None) => format!("node {node}: no answer"),
+            };
+            FailedNode { node, reason }
+        })
+        .collect();
+    let marker_quorum = client.erasure_at(&lookup.placement).marker_quorum();
+    Some(Error::Unavailable {
+        action: "read",
+        bucket: bucket.into(),
+        key: key.into(),
+        available: holders,
+        total: drives.len(),
+        needed: meta.drives_to_read(marker_quorum),
+        unreachable,
+    })
 }
 
 /// What each drive of one key's set answered: `replies[position]` is `None` when the drive did

@@ -51,6 +51,10 @@ pub use proto::{
 };
 pub use relocate::{MoveKind, Moved, PoolListing};
 
+/// Most runs of one operation when nodes show its map to be stale: the first with the map it
+/// had, then each with the newer map fetched.
+const MAP_ATTEMPTS: usize = 3;
+
 /// Timeouts and bounds of a client. Every node call has a deadline.
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
@@ -358,17 +362,22 @@ impl Client {
         Client { inner: Arc::clone(&self.inner), topo }
     }
 
-    /// Runs `op` with the newest map; once more (with the newer map) if it failed and a node
-    /// showed that map to be stale meanwhile.
+    /// Runs `op` with the newest map; again (with the newer map) while it fails and a node
+    /// showed the map it used to be stale meanwhile, at most [`MAP_ATTEMPTS`] runs in all (maps
+    /// may change twice in a row: a node that moved twice).
     async fn with_map<T, F, Fut>(&self, op: F) -> Result<T, Error>
     where
         F: Fn(Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, Error>>,
     {
-        let client = self.current();
-        let result = op(client.clone()).await;
-        if self.refreshed_after(&client, result.is_err()).await {
-            return op(self.current()).await;
+        let mut client = self.current();
+        let mut result = op(client.clone()).await;
+        for _ in 1..MAP_ATTEMPTS {
+            if !self.refreshed_after(&client, result.is_err()).await {
+                break;
+            }
+            client = self.current();
+            result = op(client.clone()).await;
         }
         result
     }
@@ -449,10 +458,14 @@ impl Client {
     /// Reads `buf.len()` bytes (fewer at the end of the object) at `offset` of the version in
     /// `info` straight into `buf`; returns how many bytes were read.
     pub async fn read_at(&self, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
-        let client = self.current();
-        let result = get::read_at(&client, info, offset, buf).await;
-        if self.refreshed_after(&client, result.is_err()).await {
-            return get::read_at(&self.current(), info, offset, buf).await;
+        let mut client = self.current();
+        let mut result = get::read_at(&client, info, offset, buf).await;
+        for _ in 1..MAP_ATTEMPTS {
+            if !self.refreshed_after(&client, result.is_err()).await {
+                break;
+            }
+            client = self.current();
+            result = get::read_at(&client, info, offset, buf).await;
         }
         result
     }
@@ -468,10 +481,14 @@ impl Client {
             .collect();
         let valid: Vec<(String, String)> =
             keys.iter().zip(&results).filter(|(_, r)| r.is_none()).map(|(k, _)| k.clone()).collect();
-        let client = self.current();
+        let mut client = self.current();
         let mut heads = head::head_many(&client, &valid).await;
-        if self.refreshed_after(&client, heads.iter().any(Result::is_err)).await {
-            heads = head::head_many(&self.current(), &valid).await;
+        for _ in 1..MAP_ATTEMPTS {
+            if !self.refreshed_after(&client, heads.iter().any(Result::is_err)).await {
+                break;
+            }
+            client = self.current();
+            heads = head::head_many(&client, &valid).await;
         }
         let mut heads = heads.into_iter();
         for slot in results.iter_mut().filter(|r| r.is_none()) {
@@ -562,12 +579,30 @@ impl Client {
     pub async fn delete(&self, bucket: &str, key: &str) -> Result<(), Error> {
         proto::validate_bucket(bucket)?;
         proto::validate_key(key)?;
-        self.with_map(|c| async move {
+        let attempt = |c: Client| async move {
             let replaced = put::delete(&c, bucket, key).await?;
             multipart::delete_pieces(&c, &replaced).await;
             Ok(())
-        })
-        .await
+        };
+        let mut client = self.current();
+        let first = attempt(client.clone()).await;
+        let mut retried: Option<Result<(), Error>> = None;
+        for _ in 1..MAP_ATTEMPTS {
+            let failed = retried.as_ref().unwrap_or(&first).is_err();
+            if !self.refreshed_after(&client, failed).await {
+                break;
+            }
+            client = self.current();
+            retried = Some(attempt(client.clone()).await);
+        }
+        match (retried, first) {
+            (None, first) => first,
+            // The failed first attempt may have left its marker on enough drives to be read (its
+            // rollback did not reach them all): "no such object" would claim this delete did
+            // nothing. Its error says what is known: the delete may or may not have happened.
+            (Some(Err(Error::NotFound { .. })), Err(e)) if !matches!(e, Error::NotFound { .. }) => Err(e),
+            (Some(again), _) => again,
+        }
     }
 
     /// A version for a new write of `bucket/key`, newer than every version of the key that
