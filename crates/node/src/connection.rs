@@ -203,7 +203,15 @@ fn serve_requests(
     while let Some(body) = session.read_request()? {
         let request = proto::decode_request(&body)?;
         let node_version = state.map.version();
-        if session.map_version < node_version && !matches!(request, Request::GetMap | Request::MapPut { .. }) {
+        // Undoing this connection's own work needs no map: a drive index names the same drive
+        // in every map the node may take (a map change never changes a node's drives). A
+        // rollback refused here would leave a failed write (or a failed delete's marker) where
+        // it landed, when the map changed between the writer's commit and its rollback.
+        let map_free = matches!(
+            request,
+            Request::GetMap | Request::MapPut { .. } | Request::Rollback { .. } | Request::Abort { .. }
+        );
+        if session.map_version < node_version && !map_free {
             if let Request::ChunkWrite { len, .. } = request {
                 // The bytes follow the frame: read past them to stay in step.
                 chunk_buffer.resize(len as usize, 0);
