@@ -193,8 +193,11 @@ async fn head_round(client: &Client, keys: &[(String, String)]) -> Vec<Outcome> 
                 .map(|lookup| {
                     let answer = answers.next().expect("one answer per lookup");
                     // A clear probe: the pool holds nothing of the key.
-                    let chosen =
-                        if lookup.probe { Ok(None) } else { choose(client, bucket, key, lookup.placement, &answer) };
+                    let chosen = if lookup.probe {
+                        Ok(None)
+                    } else {
+                        choose_readable(client, bucket, key, lookup.placement, &answer)
+                    };
                     (*lookup, answer, chosen)
                 })
                 .collect();
@@ -623,6 +626,62 @@ fn choose(
         return Ok(None);
     };
     Ok(Some(meta))
+}
+
+/// [`choose`] for a reader. When nothing was readable, `choose` gives the newest version seen
+/// (so the read reports what is missing): a version with data then fails at its chunks, but one
+/// without (a delete marker above all) would be taken as it is, and a failed delete's marker
+/// left on one drive (its rollback did not reach a drive killed mid-commit) would read as
+/// "absent" over an acknowledged PUT whose holders are out of reach. Unless a drive knows it
+/// acknowledged, such a version is not an answer: the read fails. (The mover's `holdings`
+/// takes `choose` as it is: it sorts leftovers out itself.)
+fn choose_readable(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    placement: Placement,
+    answers: &KeyAnswers,
+) -> Result<Option<ObjectMeta>, Error> {
+    let Some(meta) = choose(client, bucket, key, placement, answers)? else {
+        return Ok(None);
+    };
+    let replies = &answers.replies;
+    let marker_quorum = client.erasure_at(&placement).marker_quorum();
+    if !crate::is_unconfirmed(replies, &meta, marker_quorum) {
+        return Ok(Some(meta));
+    }
+    let needed = meta.drives_to_read(marker_quorum);
+    let holders = replies.iter().flatten().filter(|v| v.all().any(|m| m.version == meta.version)).count();
+    let drives = client.set_drives(&placement);
+    let unreachable = drives
+        .iter()
+        .zip(replies)
+        .zip(&answers.why)
+        .filter(|((_, reply), _)| reply.as_ref().is_none_or(|v| v.all().all(|m| m.version != meta.version)))
+        .map(|((d, reply), why)| {
+            let node = client.node_id(d.node_idx).to_owned();
+            let reason = match (reply, why) {
+                (Some(_), _) => {
+                    format!("node {node}: drive {} does not hold version {}", d.drive_idx, meta.version.to_hex())
+                }
+                (None, Some(Silence::Failed(error))) => error.clone(),
+                (None, Some(Silence::Unavailable)) => {
+                    format!("node {node}: drive {} cannot answer for the key", d.drive_idx)
+                }
+                (None, None) => format!("node {node}: no answer"),
+            };
+            FailedNode { node, reason }
+        })
+        .collect();
+    Err(Error::Unavailable {
+        action: "read",
+        bucket: bucket.into(),
+        key: key.into(),
+        available: holders,
+        total: drives.len(),
+        needed,
+        unreachable,
+    })
 }
 
 /// What a read of `meta` (chosen from `answers`, the replies of its set) needs to know; tells

@@ -909,6 +909,18 @@ fn choose_version(
     readable.or(newest).cloned()
 }
 
+/// Whether `meta`, which [`choose_version`] gave as the newest version seen when nothing was
+/// readable, is no answer for a reader: a version without a data file (a delete marker, an
+/// empty object, a multipart record) that fewer drives hold than reading it takes and that no
+/// drive knows acknowledged (a failed write's leftover, or one whose holders are out of reach).
+fn is_unconfirmed(replies: &[Option<proto::KeyVersions>], meta: &ObjectMeta, marker_quorum: usize) -> bool {
+    let holders = replies.iter().flatten().filter(|v| v.all().any(|m| m.version == meta.version)).count();
+    let floor = replies.iter().flatten().filter_map(|v| v.finalized).max();
+    !meta.has_data_file()
+        && holders < meta.drives_to_read(marker_quorum)
+        && floor.is_none_or(|floor| floor < meta.version)
+}
+
 /// Whether the newest version any reply holds is held by enough drives to be read (then no
 /// acknowledged floor can change the choice); also true when no drive has the key.
 fn newest_is_readable(replies: &[Option<proto::KeyVersions>], marker_quorum: usize) -> bool {

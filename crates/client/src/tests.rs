@@ -125,3 +125,26 @@ fn reads_never_go_back_behind_an_acknowledged_version() {
     // While 5 is in flight (not finalized) the acknowledged 3 stays the answer.
     check_finalized(&[Some((Some(5), vec![3])), Some((Some(3), vec![])), None], &[Some(3), Some(3), None], Some(3));
 }
+
+#[test]
+fn a_failed_deletes_leftover_marker_is_no_answer_unless_acknowledged() {
+    // Version 3 was acknowledged on all three drives; a delete (version 5) failed with its
+    // marker on drive 0, whose rollback never came (the drive was killed mid-commit). Drives 1
+    // and 2 are out of reach: 3 may be acknowledged (1 holder + 2 silent reach W), nothing is
+    // readable, and the newest version seen is the marker.
+    let replies: Vec<_> = [Some((Some(-5), vec![3])), None, None].iter().map(versions_of).collect();
+    let chosen = choose_version(&replies, 2, 3).expect("3 may be acknowledged: not absent");
+    assert!(chosen.deleted && chosen.version.unix_ns == 5);
+    assert!(is_unconfirmed(&replies, &chosen, 2), "one holder of a marker that needs two: no answer");
+    // Acknowledged (a drive's floor names it): the key is deleted.
+    let mut finalized = replies.clone();
+    finalized[0].as_mut().unwrap().finalized = Some(VersionId { unix_ns: 5, writer: 1 });
+    assert!(!is_unconfirmed(&finalized, &chosen, 2));
+    // Held by a marker quorum: readable, so it is the answer anyway.
+    let held: Vec<_> = [Some((Some(-5), vec![3])), Some((Some(-5), vec![3])), None].iter().map(versions_of).collect();
+    assert!(!is_unconfirmed(&held, &chosen, 2));
+    // A version with data is never judged here: reading its chunks fails on its own.
+    let mut data = meta(7);
+    data.size = 1;
+    assert!(!is_unconfirmed(&replies, &data, 2));
+}
