@@ -24,14 +24,20 @@ import checker
 # repaired on 7960c51.
 REGRESSION_CASES = [(1, True), (2, True), (3, True), (5, True), (11, False), (15, False)]  # (seed, skew)
 # Nodes moving to new addresses (map pushes) among the other faults, with one client that plans
-# with the map of the start throughout: seed 8 moves nodes six times.
+# with the map of the start throughout: seed 8 moves nodes six times. On builds before db8d159
+# about one run in eight (more under load) had a delete whose commit failed as the map changed:
+# every node refused its rollback as planned with a stale map, the marker stayed, and the
+# retried delete answered "no such object" for the delete it had made.
 READDRESS_SEED = 8
 # The cluster grows from 6 to 12 nodes (a second pool added and activated a third of the way
 # in) among the other faults, with one client on the map of the start throughout.
 GROW_SEED = 4
 # The same growth, then the first pool decommissioned from two thirds of the way in, under the
-# faults (which strike the first pool); its nodes are down for the final reads.
-DECOMMISSION_SEED = 4
+# faults (which strike the first pool); its nodes are down for the final reads. Seed 7 kills
+# two nodes in the middle of a delete's commit: its marker, left on one of them, read as
+# "absent" over an acknowledged PUT in about one run of three on builds before 1b350b4 (the
+# fix: a reader never takes an unconfirmed marker).
+DECOMMISSION_SEEDS = [4, 7]
 # Reads racing overwrites on a healthy cluster: on 7960c51 they failed (the old data file was
 # unlinked under them); every read must succeed.
 RACING_SEED = 21
@@ -86,8 +92,9 @@ def test_a_pool_added_under_faults_loses_nothing_and_stale_clients_follow() -> N
     assert not report.anomalies, report.text()
 
 
-def test_a_pool_decommissioned_under_faults_loses_nothing() -> None:
-    report = run(DECOMMISSION_SEED, decommission=True)
+@pytest.mark.parametrize("seed", DECOMMISSION_SEEDS)
+def test_a_pool_decommissioned_under_faults_loses_nothing(seed: int) -> None:
+    report = run(seed, decommission=True)
     assert report.grown_active_at is not None, "the second pool must become active:\n" + report.text()
     assert report.removed_at is not None, "the first pool must be removed:\n" + report.text()
     assert report.counts.get("put:ok", 0) > 50, "the workload must write under faults"

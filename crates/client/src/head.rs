@@ -290,20 +290,34 @@ fn unreadable_floor(
         }
     }
     let (holders, lookup, answer, meta) = best?;
-    let drives = client.set_drives(&lookup.placement);
+    let marker_quorum = client.erasure_at(&lookup.placement).marker_quorum();
+    let needed = meta.drives_to_read(marker_quorum);
+    Some(version_unreadable(client, bucket, key, lookup.placement, answer, floor, (holders, needed)))
+}
+
+/// A read of `version` fails: `counts` = (drives whose answers hold it, drives reading it
+/// takes). Names every drive without it: what silenced it, or that it answered without it.
+fn version_unreadable(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    placement: Placement,
+    answers: &KeyAnswers,
+    version: VersionId,
+    (holders, needed): (usize, usize),
+) -> Error {
+    let drives = client.set_drives(&placement);
     let unreachable = drives
         .iter()
-        .zip(&answer.replies)
-        .zip(&answer.why)
-        .filter(|((_, reply), _)| reply.as_ref().is_none_or(|v| v.all().all(|m| m.version != floor)))
+        .zip(&answers.replies)
+        .zip(&answers.why)
+        .filter(|((_, reply), _)| reply.as_ref().is_none_or(|v| v.all().all(|m| m.version != version)))
         .map(|((d, reply), why)| {
             let node = client.node_id(d.node_idx).to_owned();
             let reason = match (reply, why) {
-                (Some(_), _) => format!(
-                    "node {node}: drive {} does not hold version {}, which is acknowledged",
-                    d.drive_idx,
-                    floor.to_hex()
-                ),
+                (Some(_), _) => {
+                    format!("node {node}: drive {} does not hold version {}", d.drive_idx, version.to_hex())
+                }
                 (None, Some(Silence::Failed(error))) => error.clone(),
                 (None, Some(Silence::Unavailable)) => {
                     format!("node {node}: drive {} cannot answer for the key", d.drive_idx)
@@ -313,16 +327,15 @@ fn unreadable_floor(
             FailedNode { node, reason }
         })
         .collect();
-    let marker_quorum = client.erasure_at(&lookup.placement).marker_quorum();
-    Some(Error::Unavailable {
+    Error::Unavailable {
         action: "read",
         bucket: bucket.into(),
         key: key.into(),
         available: holders,
         total: drives.len(),
-        needed: meta.drives_to_read(marker_quorum),
+        needed,
         unreachable,
-    })
+    }
 }
 
 /// What each drive of one key's set answered: `replies[position]` is `None` when the drive did
@@ -652,36 +665,7 @@ fn choose_readable(
     }
     let needed = meta.drives_to_read(marker_quorum);
     let holders = replies.iter().flatten().filter(|v| v.all().any(|m| m.version == meta.version)).count();
-    let drives = client.set_drives(&placement);
-    let unreachable = drives
-        .iter()
-        .zip(replies)
-        .zip(&answers.why)
-        .filter(|((_, reply), _)| reply.as_ref().is_none_or(|v| v.all().all(|m| m.version != meta.version)))
-        .map(|((d, reply), why)| {
-            let node = client.node_id(d.node_idx).to_owned();
-            let reason = match (reply, why) {
-                (Some(_), _) => {
-                    format!("node {node}: drive {} does not hold version {}", d.drive_idx, meta.version.to_hex())
-                }
-                (None, Some(Silence::Failed(error))) => error.clone(),
-                (None, Some(Silence::Unavailable)) => {
-                    format!("node {node}: drive {} cannot answer for the key", d.drive_idx)
-                }
-                (None, None) => format!("node {node}: no answer"),
-            };
-            FailedNode { node, reason }
-        })
-        .collect();
-    Err(Error::Unavailable {
-        action: "read",
-        bucket: bucket.into(),
-        key: key.into(),
-        available: holders,
-        total: drives.len(),
-        needed,
-        unreachable,
-    })
+    Err(version_unreadable(client, bucket, key, placement, answers, meta.version, (holders, needed)))
 }
 
 /// What a read of `meta` (chosen from `answers`, the replies of its set) needs to know; tells
