@@ -770,6 +770,20 @@ impl Drive {
         Ok(dropped)
     }
 
+    /// Empties the repair queue (the drive's pool was removed: what it held lives in other
+    /// pools, and nothing reads it here any more); returns how many entries went.
+    pub fn clear_repairs(&self) -> Result<usize, Error> {
+        let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
+        let cleared = {
+            let mut table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+            let cleared = redb::ReadableTableMetadata::len(&table).map_err(|e| self.db_err(e))? as usize;
+            table.retain(|_, _| false).map_err(|e| self.db_err(e))?;
+            cleared
+        };
+        txn.commit().map_err(|e| self.db_err(e))?;
+        Ok(cleared)
+    }
+
     /// Removes `positions` from `version`'s repair record (the record goes when none are left).
     pub fn repair_done(&self, version: VersionId, positions: &[u32]) -> Result<(), Error> {
         self.update_repair(version, |record| record.positions.retain(|p| !positions.contains(p)))

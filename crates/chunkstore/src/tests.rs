@@ -547,3 +547,13 @@ fn versions_with_floor_read_both_at_once() {
     assert_eq!(drive.get_versions_with_floor("bkt", "a").unwrap(), expected);
     assert_eq!(drive.get_versions_with_floor("bkt", "absent").unwrap().all().count(), 0);
 }
+
+#[test]
+fn clearing_the_repair_queue_empties_it() {
+    let (_dir, drive) = drive();
+    assert_eq!(drive.clear_repairs().unwrap(), 0);
+    drive.queue_repair("bkt", "a", version(1), &[2], proto::RepairKind::Missing).unwrap();
+    drive.queue_repair("bkt", "b", version(2), &[0, 3], proto::RepairKind::Damaged).unwrap();
+    assert_eq!(drive.clear_repairs().unwrap(), 2);
+    assert!(drive.repair_queue().unwrap().is_empty());
+}

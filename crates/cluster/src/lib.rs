@@ -712,6 +712,13 @@ impl ClusterMap {
         self.pools[pool].erasure
     }
 
+    /// Whether node `node_idx` belongs to a removed pool (emptied: nothing asks it any more).
+    pub fn node_is_removed(&self, node_idx: usize) -> bool {
+        let set = self.sets.iter().position(|set| set.drives.iter().any(|d| d.node_idx == node_idx));
+        set.and_then(|set_idx| self.pool_of_set(set_idx))
+            .is_some_and(|pool| self.pools[pool].state == PoolState::Removed)
+    }
+
     /// Index (into [`ClusterMap::pools`]) of the pool that set `set_idx` belongs to.
     pub fn pool_of_set(&self, set_idx: usize) -> Option<usize> {
         self.pools.iter().position(|pool| pool.sets.contains(&set_idx))

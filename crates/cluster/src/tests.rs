@@ -429,6 +429,9 @@ fn a_pool_drains_then_is_removed_and_the_last_active_pool_cannot_drain() {
     assert_eq!(draining.check_successor(&removed), Ok(()));
     assert_eq!(active.check_descendant(&removed), Ok(()), "a node catching up may skip draining");
     assert!(!removed.pools[0].is_read());
+    let (first, last) = (removed.pool_nodes(0)[0], *removed.pool_nodes(1).last().unwrap());
+    assert!(removed.node_is_removed(first) && !removed.node_is_removed(last));
+    assert!(!draining.node_is_removed(first), "a draining pool's nodes still work");
     assert_eq!(removed.namespace_pool(), 1, "the namespace moves to the next pool that holds keys");
     assert_eq!(ClusterMap::from_toml(&removed.to_toml(), &removed.base_dir), Ok(removed.clone()));
     assert_eq!(

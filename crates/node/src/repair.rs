@@ -146,6 +146,19 @@ pub(crate) fn worker(state: &State) {
             state.repair.wait(Duration::from_secs(1));
             continue;
         }
+        if state.map.get().node_is_removed(state.node_idx) {
+            // Its pool was decommissioned: everything acknowledged here lives in other pools,
+            // and what is left (versions it missed the eviction of while down) needs no copies.
+            for (drive_idx, drive) in state.drives.iter().enumerate() {
+                match drive.clear_repairs() {
+                    Ok(0) => {}
+                    Ok(cleared) => tracing::info!(drive = drive_idx, cleared, "pool removed: repair queue dropped"),
+                    Err(e) => tracing::error!(drive = drive_idx, error = %e, "cannot drop the repair queue"),
+                }
+            }
+            state.repair.wait(Duration::from_secs(1));
+            continue;
+        }
         let mut worked = false;
         for drive_idx in 0..state.drives.len() {
             let due = match state.drives[drive_idx].repairs(now_ms(), REPAIRS_PER_ROUND_MAX) {

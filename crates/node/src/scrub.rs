@@ -81,6 +81,11 @@ pub(crate) fn worker(state: &State) {
     let first = if state.scrub_soon { Duration::from_secs(1) } else { state.scrub_interval.min(FIRST_PASS_DELAY_MAX) };
     std::thread::sleep(first);
     loop {
+        if state.map.get().node_is_removed(state.node_idx) {
+            // Nothing reads a removed pool: no copies to compare or restore.
+            std::thread::sleep(state.scrub_interval.min(FIRST_PASS_DELAY_MAX));
+            continue;
+        }
         let started = Instant::now();
         let deep = now_ms().saturating_sub(deep_last) >= state.deep_scrub_interval.as_millis() as u64;
         state.scrub_stats.running.store(true, Ordering::Relaxed);
