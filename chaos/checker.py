@@ -764,8 +764,10 @@ def final_reads(workload: Workload) -> tuple[dict[str, Op], list[str]]:
     return finals, problems
 
 
-def wait_repaired(workload: Workload) -> list[str]:
-    """Waits for every node's repair queue to drain; returns a problem if it does not."""
+def wait_repaired(workload: Workload, unscrubbed: frozenset[str] = frozenset()) -> list[str]:
+    """Waits for every node's repair queue to drain (and, with a scrubber, for two more scrub
+    passes on every node but `unscrubbed`: a removed pool's nodes neither scrub nor repair);
+    returns a problem if it does not."""
     cluster = workload.cluster
     help_text = subprocess.run([str(cluster.tessera), "--help"], capture_output=True, text=True).stdout
     if not re.search(r"^\s+repair\b", help_text, re.M):
@@ -786,7 +788,8 @@ def wait_repaired(workload: Workload) -> list[str]:
             passes = {line["node"]: line.get("scrub", {}).get("passes", 0) for line in lines}
             if passes_at_start is None:
                 passes_at_start = passes
-            scrubbed = not cluster.scrubs or all(passes[n] >= passes_at_start[n] + 2 for n in passes)
+            scrubbed = not cluster.scrubs or all(passes[n] >= passes_at_start[n] + 2 for n in passes
+                                                 if n not in unscrubbed)
             if queued == 0 and scrubbed:
                 print(f"checker: repair converged {time.monotonic() - started:.1f} s after the faults stopped", flush=True)
                 return []
@@ -1034,7 +1037,7 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
             for i in range(1, NODES + 1):
                 cluster.wait_ready(i)
         cluster.grow_full_drive()
-        anomalies += wait_repaired(workload)
+        anomalies += wait_repaired(workload, frozenset(f"n{i}" for i in range(1, NODES + 1)) if removed else frozenset())
         anomalies += probe_redundancy(workload, finals, rng, first=NODES + 1 if removed else 1)
         counts: dict[str, int] = {}
         for op in workload.ops:
