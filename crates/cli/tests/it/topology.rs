@@ -21,7 +21,7 @@ fn map_version(path: &std::path::Path) -> u64 {
 }
 
 /// A file only its owner reads (as cluster.toml must be, or commands warn about it).
-fn private_file(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+pub(crate) fn private_file(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt as _;
     let path = write_file(dir, name, text.as_bytes());
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
