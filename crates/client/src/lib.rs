@@ -597,10 +597,14 @@ impl Client {
         }
         match (retried, first) {
             (None, first) => first,
-            // The failed first attempt may have left its marker on enough drives to be read (its
-            // rollback did not reach them all): "no such object" would claim this delete did
-            // nothing. Its error says what is known: the delete may or may not have happened.
-            (Some(Err(Error::NotFound { .. })), Err(e)) if !matches!(e, Error::NotFound { .. }) => Err(e),
+            // The first attempt's commit fell short of W and may have left its marker on enough
+            // drives to be read (its rollback did not reach them all): "no such object" would
+            // claim this delete did nothing. Its error says what is known: the delete may or
+            // may not have happened. (A first attempt that failed before committing, such as a
+            // version read refused for a stale map, left nothing: the retry's answer stands.)
+            (Some(Err(Error::NotFound { .. })), Err(e @ (Error::WriteQuorum { .. } | Error::DiskFull { .. }))) => {
+                Err(e)
+            }
             (Some(again), _) => again,
         }
     }
