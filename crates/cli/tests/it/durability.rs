@@ -107,13 +107,9 @@ fn rollback_of(drive_idx: usize, meta: &ObjectMeta) -> Request {
     }
 }
 
-#[test]
-fn a_rollback_planned_with_an_older_map_is_still_served() {
-    // A writer's overwrite landed on 4 of 6 drives (short of W = 5), and before its rollbacks
-    // a node moved: the map the writer planned with is stale now. The nodes must still undo
-    // the commits, or the failed overwrite stays readable on 4 drives (k = 4): chaos seed 8
-    // with --readdress saw a failed delete's marker stay, and its retry say "no such object".
-    let mut cluster = Cluster::start(Shape::default());
+/// `bkt/K` written through the client (300 kB), and the metadata of an overwrite of it one
+/// microsecond newer (100 kB) for a test to commit by hand: (bytes, written, map, overwrite).
+fn object_and_overwrite(cluster: &Cluster) -> (Vec<u8>, client::ObjectInfo, Arc<cluster::ClusterMap>, ObjectMeta) {
     let client = cluster.client();
     let old = payload(300_000, 1);
     let info = block_on(async {
@@ -121,9 +117,20 @@ fn a_rollback_planned_with_an_older_map_is_still_served() {
         client.put_bytes("bkt", "K", &old, &Default::default()).await.unwrap()
     });
     let map = client.map().clone();
-    assert_eq!(map.version, 1);
     let newer = VersionId { unix_ns: info.meta.version.unix_ns + 1_000, writer: 7 };
     let overwrite = hand_meta(&map, "bkt", "K", newer, 100_000);
+    (old, info, map, overwrite)
+}
+
+#[test]
+fn a_rollback_planned_with_an_older_map_is_still_served() {
+    // A writer's overwrite landed on 4 of 6 drives (short of W = 5), and before its rollbacks
+    // a node moved: the map the writer planned with is stale now. The nodes must still undo
+    // the commits, or the failed overwrite stays readable on 4 drives (k = 4): chaos seed 8
+    // with --readdress saw a failed delete's marker stay, and its retry say "no such object".
+    let mut cluster = Cluster::start(Shape::default());
+    let (old, info, map, overwrite) = object_and_overwrite(&cluster);
+    assert_eq!(map.version, 1);
     let set = &map.sets[overwrite.set_idx as usize];
     // The writer's connections, planned with map version 1.
     let mut sessions: Vec<RawSession> = (0..4)
@@ -175,15 +182,7 @@ fn failed_overwrite_rolled_back_on_four_drives_keeps_the_previous_version_readab
     // node was down, one died during the commit), so the writer rolls those 4 back. The old K
     // must survive the loss of the 2 drives that never saw the overwrite.
     let mut cluster = Cluster::start(Shape::default());
-    let client = cluster.client();
-    let old = payload(300_000, 1);
-    let info = block_on(async {
-        client.make_bucket("bkt").await.unwrap();
-        client.put_bytes("bkt", "K", &old, &Default::default()).await.unwrap()
-    });
-    let map = client.map().clone();
-    let newer = VersionId { unix_ns: info.meta.version.unix_ns + 1_000, writer: 7 };
-    let overwrite = hand_meta(&map, "bkt", "K", newer, 100_000);
+    let (old, info, map, overwrite) = object_and_overwrite(&cluster);
     for position in 0..4 {
         let outcome = hand_commit(&cluster, position, &overwrite, CommitCondition::None);
         assert!(matches!(outcome, Response::Committed { .. }), "{outcome:?}");
