@@ -5,7 +5,8 @@
 # alternated so that both see the same machine load. Same processes, drives and sets: the only
 # difference is that with two pools every read and every write's version read asks the key's
 # set in both pools. Prints every turn and the ratios of the medians (two pools / one pool) for
-# 1 MiB PUT and GET throughput and 4 KiB GET latency p50/p99.
+# 1 MiB PUT and GET throughput and 4 KiB GET latency p50/p99, with the metadata requests and
+# items (a key on a drive) per operation: concurrent reads share metadata requests per node.
 #
 # Usage: bench/pools.sh   (env: DURATION=10s OBJECTS=256 TURNS=3 CONCURRENCY=16 BASE_PORT=27401)
 set -euo pipefail
@@ -67,7 +68,7 @@ import json, statistics, sys, datetime, subprocess
 rows = [json.loads(line) for line in open(sys.argv[1])]
 cpu = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name: *//p'"], capture_output=True, text=True).stdout.strip()
 print(f"date {datetime.date.today()}  cpu {cpu}  12 nodes, 4+2: one pool of 2 sets vs two pools of 1 set")
-print(f"{'layout':<6} {'op':<6} {'GB/s per turn':<24} {'median':>7} {'p50 ms':>7} {'p99 ms':>7}")
+print(f"{'layout':<6} {'op':<6} {'GB/s per turn':<24} {'median':>7} {'p50 ms':>7} {'p99 ms':>7} {'meta req/op':>11} {'items/op':>8}")
 med = {}
 for label in ("one", "two"):
     for op in ("put", "get", "get4k"):
@@ -77,7 +78,9 @@ for label in ("one", "two"):
         p99 = statistics.median(r["p99_ms"] for r in rs)
         med[(label, op)] = (statistics.median(gbs), p50, p99)
         turns = " ".join(f"{g:.3f}" for g in gbs)
-        print(f"{label:<6} {op:<6} {turns:<24} {med[(label, op)][0]:>7.3f} {p50:>7.2f} {p99:>7.2f}")
+        reqs = statistics.median(r.get("metadata_requests_per_op") or 0 for r in rs)
+        items = statistics.median(r.get("metadata_items_per_op") or 0 for r in rs)
+        print(f"{label:<6} {op:<6} {turns:<24} {med[(label, op)][0]:>7.3f} {p50:>7.2f} {p99:>7.2f} {reqs:>11.2f} {items:>8.2f}")
 for op in ("put", "get"):
     print(f"{op.upper()} 1 MiB throughput, two pools / one pool: {med[('two', op)][0] / med[('one', op)][0]:.3f}")
 for i, name in ((1, "p50"), (2, "p99")):

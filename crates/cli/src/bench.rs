@@ -74,6 +74,8 @@ struct Outcome {
     elapsed: Duration,
     cpu: Duration,
     latencies: Vec<Duration>,
+    /// Metadata requests and items the smart client sent during the run (not for S3).
+    metadata: Option<client::MetadataCounts>,
 }
 
 pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -119,6 +121,14 @@ impl Target {
         match self {
             Target::Smart(client) => Ok(client.make_bucket(bucket).await?),
             Target::S3(s3) => s3.make_bucket().await,
+        }
+    }
+
+    /// The smart client's metadata requests so far.
+    fn metadata_counts(&self) -> Option<client::MetadataCounts> {
+        match self {
+            Target::Smart(client) => Some(client.metadata_counts()),
+            Target::S3(_) => None,
         }
     }
 
@@ -186,6 +196,7 @@ async fn measure(target: &Target, args: &BenchArgs) -> anyhow::Result<Outcome> {
     let next = Arc::new(AtomicU64::new(0));
     let data = Bytes::from(payload(args.size, 2));
     let cpu_start = process_cpu();
+    let metadata_start = target.metadata_counts();
     let start = Instant::now();
     let deadline = start + args.duration;
     let mut workers = Vec::new();
@@ -228,7 +239,14 @@ async fn measure(target: &Target, args: &BenchArgs) -> anyhow::Result<Outcome> {
             Ok::<_, anyhow::Error>((ops, bytes, latencies))
         }));
     }
-    let mut outcome = Outcome { ops: 0, bytes: 0, elapsed: Duration::ZERO, cpu: Duration::ZERO, latencies: Vec::new() };
+    let mut outcome = Outcome {
+        ops: 0,
+        bytes: 0,
+        elapsed: Duration::ZERO,
+        cpu: Duration::ZERO,
+        latencies: Vec::new(),
+        metadata: None,
+    };
     for worker in workers {
         let (ops, bytes, latencies) = worker.await.context("bench worker")??;
         outcome.ops += ops;
@@ -237,6 +255,10 @@ async fn measure(target: &Target, args: &BenchArgs) -> anyhow::Result<Outcome> {
     }
     outcome.elapsed = start.elapsed();
     outcome.cpu = process_cpu().saturating_sub(cpu_start);
+    outcome.metadata = metadata_start.zip(target.metadata_counts()).map(|(before, after)| client::MetadataCounts {
+        requests: after.requests - before.requests,
+        items: after.items - before.items,
+    });
     outcome.latencies.sort_unstable();
     Ok(outcome)
 }
@@ -274,9 +296,14 @@ fn report(args: &BenchArgs, outcome: &Outcome) {
         BenchOp::Put => "put",
     };
     let target = if args.s3.is_some() { "s3" } else { "smart-client" };
+    let per_op = |count: u64| if outcome.ops > 0 { count as f64 / outcome.ops as f64 } else { 0.0 };
+    let (metadata_requests, metadata_items) = match outcome.metadata {
+        Some(m) => (format!("{:.2}", per_op(m.requests)), format!("{:.2}", per_op(m.items))),
+        None => ("null".to_owned(), "null".to_owned()),
+    };
     if args.json {
         println!(
-            "{{\"target\":\"{target}\",\"op\":\"{op}\",\"object_bytes\":{},\"objects\":{},\"concurrency\":{},\"offered_ops_per_s\":{},\"duration_s\":{secs:.3},\"ops\":{},\"bytes\":{},\"throughput_bytes_per_s\":{throughput:.0},\"objects_per_s\":{objects_per_s:.1},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"client_cpu_s\":{:.3},\"client_cpu_s_per_gb\":{cpu_per_gb:.3}}}",
+            "{{\"target\":\"{target}\",\"op\":\"{op}\",\"object_bytes\":{},\"objects\":{},\"concurrency\":{},\"offered_ops_per_s\":{},\"duration_s\":{secs:.3},\"ops\":{},\"bytes\":{},\"throughput_bytes_per_s\":{throughput:.0},\"objects_per_s\":{objects_per_s:.1},\"p50_ms\":{p50:.3},\"p99_ms\":{p99:.3},\"client_cpu_s\":{:.3},\"client_cpu_s_per_gb\":{cpu_per_gb:.3},\"metadata_requests_per_op\":{metadata_requests},\"metadata_items_per_op\":{metadata_items}}}",
             args.size,
             args.objects,
             args.concurrency,
@@ -300,4 +327,7 @@ fn report(args: &BenchArgs, outcome: &Outcome) {
     println!("  objects/s    {objects_per_s:.1}");
     println!("  latency      p50 {p50:.2} ms, p99 {p99:.2} ms");
     println!("  client CPU   {:.2} s ({cpu_per_gb:.3} CPU-s per GB)", outcome.cpu.as_secs_f64());
+    if outcome.metadata.is_some() {
+        println!("  metadata     {metadata_requests} node requests per op for {metadata_items} items (keys on drives)");
+    }
 }

@@ -14,7 +14,18 @@
 use cluster::Placement;
 use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, Request, Response, VersionId};
 
+use crate::coalesce::{self, ItemAnswer};
 use crate::{Client, Error, FailedNode, ObjectInfo, choose_version};
+
+/// Whether a metadata read shares its requests with other operations' (`crate::coalesce`). A
+/// writer's version read does not: a PUT's client threads are busy encoding, and the extra hop
+/// through the sender task cost PUT throughput more than the shared requests saved (measured
+/// with `bench/pools.sh`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sharing {
+    Shared,
+    Own,
+}
 
 /// One key's set in one pool, to be asked what it holds of the key.
 #[derive(Clone, Copy)]
@@ -76,6 +87,7 @@ async fn widen_unclear_probes(
     answers: &mut [KeyAnswers],
     detail: MetaDetail,
     reading: bool,
+    sharing: Sharing,
 ) {
     let unclear: Vec<usize> =
         (0..asked.len()).filter(|&i| asked[i].probe && !probe_is_clear(client, &asked[i], &answers[i])).collect();
@@ -86,7 +98,7 @@ async fn widen_unclear_probes(
         asked[i].probe = false;
     }
     let whole: Vec<Lookup<'_>> = unclear.iter().map(|&i| asked[i]).collect();
-    let again = versions_many(client, &whole, detail).await;
+    let again = versions_many(client, &whole, detail, sharing).await;
     // Readers (the writers' version read makes its own view of the answers).
     let again = if reading { settle(client, &whole, again, detail).await } else { again };
     for (i, answer) in unclear.into_iter().zip(again) {
@@ -116,7 +128,9 @@ async fn settle(
         .collect();
     if !unsure.is_empty() {
         let again: Vec<Lookup<'_>> = unsure.iter().map(|&i| asked[i]).collect();
-        for (i, answer) in unsure.into_iter().zip(readable(versions_many(client, &again, MetaDetail::WithFloor).await))
+        for (i, answer) in unsure
+            .into_iter()
+            .zip(readable(versions_many(client, &again, MetaDetail::WithFloor, Sharing::Shared).await))
         {
             answers[i] = answer;
         }
@@ -177,11 +191,11 @@ async fn head_round(client: &Client, keys: &[(String, String)]) -> Vec<Outcome> 
     debug_assert_eq!(asked.len(), keys.len() * pools, "one lookup per key and active pool");
     // One pool: floors only when the newest version is not readable (`settle`); several: always.
     let detail = if pools > 1 { MetaDetail::WithFloor } else { MetaDetail::Versions };
-    let answers = versions_many(client, &asked, detail).await;
+    let answers = versions_many(client, &asked, detail, Sharing::Shared).await;
     let mut answers = settle(client, &asked, answers, detail).await;
     if pools > 1 {
         // `settle` made drives that cannot speak for a key silent: a probe that met one is not clear.
-        widen_unclear_probes(client, &mut asked, &mut answers, detail, true).await;
+        widen_unclear_probes(client, &mut asked, &mut answers, detail, true, Sharing::Shared).await;
     }
     let mut answers = answers.into_iter();
     asked
@@ -387,9 +401,9 @@ pub(crate) struct WriterView {
 /// not be acknowledged.
 pub(crate) async fn writer_view(client: &Client, bucket: &str, key: &str) -> Result<WriterView, Error> {
     let mut asked = lookups(client, bucket, key);
-    let mut answers = versions_many(client, &asked, MetaDetail::WithFloor).await;
+    let mut answers = versions_many(client, &asked, MetaDetail::WithFloor, Sharing::Own).await;
     if asked.len() > 1 {
-        widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::WithFloor, false).await;
+        widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::WithFloor, false, Sharing::Own).await;
     }
     let pools = &client.topo.map.pools;
     // The pool the key lives in is where its newest live version is (versions a move evicted
@@ -492,6 +506,7 @@ async fn versions_seen_in(
             let drive = &drives[position];
             let item = MetaKey { drive: drive.drive_idx as u32, bucket: bucket.to_owned(), key: key.to_owned() };
             let request = Request::MetaGet { items: vec![item], detail: MetaDetail::WithFloor };
+            client.count_metadata_request(1);
             if let Ok(Response::Versions { mut keys }) = client.call_now(drive.node_idx, &request).await
                 && keys.len() == 1
             {
@@ -531,7 +546,12 @@ async fn versions_seen_in(
 }
 
 /// Every version each lookup's key has on each drive of its set, in lookup order.
-async fn versions_many(client: &Client, lookups: &[Lookup<'_>], detail: MetaDetail) -> Vec<KeyAnswers> {
+async fn versions_many(
+    client: &Client,
+    lookups: &[Lookup<'_>],
+    detail: MetaDetail,
+    sharing: Sharing,
+) -> Vec<KeyAnswers> {
     // (lookup index, set position) of every item each node is asked for.
     let mut asked: Vec<Vec<(usize, usize)>> = vec![Vec::new(); client.topo.pools.len()];
     let mut items: Vec<Vec<MetaKey>> = vec![Vec::new(); client.topo.pools.len()];
@@ -550,31 +570,13 @@ async fn versions_many(client: &Client, lookups: &[Lookup<'_>], detail: MetaDeta
         }
     }
     let calls = items.into_iter().enumerate().map(|(node_idx, items)| async move {
-        let mut metas: Vec<Result<KeyVersions, String>> = Vec::with_capacity(items.len());
-        for batch in items.chunks(BATCH_ITEMS_MAX) {
-            let request = Request::MetaGet { items: batch.to_vec(), detail };
-            let failure = match client.call(node_idx, &request).await {
-                Ok(Response::Versions { keys: got }) if got.len() == batch.len() => {
-                    metas.extend(got.into_iter().map(Ok));
-                    continue;
-                }
-                Ok(Response::Versions { keys: got }) => {
-                    format!(
-                        "node {} answered {} of {} metadata items",
-                        client.node_id(node_idx),
-                        got.len(),
-                        batch.len()
-                    )
-                }
-                Ok(Response::Error { kind, message }) => {
-                    Error::from_node(client.node_id(node_idx), kind, &message).to_string()
-                }
-                Ok(other) => format!("node {}: unexpected answer {other:?}", client.node_id(node_idx)),
-                Err(e) => e.to_string(),
-            };
-            metas.extend(batch.iter().map(|_| Err(failure.clone())));
+        if items.is_empty() {
+            Vec::new()
+        } else if sharing == Sharing::Shared && items.len() <= coalesce::CALLER_ITEMS_MAX {
+            client.topo.meta_queues[node_idx].ask(client, node_idx, items, detail).await
+        } else {
+            client.meta_get_direct(node_idx, &items, detail).await
         }
-        metas
     });
     let answers = futures_util::future::join_all(calls).await;
     let mut by_key: Vec<KeyAnswers> = lookups
@@ -766,7 +768,7 @@ pub(crate) async fn holdings(client: &Client, bucket: &str, key: &str) -> Result
     for lookup in &mut asked {
         lookup.probe = false;
     }
-    let mut answers = readable(versions_many(client, &asked, MetaDetail::WithFloor).await);
+    let mut answers = readable(versions_many(client, &asked, MetaDetail::WithFloor, Sharing::Shared).await);
     for reply in answers.iter_mut().flat_map(|answer| answer.replies.iter_mut().flatten()) {
         if reply.current.is_none() {
             reply.retained.clear();
@@ -778,4 +780,41 @@ pub(crate) async fn holdings(client: &Client, bucket: &str, key: &str) -> Result
         holdings.push(PoolHolding::of(client, lookup, &answer, chosen));
     }
     Ok(holdings)
+}
+
+impl Client {
+    /// Asks one node for `items` in requests of at most `BATCH_ITEMS_MAX`: one answer per item,
+    /// in order, or why the node could not give it. A node answers the first items of a request
+    /// when all of them would not fit in one frame; the rest are asked again.
+    pub(crate) async fn meta_get_direct(
+        &self,
+        node_idx: usize,
+        items: &[MetaKey],
+        detail: MetaDetail,
+    ) -> Vec<ItemAnswer> {
+        let mut metas: Vec<ItemAnswer> = Vec::with_capacity(items.len());
+        // Every round answers at least one item or fails the rest: at most `items.len()` rounds.
+        while metas.len() < items.len() {
+            let rest = &items[metas.len()..];
+            let batch = &rest[..rest.len().min(BATCH_ITEMS_MAX)];
+            let request = Request::MetaGet { items: batch.to_vec(), detail };
+            self.count_metadata_request(batch.len());
+            let failure = match self.call(node_idx, &request).await {
+                Ok(Response::Versions { keys: got }) if !got.is_empty() && got.len() <= batch.len() => {
+                    metas.extend(got.into_iter().map(Ok));
+                    continue;
+                }
+                Ok(Response::Versions { keys: got }) => {
+                    format!("node {} answered {} of {} metadata items", self.node_id(node_idx), got.len(), batch.len())
+                }
+                Ok(Response::Error { kind, message }) => {
+                    Error::from_node(self.node_id(node_idx), kind, &message).to_string()
+                }
+                Ok(other) => format!("node {}: unexpected answer {other:?}", self.node_id(node_idx)),
+                Err(e) => e.to_string(),
+            };
+            metas.extend(rest.iter().map(|_| Err(failure.clone())));
+        }
+        metas
+    }
 }

@@ -24,6 +24,7 @@
 //! ```
 
 mod admin;
+mod coalesce;
 mod conn;
 mod get;
 mod head;
@@ -44,6 +45,7 @@ use proto::{ErrorKind, ObjectMeta, Request, Response, VersionId};
 use conn::{Conn, MapIdentity, Pool};
 
 pub use admin::{NodeMap, NodeSpace};
+pub use coalesce::MetadataCounts;
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
 pub use proto::{
@@ -244,6 +246,8 @@ pub struct Client {
 struct Topology {
     map: Arc<ClusterMap>,
     pools: Vec<Pool>,
+    /// Small metadata reads waiting per node, coalesced into shared requests (by node index).
+    meta_queues: Vec<coalesce::MetaQueue>,
     /// A node showed a newer map than `map`.
     stale: Arc<std::sync::atomic::AtomicBool>,
     /// Free bytes per storage pool of `map` and when the nodes said so (maps with more than one
@@ -260,7 +264,8 @@ impl Topology {
     fn new(map: ClusterMap) -> Self {
         let identity = MapIdentity::of(&map);
         let pools = map.nodes.iter().map(|node| Pool::new(node.id.clone(), node.addr, identity.clone())).collect();
-        Self { map: Arc::new(map), pools, stale: identity.stale, space: tokio::sync::Mutex::new(None) }
+        let meta_queues = map.nodes.iter().map(|_| coalesce::MetaQueue::default()).collect();
+        Self { map: Arc::new(map), pools, meta_queues, stale: identity.stale, space: tokio::sync::Mutex::new(None) }
     }
 
     fn is_stale(&self) -> bool {
@@ -291,6 +296,9 @@ struct Inner {
     /// With several pools: where keys were last found or written, by a hash of `bucket/key`
     /// (a collision only costs a second round). Pool indexes never change: pools are appended.
     pool_hints: std::sync::Mutex<std::collections::HashMap<u64, u32>>,
+    /// Metadata requests sent and items they asked about (see [`MetadataCounts`]).
+    meta_requests: AtomicU64,
+    meta_items: AtomicU64,
 }
 
 /// Keys whose pool a client remembers at most (about 16 bytes each).
@@ -326,6 +334,8 @@ impl Client {
             hinted: std::sync::Mutex::new(std::collections::HashSet::new()),
             finalizing: std::sync::atomic::AtomicUsize::new(0),
             pool_hints: std::sync::Mutex::new(std::collections::HashMap::new()),
+            meta_requests: AtomicU64::new(0),
+            meta_items: AtomicU64::new(0),
             finalized: tokio::sync::Notify::new(),
         };
         Ok(Self { inner: Arc::new(inner), topo })
@@ -468,6 +478,20 @@ impl Client {
             result = get::read_at(&client, info, offset, buf).await;
         }
         result
+    }
+
+    /// Metadata requests this client (and its clones) sent so far, and the items they asked.
+    pub fn metadata_counts(&self) -> MetadataCounts {
+        MetadataCounts {
+            requests: self.inner.meta_requests.load(Ordering::Relaxed),
+            items: self.inner.meta_items.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts one metadata request of `items` items.
+    fn count_metadata_request(&self, items: usize) {
+        self.inner.meta_requests.fetch_add(1, Ordering::Relaxed);
+        self.inner.meta_items.fetch_add(items as u64, Ordering::Relaxed);
     }
 
     /// Metadata of many objects: one metadata request per node covers all of them.

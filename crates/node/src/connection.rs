@@ -292,50 +292,7 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
         Request::BucketCreate { bucket } => all_drives(state, |d| d.create_bucket(&bucket)),
         Request::BucketDelete { bucket } => delete_bucket(state, &bucket),
         Request::BucketList => list_buckets(state),
-        Request::MetaGet { items, detail } => {
-            // Retained versions ride along while the answer stays well inside one frame; past
-            // that they are left out (readers then see only current versions, as before
-            // retention), never the whole answer.
-            let mut retained_budget = proto::CONTROL_BODY_BYTES_MAX / 2;
-            let keys = items
-                .iter()
-                .map(|item| {
-                    let unavailable = proto::KeyVersions { unavailable: true, ..Default::default() };
-                    let Some(drive) = state.drives.get(item.drive as usize) else {
-                        return unavailable;
-                    };
-                    if state.is_rebuilding(item.drive as usize) {
-                        return unavailable;
-                    }
-                    let versions = match detail {
-                        proto::MetaDetail::WithFloor => drive.get_versions_with_floor(&item.bucket, &item.key),
-                        proto::MetaDetail::Versions => drive.get_versions(&item.bucket, &item.key),
-                    };
-                    let mut versions = versions.unwrap_or_else(|e| {
-                        tracing::error!(error = %e, "metadata read failed; reporting the drive unavailable for the key");
-                        unavailable
-                    });
-                    if versions.retained.len() > proto::RETAINED_PER_KEY_MAX {
-                        // Kept past the bound by an eviction (never by a commit): the answer
-                        // carries the newest and says it left some out.
-                        versions.retained.drain(..versions.retained.len() - proto::RETAINED_PER_KEY_MAX);
-                        versions.retained_truncated = true;
-                    }
-                    if !versions.retained.is_empty() {
-                        let bytes: usize = versions.retained.iter().map(|m| proto::encode_body(m).len()).sum();
-                        if bytes > retained_budget {
-                            tracing::debug!(key = %item.key, bytes, "retained versions left out of a metadata answer");
-                            versions.retained.clear();
-                            versions.retained_truncated = true;
-                        } else {
-                            retained_budget -= bytes;
-                        }
-                    }
-                    versions
-                })
-                .collect();
-            Response::Versions { keys }
-        }
+        Request::MetaGet { items, detail } => meta_get(state, &items, detail),
         Request::Finalize { drive, bucket, key, version, missing_positions } => with_drive(state, drive, |d| {
             let retire_at = SystemTime::now() + state.retire_grace;
             let retire_at_ms = retire_at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(u64::MAX);
@@ -408,6 +365,58 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
 
 /// Whether `drive` of this node is one of the drives `meta`'s key is placed on in the pool of
 /// `meta`'s set.
+/// Room left in a metadata answer's frame for what is not the keys' versions.
+const VERSIONS_FRAME_MARGIN: usize = 64 << 10;
+
+/// What each drive holds of each key asked. Retained versions ride along while the answer stays
+/// well inside one frame; past that they are left out (readers then see only current versions,
+/// as before retention). Keys are answered while the answer fits in one frame (the first one
+/// always): the client asks again for those left out (large objects' metadata, their CRCs, is
+/// large, and one request may ask about thousands of keys).
+fn meta_get(state: &State, items: &[proto::MetaKey], detail: proto::MetaDetail) -> Response {
+    let mut retained_budget = proto::CONTROL_BODY_BYTES_MAX / 2;
+    let mut body_budget = proto::CONTROL_BODY_BYTES_MAX - VERSIONS_FRAME_MARGIN;
+    let mut keys = Vec::with_capacity(items.len());
+    for item in items {
+        let unavailable = proto::KeyVersions { unavailable: true, ..Default::default() };
+        let versions = match state.drives.get(item.drive as usize) {
+            Some(_) if state.is_rebuilding(item.drive as usize) => Ok(unavailable.clone()),
+            Some(drive) => match detail {
+                proto::MetaDetail::WithFloor => drive.get_versions_with_floor(&item.bucket, &item.key),
+                proto::MetaDetail::Versions => drive.get_versions(&item.bucket, &item.key),
+            },
+            None => Ok(unavailable.clone()),
+        };
+        let mut versions = versions.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "metadata read failed; reporting the drive unavailable for the key");
+            unavailable
+        });
+        if versions.retained.len() > proto::RETAINED_PER_KEY_MAX {
+            // Kept past the bound by an eviction (never by a commit): the answer carries the
+            // newest and says it left some out.
+            versions.retained.drain(..versions.retained.len() - proto::RETAINED_PER_KEY_MAX);
+            versions.retained_truncated = true;
+        }
+        if !versions.retained.is_empty() {
+            let bytes: usize = versions.retained.iter().map(|m| proto::encode_body(m).len()).sum();
+            if bytes > retained_budget {
+                tracing::debug!(key = %item.key, bytes, "retained versions left out of a metadata answer");
+                versions.retained.clear();
+                versions.retained_truncated = true;
+            } else {
+                retained_budget -= bytes;
+            }
+        }
+        let bytes = proto::encode_body(&versions).len();
+        if bytes > body_budget && !keys.is_empty() {
+            break;
+        }
+        body_budget = body_budget.saturating_sub(bytes);
+        keys.push(versions);
+    }
+    Response::Versions { keys }
+}
+
 fn owns(state: &State, drive: u32, meta: &proto::ObjectMeta) -> bool {
     let map = state.map.get();
     let Some(pool) = map.pool_of_set(meta.set_idx as usize) else {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use cluster::ClusterMap;
 use proto::{
     AuthProof, Challenge, FRAME_HEADER_BYTES, FRAME_TAG_BYTES, FrameHeader, FrameKind, FrameMac, ItemStatus,
-    NONCE_BYTES, PROTOCOL_VERSION, ReadItem, Request, Response,
+    KeyVersions, MetaDetail, MetaKey, NONCE_BYTES, PROTOCOL_VERSION, ReadItem, Request, Response,
 };
 
 /// Connect, and each read or write on a peer connection, gives up after this long.
@@ -100,6 +100,22 @@ impl Peer {
     pub(crate) fn call(&mut self, request: &Request) -> Result<Response, PeerError> {
         self.send(request)?;
         self.read_response()
+    }
+
+    /// What the peer's drives hold of each item's key, one answer per item in order. A node
+    /// answers the first items of a request when all would not fit in one frame; the rest are
+    /// asked again. Callers keep `items` within `proto::BATCH_ITEMS_MAX`.
+    pub(crate) fn meta_get(&mut self, items: &[MetaKey], detail: MetaDetail) -> Result<Vec<KeyVersions>, PeerError> {
+        let mut answers = Vec::with_capacity(items.len());
+        // Every round answers at least one item or fails: at most `items.len()` rounds.
+        while answers.len() < items.len() {
+            let rest = &items[answers.len()..];
+            match self.call(&Request::MetaGet { items: rest.to_vec(), detail })? {
+                Response::Versions { keys } if !keys.is_empty() && keys.len() <= rest.len() => answers.extend(keys),
+                other => return Err(PeerError::Unexpected { addr: self.addr, answer: format!("{other:?}") }),
+            }
+        }
+        Ok(answers)
     }
 
     /// A request followed by raw bytes (a chunk write), one response.

@@ -502,19 +502,17 @@ fn set_versions(
             })
             .collect();
         for batch in items.chunks(META_ITEMS_PER_REQUEST) {
-            let request = Request::MetaGet {
-                items: batch.iter().map(|(_, _, m)| m.clone()).collect(),
-                detail: MetaDetail::WithFloor,
-            };
-            match peers.get(node_idx).and_then(|peer| peer.call(&request).map_err(Into::into)) {
-                Ok(Response::Versions { keys: got }) if got.len() == batch.len() => {
+            let items: Vec<MetaKey> = batch.iter().map(|(_, _, m)| m.clone()).collect();
+            match peers.get(node_idx).and_then(|peer| peer.meta_get(&items, MetaDetail::WithFloor).map_err(Into::into))
+            {
+                Ok(got) => {
                     for ((i, p, _), versions) in batch.iter().zip(got) {
                         if !versions.unavailable {
                             replies[*i][*p] = Some(versions);
                         }
                     }
                 }
-                _ => {
+                Err(_) => {
                     peers.forget(node_idx);
                     break;
                 }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cluster::{DriveRef, Placement};
-use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, RepairKind, Request, Response};
+use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, RepairKind};
 
 use crate::State;
 use crate::repair::{Peers, now_ms};
@@ -382,20 +382,17 @@ fn peer_versions(
     }
     for (node_idx, items) in asked {
         for batch in items.chunks(BATCH_ITEMS_MAX) {
-            let request = Request::MetaGet {
-                items: batch.iter().map(|(_, _, m)| m.clone()).collect(),
-                detail: MetaDetail::WithFloor,
-            };
-            let answer = peers.get(node_idx).and_then(|peer| peer.call(&request).map_err(Into::into));
+            let items: Vec<MetaKey> = batch.iter().map(|(_, _, m)| m.clone()).collect();
+            let answer =
+                peers.get(node_idx).and_then(|peer| peer.meta_get(&items, MetaDetail::WithFloor).map_err(Into::into));
             match answer {
-                Ok(Response::Versions { keys }) if keys.len() == batch.len() => {
+                Ok(keys) => {
                     for ((i, p, _), versions) in batch.iter().zip(keys) {
                         if !versions.unavailable {
                             replies[*i][*p] = Some(versions);
                         }
                     }
                 }
-                Ok(other) => tracing::debug!(node = node_idx, ?other, "unexpected metadata answer to the scrubber"),
                 Err(e) => {
                     tracing::debug!(node = node_idx, error = %e, "a peer did not answer the scrubber");
                     peers.forget(node_idx);

@@ -745,7 +745,8 @@ pub enum Response {
     Buckets {
         buckets: Vec<BucketEntry>,
     },
-    /// One entry per [`MetaKey`] asked, in order.
+    /// One entry per [`MetaKey`] asked, in order; possibly only the first ones (at least one),
+    /// when all of them would not fit in one frame: the client asks again for the rest.
     Versions {
         keys: Vec<KeyVersions>,
     },

@@ -365,3 +365,54 @@ fn bench_at_a_fixed_rate_runs_its_schedule_and_no_more() {
     let err = cluster.cli_err(&[&common[..], &["--rate", "many"]].concat());
     assert!(err.contains("invalid value 'many'"), "{err}");
 }
+
+#[test]
+fn concurrent_reads_share_metadata_requests_and_read_byte_exact() {
+    let cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let objects: Vec<Vec<u8>> = (0..64).map(|i| payload(1000 + i * 7919, i as u64)).collect();
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        for (i, data) in objects.iter().enumerate() {
+            client.put_bytes("bkt", &format!("o/{i}"), data, &Default::default()).await.unwrap();
+        }
+        let before = client.metadata_counts();
+        let gets = (0..objects.len()).map(|i| {
+            let client = client.clone();
+            async move { client.get("bkt", &format!("o/{i}")).await }
+        });
+        let got = futures_util::future::join_all(gets).await;
+        let after = client.metadata_counts();
+        for (i, data) in got.into_iter().enumerate() {
+            assert!(data.unwrap() == objects[i], "o/{i} differs");
+        }
+        let (requests, items) = (after.requests - before.requests, after.items - before.items);
+        assert!(items >= 64 * 6, "every GET asks the 6 drives of its key's set: {items} items");
+        // 64 GETs at once ask each node about 64 keys: batches of them, not a request each.
+        assert!(requests * 4 <= items, "{requests} metadata requests for {items} items: the reads did not share them");
+    });
+}
+
+#[test]
+fn a_metadata_answer_too_large_for_one_frame_comes_in_parts() {
+    // A 48 MiB object in 64 KiB chunks carries 1,152 block CRCs in its metadata (about 6 KB).
+    // 4,096 heads of it (`BATCH_ITEMS_MAX`) ask each node for 4,096 items in one request: about
+    // 24 MB of answer, more than one frame holds (16 MiB). The node answers the items that fit
+    // and the client asks again for the rest; before, the node dropped the connection.
+    let cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let data = payload(48 << 20, 7);
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        client.put_bytes("bkt", "big", &data, &Default::default()).await.unwrap();
+        let keys = vec![("bkt".to_owned(), "big".to_owned()); proto::BATCH_ITEMS_MAX];
+        let before = client.metadata_counts();
+        let heads = client.head_many(&keys).await;
+        let after = client.metadata_counts();
+        for head in heads {
+            assert_eq!(head.unwrap().meta.size, data.len() as u64);
+        }
+        let requests = after.requests - before.requests;
+        assert!(requests >= 2 * 6, "{requests} metadata requests: every node should have answered in parts");
+    });
+}
