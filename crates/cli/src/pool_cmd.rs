@@ -41,7 +41,7 @@ enum PoolAction {
     },
     /// Start using joining pool ID: once every one of its nodes answers with the current map
     /// and holds the cluster's buckets, the next map version makes it active. Existing objects
-    /// stay where they are; keys written from then on go to a pool drawn in proportion to free
+    /// stay where they are; keys written from then on go to a pool chosen in proportion to free
     /// space (a key's later versions follow its first), and every read and write asks it.
     Activate {
         /// The pool's id (`tessera pool status`).

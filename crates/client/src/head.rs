@@ -387,7 +387,7 @@ pub(crate) struct WriterView {
     pub(crate) newest: Option<VersionId>,
     /// Where the write must go: the pool that holds the newest version (so a key's versions
     /// stay in one pool), or when that pool is draining, the active pool with the newest
-    /// version of the key; `None` when no active pool has seen the key (a pool is drawn).
+    /// version of the key; `None` when no active pool has seen the key (one is chosen for it).
     pub(crate) pool: Option<usize>,
     /// The key's newest version is in a draining pool (and no active pool has seen the key):
     /// the write goes where the mover sends the key (`ClusterMap::pool_for_moved_key`).

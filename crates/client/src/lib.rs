@@ -650,7 +650,7 @@ impl Client {
         let pool = match seen.pool {
             Some(pool) if only.is_none_or(|only| pools[pool].erasure == only) => pool,
             None if seen.draining && only.is_none() => self.topo.map.pool_for_moved_key(bucket, key),
-            _ => self.pool_for_new_key(only).await?,
+            _ => self.pool_for_new_key(bucket, key, only).await?,
         };
         assert!(self.topo.map.pools[pool].is_active(), "writes go to active pools only");
         if self.topo.map.pools.len() > 1 {
@@ -675,12 +675,17 @@ impl Client {
         hints.insert(key_hash(bucket, key), pool as u32);
     }
 
-    /// An active pool for a key no pool holds: drawn at random in proportion to each active
-    /// pool's free space (so pools fill evenly, and clients do not all pile onto the emptiest
-    /// one), from the nodes' answers at most `SPACE_MAX_AGE` old. The first active pool when
-    /// it is the only one or no node answers.
+    /// An active pool for `bucket/key`, which no pool holds: chosen in proportion to each active
+    /// pool's free space (so pools fill evenly), from the nodes' answers at most `SPACE_MAX_AGE`
+    /// old, by weighted rendezvous hashing of the key (`ClusterMap::pool_for_new_key`), so that
+    /// clients agree on it. The first active pool when it is the only one or no node answers.
     /// With `only`, among the active pools of that erasure config (an error if there is none).
-    pub(crate) async fn pool_for_new_key(&self, only: Option<cluster::ErasureConfig>) -> Result<usize, Error> {
+    pub(crate) async fn pool_for_new_key(
+        &self,
+        bucket: &str,
+        key: &str,
+        only: Option<cluster::ErasureConfig>,
+    ) -> Result<usize, Error> {
         let pools = &self.topo.map.pools;
         let eligible = |pool: &cluster::Pool| pool.is_active() && only.is_none_or(|only| pool.erasure == only);
         let Some(first) = pools.iter().position(eligible) else {
@@ -691,19 +696,9 @@ impl Client {
             return Ok(first);
         }
         let free = self.pool_free_bytes().await;
-        let weight = |pool: usize| if eligible(&pools[pool]) { u128::from(free[pool]) } else { 0 };
-        let total: u128 = (0..pools.len()).map(weight).sum();
-        if total == 0 {
-            return Ok(first);
-        }
-        let mut draw = rand::Rng::gen_range(&mut rand::thread_rng(), 0..total);
-        for pool in 0..pools.len() {
-            if draw < weight(pool) {
-                return Ok(pool);
-            }
-            draw -= weight(pool);
-        }
-        unreachable!("the draw is below the sum of the weights")
+        let weights: Vec<u64> =
+            pools.iter().zip(free.iter()).map(|(pool, &free)| if eligible(pool) { free } else { 0 }).collect();
+        Ok(self.topo.map.pool_for_new_key(bucket, key, &weights).unwrap_or(first))
     }
 
     /// Free bytes per pool: what its sets can still take, the least free drive of each set

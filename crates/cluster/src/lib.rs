@@ -414,6 +414,11 @@ pub struct ClusterMap {
     pub base_dir: PathBuf,
 }
 
+/// Steps the pools' weights are rounded to when a new key's pool is chosen
+/// ([`ClusterMap::pool_for_new_key`]): fine enough to fill pools evenly, coarse enough that
+/// clients' slightly different views of the free space agree.
+pub const NEW_KEY_WEIGHT_STEPS: u64 = 64;
+
 impl ClusterMap {
     /// Builds a fresh map: nodes `n1..nN` on `127.0.0.1:base_port+i`, drives `nI/dJ`, and erasure
     /// sets taken round-robin over nodes so each set has `n` distinct nodes.
@@ -687,6 +692,42 @@ impl ClusterMap {
         };
         let active = self.pools.iter().enumerate().filter(|(_, pool)| pool.is_active());
         active.max_by_key(|(_, pool)| score(pool)).map(|(idx, _)| idx).expect("a valid map has an active pool")
+    }
+
+    /// The pool (index) for a key no pool holds yet, among those with a nonzero weight (their
+    /// free bytes): weighted rendezvous hashing, so every client that sees the same weights
+    /// sends the key to the same pool, and two first writes of one key racing from two clients
+    /// do not land in two pools. Weights are first rounded to [`NEW_KEY_WEIGHT_STEPS`]ths of their
+    /// sum (a pool with any weight keeps at least one step), so views of the free space that
+    /// differ a little, as two clients' do, still agree. Keys spread over pools in proportion to
+    /// the rounded weights; a change of weights moves only the keys it must. `None` when every
+    /// weight is zero.
+    pub fn pool_for_new_key(&self, bucket: &str, key: &str, weights: &[u64]) -> Option<usize> {
+        assert_eq!(weights.len(), self.pools.len(), "one weight per pool");
+        let total: u128 = weights.iter().map(|&w| u128::from(w)).sum();
+        if total == 0 {
+            return None;
+        }
+        let steps = |weight: u64| {
+            let rounded = (u128::from(weight) * u128::from(NEW_KEY_WEIGHT_STEPS) + total / 2) / total;
+            rounded.max(1) as f64
+        };
+        let score = |pool: &Pool, weight: u64| {
+            let mut name = Vec::with_capacity(bucket.len() + key.len() + 6);
+            name.extend_from_slice(bucket.as_bytes());
+            name.push(b'/');
+            name.extend_from_slice(key.as_bytes());
+            name.push(1);
+            name.extend_from_slice(&pool.id.to_le_bytes());
+            // A uniform draw in (0, 1) from the top 53 bits of the hash.
+            let unit = ((xxhash_rust::xxh3::xxh3_64(&name) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            steps(weight) / -unit.ln()
+        };
+        (0..self.pools.len())
+            .filter(|&pool| weights[pool] > 0)
+            .map(|pool| (pool, score(&self.pools[pool], weights[pool])))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(pool, _)| pool)
     }
 
     /// Indexes (into [`ClusterMap::nodes`]) of the nodes of pool index `pool`, ascending.

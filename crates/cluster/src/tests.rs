@@ -475,3 +475,53 @@ fn a_pool_may_have_its_own_erasure_config() {
     let wrong_size = text.replace("ec = \"2+1\"", "ec = \"3+1\"");
     assert!(matches!(ClusterMap::from_toml(&wrong_size, &grown.base_dir), Err(Error::InvalidSet { .. })));
 }
+
+fn two_active_pools() -> ClusterMap {
+    let map = generate(6, 1, 4, 2).unwrap();
+    map.with_pool(&specs(&POOL_2), map.erasure).unwrap().with_pool_active(2).unwrap()
+}
+
+#[test]
+fn new_keys_go_to_pools_in_proportion_to_their_weights() {
+    let map = two_active_pools();
+    let keys = 20_000;
+    let in_first =
+        (0..keys).filter(|i| map.pool_for_new_key("bkt", &format!("k{i}"), &[3000, 1000]) == Some(0)).count();
+    let share = in_first as f64 / keys as f64;
+    assert!((0.73..0.77).contains(&share), "pool 1 has 3/4 of the weight and got {share:.3} of the keys");
+    assert_eq!(map.pool_for_new_key("bkt", "k", &[0, 0]), None);
+    for i in 0..200 {
+        assert_eq!(map.pool_for_new_key("bkt", &format!("k{i}"), &[0, 5]), Some(1), "a pool of weight 0 never");
+    }
+    // A pool with a sliver of the free space still gets some keys (at least one step).
+    let tiny = (0..keys).filter(|i| map.pool_for_new_key("bkt", &format!("k{i}"), &[1 << 40, 1]) == Some(1)).count();
+    assert!(tiny > 0 && tiny < keys / 32, "{tiny} keys for a pool with almost no weight");
+}
+
+#[test]
+fn clients_with_slightly_different_free_space_choose_the_same_pool() {
+    let map = two_active_pools();
+    for i in 0..5000 {
+        let key = format!("k{i}");
+        let one = map.pool_for_new_key("bkt", &key, &[500_000_000_000, 400_000_000_000]);
+        // Another client's view, a few GB apart on each pool: the same 64ths.
+        let other = map.pool_for_new_key("bkt", &key, &[501_000_000_000, 400_500_000_000]);
+        assert_eq!(one, other, "{key}");
+        assert_eq!(one, map.pool_for_new_key("bkt", &key, &[500_000_000_000, 400_000_000_000]), "deterministic");
+    }
+}
+
+#[test]
+fn more_weight_for_a_pool_only_draws_keys_to_it() {
+    let map = two_active_pools();
+    let mut moved = 0;
+    for i in 0..5000 {
+        let key = format!("k{i}");
+        let before = map.pool_for_new_key("bkt", &key, &[1, 1]).unwrap();
+        let after = map.pool_for_new_key("bkt", &key, &[3, 1]).unwrap();
+        assert!(before == after || after == 0, "{key} left the pool that gained weight");
+        moved += usize::from(before != after);
+    }
+    // From 1/2 to 3/4 of the keys: about a quarter of them move, all to pool 1.
+    assert!((1000..1500).contains(&moved), "{moved} of 5000 keys moved");
+}

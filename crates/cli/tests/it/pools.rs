@@ -360,3 +360,53 @@ fn a_key_whose_versions_raced_into_two_pools_stays_deleted_once_the_marker_is_co
     // Known gap (ARCHITECTURE.md, Pools): a listing still shows pool 1's older version, as
     // listings carry no floors.
 }
+
+#[test]
+fn two_clients_racing_the_first_writes_of_keys_put_each_key_in_one_pool() {
+    use proto::{MetaDetail, MetaKey, Request, Response};
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    add_pool(&mut cluster);
+    let map = map_of(&cluster);
+    let (one, two) = (cluster.client(), cluster.client());
+    let keys: Vec<String> = (0..16).map(|i| format!("raced-{i}")).collect();
+    block_on(async {
+        // Both first writes of each key start together: each writer's version read finds nothing,
+        // so each chooses a pool for a new key on its own.
+        let writes = keys.iter().map(|key| {
+            let (one, two) = (one.clone(), two.clone());
+            async move {
+                let options = client::PutOptions::default();
+                let (a, b) = tokio::join!(
+                    one.put_bytes("bkt", key, b"from client one", &options),
+                    two.put_bytes("bkt", key, b"from client two", &options)
+                );
+                (a.unwrap().meta.version, b.unwrap().meta.version)
+            }
+        });
+        let versions = futures_util::future::join_all(writes).await;
+        let secret = crate::protocol::secret_of(&cluster);
+        let mut in_second = 0;
+        for (key, (a, b)) in keys.iter().zip(versions) {
+            // Which pools' sets hold any version of the key, on any drive.
+            let holders: Vec<usize> = (0..map.pools.len())
+                .filter(|&pool| {
+                    let placement = map.placement_in(pool, "bkt", key);
+                    map.sets[placement.set_idx].drives.iter().any(|drive| {
+                        let mut session = crate::protocol::RawSession::open(map.nodes[drive.node_idx].addr, &secret);
+                        let item = MetaKey { drive: drive.drive_idx as u32, bucket: "bkt".into(), key: key.clone() };
+                        match session.call(&Request::MetaGet { items: vec![item], detail: MetaDetail::Versions }) {
+                            Response::Versions { keys } => keys[0].current.is_some() || !keys[0].retained.is_empty(),
+                            other => panic!("{other:?}"),
+                        }
+                    })
+                })
+                .collect();
+            assert_eq!(holders.len(), 1, "{key}: versions {a:?} and {b:?} are in pools {holders:?}");
+            in_second += usize::from(holders[0] == 1);
+            let newest = if a > b { "from client one" } else { "from client two" };
+            assert_eq!(one.get("bkt", key).await.unwrap(), newest.as_bytes(), "{key}");
+        }
+        assert!((1..16).contains(&in_second), "{in_second} of 16 keys in pool 2: new keys should use both pools");
+    });
+}
