@@ -188,12 +188,27 @@ async fn put(args: &PutArgs) -> anyhow::Result<()> {
 async fn get(args: &GetArgs) -> anyhow::Result<()> {
     let (bucket, key) = split_path(&args.path)?;
     let client = connect(&args.config)?;
-    let info = client.head(bucket, key).await?;
-    if args.offset > info.meta.size || (args.offset == info.meta.size && info.meta.size > 0) {
-        bail!("--offset {} is past the end of {bucket}/{key} ({} bytes)", args.offset, info.meta.size);
-    }
-    let end = args.length.map_or(info.meta.size, |length| info.meta.size.min(args.offset.saturating_add(length)));
-    let size = end - args.offset;
+    let mut info = client.head(bucket, key).await?;
+    // The first step is read before anything is written, so that a version that vanished
+    // under the read (a write in flight that was rolled back) can give way to the key's
+    // current one (`Client::head_after_failed_read`).
+    let mut retried = false;
+    let (size, mut buf, first) = loop {
+        if args.offset > info.meta.size || (args.offset == info.meta.size && info.meta.size > 0) {
+            bail!("--offset {} is past the end of {bucket}/{key} ({} bytes)", args.offset, info.meta.size);
+        }
+        let end = args.length.map_or(info.meta.size, |length| info.meta.size.min(args.offset.saturating_add(length)));
+        let size = end - args.offset;
+        let mut buf = vec![0u8; GET_STEP_BYTES.min(size as usize)];
+        match client.read_at(&info, args.offset, &mut buf).await {
+            Ok(read) => break (size, buf, read),
+            Err(e) if !retried => {
+                retried = true;
+                info = client.head_after_failed_read(&info, e).await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     let to_stdout = args.file == Path::new("-");
     // Write beside the target and rename at the end: a failed get leaves no half file behind.
     let partial = partial_path(&args.file);
@@ -204,9 +219,10 @@ async fn get(args: &GetArgs) -> anyhow::Result<()> {
         Box::new(file)
     };
     let bar = if to_stdout { None } else { progress_bar(size, "get") };
-    let mut buf = vec![0u8; GET_STEP_BYTES.min(size as usize)];
     let mut done = 0u64;
     let result: anyhow::Result<()> = async {
+        out.write_all(&buf[..first]).await.context("write the output")?;
+        done += first as u64;
         while done < size {
             let step = buf.len().min((size - done) as usize);
             let read = client.read_at(&info, args.offset + done, &mut buf[..step]).await?;

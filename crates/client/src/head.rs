@@ -20,7 +20,7 @@ use crate::{Client, Error, FailedNode, ObjectInfo, choose_version};
 /// Whether a metadata read shares its requests with other operations' (`crate::coalesce`). A
 /// writer's version read does not: a PUT's client threads are busy encoding, so the hop through
 /// the sender task would lengthen it, and sharing showed no PUT gain (`bench/pools.sh`, PUT two
-/// pools / one: 0.90 shared, 0.90 and 0.99 not).
+/// pools / one: 0.90 shared; 0.99, 0.90 and 0.95 not).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Sharing {
     Shared,

@@ -545,12 +545,40 @@ impl Client {
 
     /// The whole object in a new buffer.
     pub async fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>, Error> {
-        let info = self.head(bucket, key).await?;
-        let size = usize::try_from(info.meta.size).expect("object size fits in memory on 64-bit");
-        let mut buf = vec![0u8; size];
-        let read = self.read_at(&info, 0, &mut buf).await?;
-        assert_eq!(read, size, "a whole-object read returns the whole object");
-        Ok(buf)
+        let mut info = self.head(bucket, key).await?;
+        let mut retried = false;
+        loop {
+            let size = usize::try_from(info.meta.size).expect("object size fits in memory on 64-bit");
+            let mut buf = vec![0u8; size];
+            match self.read_at(&info, 0, &mut buf).await {
+                Ok(read) => {
+                    assert_eq!(read, size, "a whole-object read returns the whole object");
+                    return Ok(buf);
+                }
+                Err(e) if !retried => {
+                    retried = true;
+                    info = self.head_after_failed_read(&info, e).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// What to read after a read of `info` failed (`error`) before anything of it was used.
+    /// A head may choose a write in flight once k drives hold it; if that write then misses
+    /// its quorum, its rollback removes the version and the read finds its chunks missing. The
+    /// key is headed again: a version other than `info`'s (the one the rollback restored), or
+    /// `NotFound` (the key's first write failed), is the answer; the same version again, or any
+    /// other failure, gives back `error`.
+    pub async fn head_after_failed_read(&self, info: &ObjectInfo, error: Error) -> Result<ObjectInfo, Error> {
+        if !matches!(error, Error::Unavailable { .. }) {
+            return Err(error);
+        }
+        match self.head(&info.meta.bucket, &info.meta.key).await {
+            Ok(again) if again.meta.version != info.meta.version => Ok(again),
+            Err(absent @ Error::NotFound { .. }) => Err(absent),
+            _ => Err(error),
+        }
     }
 
     /// Writes `data` as `bucket/key`. Unlike a streaming [`Client::put`], it runs once more

@@ -308,3 +308,44 @@ fn a_drive_that_fails_during_the_commit_is_queued_for_repair() {
         assert!(queue.iter().any(|(v, r)| *v == version && r.positions == [5]), "n{}: {queue:?}", drive.node_idx + 1);
     }
 }
+
+#[test]
+fn a_read_of_a_write_rolled_back_under_it_gives_way_to_the_version_it_replaced() {
+    // Chaos seed 3: a head chose an overwrite in flight (on k = 4 drives), the overwrite then
+    // missed W and was rolled back, and the read found its chunks missing everywhere. The
+    // reader must then read the version the rollback restored, not fail.
+    let cluster = Cluster::start(Shape::default());
+    let (old, info, _map, overwrite) = object_and_overwrite(&cluster);
+    for position in 0..4 {
+        let outcome = hand_commit(&cluster, position, &overwrite, CommitCondition::None);
+        assert!(matches!(outcome, Response::Committed { .. }), "{outcome:?}");
+    }
+    let reader = cluster.client();
+    let chosen = block_on(reader.head("bkt", "K")).unwrap();
+    assert_eq!(chosen.meta.version, overwrite.version, "k drives hold the overwrite: a head chooses it");
+    for position in 0..4 {
+        hand_rollback(&cluster, position, &overwrite);
+    }
+    block_on(async {
+        let mut buf = vec![0u8; chosen.meta.size as usize];
+        let failed = reader.read_at(&chosen, 0, &mut buf).await.unwrap_err();
+        assert!(matches!(failed, client::Error::Unavailable { .. }), "the rollback removed it: {failed}");
+        let again = reader.head_after_failed_read(&chosen, failed).await.unwrap();
+        assert_eq!(again.meta.version, info.meta.version, "the version the rollback restored");
+        let mut buf = vec![0u8; again.meta.size as usize];
+        assert_eq!(reader.read_at(&again, 0, &mut buf).await.unwrap(), old.len());
+        assert!(buf == old);
+    });
+    // The same version failing again is the error itself, not another head.
+    let lost = client::Error::Unavailable {
+        action: "read",
+        bucket: "bkt".into(),
+        key: "K".into(),
+        available: 3,
+        total: 6,
+        needed: 4,
+        unreachable: Vec::new(),
+    };
+    let same = block_on(reader.head_after_failed_read(&info, lost));
+    assert!(matches!(same, Err(client::Error::Unavailable { .. })), "{same:?}");
+}
