@@ -414,6 +414,18 @@ pub struct ClusterMap {
     pub base_dir: PathBuf,
 }
 
+/// xxh3-64 of `bucket/key`, a byte naming what the hash chooses (0: where a moved key goes, 1: a
+/// new key's pool) and a pool's id: rendezvous hashing's score of that pool for the key.
+fn key_pool_hash(bucket: &str, key: &str, purpose: u8, pool_id: u32) -> u64 {
+    let mut name = Vec::with_capacity(bucket.len() + key.len() + 6);
+    name.extend_from_slice(bucket.as_bytes());
+    name.push(b'/');
+    name.extend_from_slice(key.as_bytes());
+    name.push(purpose);
+    name.extend_from_slice(&pool_id.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&name)
+}
+
 /// Steps the pools' weights are rounded to when a new key's pool is chosen
 /// ([`ClusterMap::pool_for_new_key`]): fine enough to fill pools evenly, coarse enough that
 /// clients' slightly different views of the free space agree.
@@ -681,15 +693,7 @@ impl ClusterMap {
     /// whose hash with the key is highest (rendezvous hashing), so the mover and every writer
     /// of the key agree on it without talking to each other.
     pub fn pool_for_moved_key(&self, bucket: &str, key: &str) -> usize {
-        let score = |pool: &Pool| {
-            let mut name = Vec::with_capacity(bucket.len() + key.len() + 6);
-            name.extend_from_slice(bucket.as_bytes());
-            name.push(b'/');
-            name.extend_from_slice(key.as_bytes());
-            name.push(0);
-            name.extend_from_slice(&pool.id.to_le_bytes());
-            xxhash_rust::xxh3::xxh3_64(&name)
-        };
+        let score = |pool: &Pool| key_pool_hash(bucket, key, 0, pool.id);
         let active = self.pools.iter().enumerate().filter(|(_, pool)| pool.is_active());
         active.max_by_key(|(_, pool)| score(pool)).map(|(idx, _)| idx).expect("a valid map has an active pool")
     }
@@ -713,14 +717,8 @@ impl ClusterMap {
             rounded.max(1) as f64
         };
         let score = |pool: &Pool, weight: u64| {
-            let mut name = Vec::with_capacity(bucket.len() + key.len() + 6);
-            name.extend_from_slice(bucket.as_bytes());
-            name.push(b'/');
-            name.extend_from_slice(key.as_bytes());
-            name.push(1);
-            name.extend_from_slice(&pool.id.to_le_bytes());
             // A uniform draw in (0, 1) from the top 53 bits of the hash.
-            let unit = ((xxhash_rust::xxh3::xxh3_64(&name) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+            let unit = ((key_pool_hash(bucket, key, 1, pool.id) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
             steps(weight) / -unit.ln()
         };
         (0..self.pools.len())
