@@ -1,5 +1,5 @@
 //! The one `tessera` binary: cluster tooling (`init`, `up`, `node`, `gateway`), object commands through the
-//! smart client (`mb`, `rb`, `put`, `get`, `ls`, `rm`, `stat`) and `bench`.
+//! smart client (`mb`, `rb`, `put`, `get`, `ls`, `rm`, `stat`), `query` and `bench`.
 //!
 //! Only this crate prints to the terminal, reads environment variables or exits the process.
 
@@ -10,6 +10,7 @@ mod map_cmd;
 mod object_cmd;
 mod pool_cmd;
 mod pool_move;
+mod query_cmd;
 mod repair_cmd;
 mod s3_load;
 mod size;
@@ -69,6 +70,8 @@ enum Command {
     Map(map_cmd::MapArgs),
     /// Storage pools: add a pool of new nodes to grow the cluster; free space per pool.
     Pool(pool_cmd::PoolArgs),
+    /// Run SQL over Parquet objects, with filters and projections evaluated on the storage nodes.
+    Query(query_cmd::QueryArgs),
 }
 
 fn main() -> ExitCode {
@@ -125,6 +128,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Drive(args) => drive_cmd::run(&args),
         Command::Map(args) => map_cmd::run(&args),
         Command::Pool(args) => pool_cmd::run(&args),
+        Command::Query(args) => query_cmd::run(&args),
     }
 }
 

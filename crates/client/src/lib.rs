@@ -31,6 +31,7 @@ mod head;
 mod list;
 mod multipart;
 mod put;
+mod query;
 mod relocate;
 
 use std::fmt::Write as _;
@@ -40,7 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cluster::{ClusterMap, DriveRef, Placement};
-use proto::{ErrorKind, ObjectMeta, Request, Response, VersionId};
+use proto::{ObjectMeta, Request, Response, VersionId};
 
 use conn::{Conn, MapIdentity, Pool};
 
@@ -48,9 +49,12 @@ pub use admin::{NodeMap, NodeSpace};
 pub use coalesce::MetadataCounts;
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
+pub use proto::QUERY_FOOTER_BYTES_MAX;
 pub use proto::{
-    BucketEntry, CommitCondition, DriveRepairStatus, DriveSpace, ListEntry, RepairAction, RepairStatus, ScrubStatus,
+    BucketEntry, CommitCondition, DriveRepairStatus, DriveSpace, ErrorKind, ListEntry, QueryObject, RepairAction,
+    RepairStatus, ScanSpec, ScrubStatus,
 };
+pub use query::{QUERY_SILENCE_MAX, QueryReply, QueryStats};
 pub use relocate::{MoveKind, Moved, PoolListing};
 
 /// Most runs of one operation when nodes show its map to be stale: the first with the map it

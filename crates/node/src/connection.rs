@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use chunkstore::Drive;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -51,7 +52,7 @@ struct Session {
 /// Serves one connection to its end: the handshake (while it holds a pending slot, released by
 /// `handshake_done`), then requests. Staging files written on this connection and never
 /// committed or aborted are dropped when it closes, so a client that dies mid-PUT leaves nothing.
-pub(crate) fn serve(stream: TcpStream, state: &State, handshake_done: impl FnOnce()) {
+pub(crate) fn serve(stream: TcpStream, state: &Arc<State>, handshake_done: impl FnOnce()) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let handshake = handshake(stream, state);
     handshake_done();
@@ -196,7 +197,7 @@ impl Session {
 
 fn serve_requests(
     session: &mut Session,
-    state: &State,
+    state: &Arc<State>,
     staged: &mut HashSet<(usize, VersionId)>,
 ) -> Result<(), ConnError> {
     let mut chunk_buffer = Vec::new();
@@ -226,6 +227,7 @@ fn serve_requests(
         }
         match request {
             Request::Read { items } => serve_read(session, state, &items)?,
+            Request::Query { scan, objects } => crate::query::serve(state, session, &scan, objects)?,
             Request::ChunkWrite { drive, bucket, version, offset, len, block_bytes, crcs } => {
                 // `len` was checked against CHUNK_BYTES_MAX by decode_request, and `crcs`
                 // against `len` and `block_bytes`.
@@ -252,6 +254,19 @@ fn serve_requests(
         }
     }
     Ok(())
+}
+
+impl crate::query::Answer for Session {
+    fn response(&mut self, response: &Response) -> io::Result<()> {
+        self.send(response).map_err(|e| match e {
+            ConnError::Io(e) => e,
+            other => io::Error::other(other.to_string()),
+        })
+    }
+
+    fn data(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes)
+    }
 }
 
 /// The index of the first `block_bytes` block of `data` whose CRC32C differs from `crcs`.
@@ -357,7 +372,7 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
         Request::DriveReplace { drive } => {
             with_drive(state, drive, |_| crate::rebuild::replace(state, drive as usize).map(|()| Response::Ok))
         }
-        Request::Read { .. } | Request::ChunkWrite { .. } => {
+        Request::Read { .. } | Request::ChunkWrite { .. } | Request::Query { .. } => {
             unreachable!("data requests are served by serve_requests")
         }
     }

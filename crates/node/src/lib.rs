@@ -19,6 +19,7 @@
 mod connection;
 mod map;
 mod peer;
+mod query;
 mod rebuild;
 mod repair;
 mod scrub;
@@ -184,6 +185,8 @@ struct State {
     connections: AtomicUsize,
     /// Connections in their handshake, oldest first, by accept number.
     pending: Mutex<VecDeque<(u64, TcpStream)>>,
+    /// Near-data queries: their runtime and turns.
+    queries: query::Queries,
 }
 
 /// Setting names on the node's first drive.
@@ -383,6 +386,7 @@ impl Server {
             retire_grace: config.retire_grace,
             connections: AtomicUsize::new(0),
             pending: Mutex::new(VecDeque::new()),
+            queries: query::Queries::default(),
         };
         Ok(Self { listener, state: Arc::new(state) })
     }

@@ -631,6 +631,41 @@ pub enum Request {
     /// the key leaves the drive's listing. Newer versions stay. Answered with [`Response::Ok`]
     /// (also when the drive holds nothing of the key).
     Evict { drive: u32, bucket: String, key: String, version: VersionId },
+    /// Near-data query: evaluate `scan` over the listed row groups of Parquet objects (each a
+    /// version this node holds on `drive`) and stream the matching rows back as Arrow IPC:
+    /// [`Response::QueryData`] frames, each followed by its raw bytes, then one
+    /// [`Response::QueryDone`] (or a [`Response::Error`] at any point). The node reads the
+    /// bytes of the row groups from its own drives and, for what lies on other drives, from
+    /// its peers; a chunk missing or corrupt there is rebuilt from k others of its stripe.
+    /// Closing the connection cancels the query.
+    Query { scan: ScanSpec, objects: Vec<QueryObject> },
+}
+
+/// What a node evaluates over its row groups: `SELECT columns FROM t WHERE filters LIMIT limit`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ScanSpec {
+    /// Columns to return, in order; empty with `count_only`.
+    pub columns: Vec<String>,
+    /// SQL boolean expressions over the columns, all of which a row must satisfy.
+    pub filters: Vec<String>,
+    /// At most this many rows (per node; the client applies the query's own limit).
+    pub limit: Option<u64>,
+    /// Return no rows, only how many match ([`Response::QueryDone`]'s `rows`).
+    pub count_only: bool,
+}
+
+/// One object of a [`Request::Query`]: which version, its Parquet footer (the client has read
+/// it to plan the query, so the node need not fetch it again) and the row groups to evaluate.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct QueryObject {
+    /// A drive of this node that holds the version's metadata.
+    pub drive: u32,
+    pub bucket: String,
+    pub key: String,
+    pub version: VersionId,
+    /// The Thrift-encoded Parquet file metadata (the bytes before the last 8 of the file).
+    pub footer: Vec<u8>,
+    pub row_groups: Vec<u32>,
 }
 
 /// How much a [`Request::MetaGet`] answers per key.
@@ -733,6 +768,10 @@ pub enum ErrorKind {
     StaleMap,
     /// A [`Request::MapPut`] expected another map version than the node holds.
     MapConflict,
+    /// A query could not run: bad SQL, unknown columns, data that is not what it claims.
+    BadQuery,
+    /// Fewer than k chunks of a stripe could be read.
+    Unavailable,
 }
 
 /// A node's answer to a [`Request`].
@@ -771,7 +810,26 @@ pub enum Response {
     Space {
         drives: Vec<DriveSpace>,
     },
+    /// Followed by `len` bytes of a [`Request::Query`]'s Arrow IPC stream (the schema first,
+    /// then record batches) whose CRC32C is `crc`.
+    QueryData {
+        len: u32,
+        crc: u32,
+    },
+    /// The query's end: rows that matched and bytes the node read to find them (from its own
+    /// drives and from peers).
+    QueryDone {
+        rows: u64,
+        local_bytes: u64,
+        peer_bytes: u64,
+    },
 }
+
+/// Bytes of Arrow IPC one [`Response::QueryData`] carries at most.
+pub const QUERY_DATA_BYTES_MAX: usize = 64 << 20;
+/// Footer bytes one [`Request::Query`] carries at most (all objects together); a client splits
+/// larger ones over several requests.
+pub const QUERY_FOOTER_BYTES_MAX: usize = 8 << 20;
 
 /// The file system space of one drive.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -803,6 +861,19 @@ impl Request {
                     return Err(Error::Invalid {
                         what: "chunk write",
                         reason: format!("{} checksums for {len} bytes in blocks of {block_bytes}", crcs.len()),
+                    });
+                }
+                Ok(())
+            }
+            Request::Query { objects, .. } if objects.len() > BATCH_ITEMS_MAX => {
+                Err(too_many("query objects", objects.len()))
+            }
+            Request::Query { objects, .. } => {
+                let footers: usize = objects.iter().map(|o| o.footer.len()).sum();
+                if footers > QUERY_FOOTER_BYTES_MAX {
+                    return Err(Error::Invalid {
+                        what: "query",
+                        reason: format!("{footers} footer bytes exceed {QUERY_FOOTER_BYTES_MAX}"),
                     });
                 }
                 Ok(())

@@ -9,6 +9,7 @@ mod harness;
 mod objects;
 mod pools;
 mod protocol;
+mod query;
 mod repair;
 mod scrub;
 mod topology;

@@ -1,0 +1,218 @@
+//! Near-data query: SQL over Parquet objects with the scans evaluated on the nodes, checked
+//! against the same query evaluated entirely in the client and against values computed here;
+//! healthy, with a node killed and with chunks corrupted.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use query::arrow::array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use query::arrow::datatypes::{DataType, Field, Schema};
+use query::datafusion::parquet::arrow::ArrowWriter;
+use query::datafusion::parquet::file::properties::WriterProperties;
+use query::{QueryCounters, QueryOptions};
+
+use crate::harness::{Cluster, Shape, block_on, write_file};
+
+/// Rows per object and per row group: with 64 KiB chunks a row group (~16 KiB per column)
+/// crosses chunk boundaries now and then, so nodes read tails from their peers.
+const ROWS: i64 = 20_000;
+const GROUP_ROWS: usize = 1_500;
+
+/// A particle table: id, ke = a scrambled value in 0..1000, a name column.
+fn particles(first_id: i64) -> Vec<u8> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("ke", DataType::Float64, false),
+        Field::new("name", DataType::Utf8, true),
+    ]));
+    let ids: Vec<i64> = (first_id..first_id + ROWS).collect();
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from(ids.clone())),
+            Arc::new(Float64Array::from_iter_values(ids.iter().map(|&i| ke_of(i)))),
+            Arc::new(StringArray::from_iter(ids.iter().map(|i| (i % 5 != 0).then(|| format!("p{}", i % 97))))),
+        ],
+    )
+    .unwrap();
+    let props = WriterProperties::builder().set_max_row_group_row_count(Some(GROUP_ROWS)).build();
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut out, schema, Some(props)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    out
+}
+
+fn ke_of(id: i64) -> f64 {
+    ((id * 7919) % 1000) as f64 + 0.5
+}
+
+/// Three objects of the table `bkt/parts/` (ids 0..60000), plus one object that is not Parquet.
+fn load(cluster: &Cluster) {
+    cluster.cli_ok(&["mb", "bkt"]);
+    for part in 0..3i64 {
+        let file = write_file(cluster.dir.path(), &format!("part{part}.parquet"), &particles(part * ROWS));
+        cluster.cli_ok(&["put", file.to_str().unwrap(), &format!("bkt/parts/{part}.parquet")]);
+    }
+    let text = write_file(cluster.dir.path(), "notes.txt", b"id,ke\n1,2\n");
+    cluster.cli_ok(&["put", text.to_str().unwrap(), "bkt/notes.txt"]);
+}
+
+fn run(cluster: &Cluster, sql: &str, pushdown: bool) -> (Vec<RecordBatch>, Arc<QueryCounters>) {
+    let client = cluster.client();
+    block_on(async {
+        let options = QueryOptions { pushdown, ..Default::default() };
+        let (_, batches, counters) =
+            query::collect(&client, sql, &options).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        (batches, counters)
+    })
+}
+
+fn int_column(batches: &[RecordBatch], idx: usize) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| b.column(idx).as_any().downcast_ref::<Int64Array>().expect("int64").values().to_vec())
+        .collect()
+}
+
+fn float_column(batches: &[RecordBatch], idx: usize) -> Vec<f64> {
+    batches
+        .iter()
+        .flat_map(|b| b.column(idx).as_any().downcast_ref::<Float64Array>().expect("float64").values().to_vec())
+        .collect()
+}
+
+/// The queries every test checks, with their expected answers computed here.
+fn check_queries(cluster: &Cluster, pushdown: bool) -> Vec<Arc<QueryCounters>> {
+    let all: Vec<i64> = (0..3 * ROWS).collect();
+    let mut counters = Vec::new();
+    // A selective filter with a projection, ordered.
+    let (batches, c) = run(cluster, "SELECT id, ke FROM 'bkt/parts/' WHERE ke > 990 ORDER BY id", pushdown);
+    let expected: Vec<i64> = all.iter().copied().filter(|&i| ke_of(i) > 990.0).collect();
+    assert_eq!(int_column(&batches, 0), expected);
+    assert!(float_column(&batches, 1).iter().all(|&ke| ke > 990.0));
+    counters.push(c);
+    // Aggregates over a filter that statistics can prune (ids are sorted).
+    let (batches, c) = run(
+        cluster,
+        "SELECT count(*) AS n, sum(id) AS s, min(ke), max(ke) FROM 'bkt/parts/' WHERE id BETWEEN 12345 AND 43210",
+        pushdown,
+    );
+    let matching: Vec<i64> = (12_345..=43_210).collect();
+    assert_eq!(int_column(&batches, 0), vec![matching.len() as i64]);
+    assert_eq!(int_column(&batches, 1), vec![matching.iter().sum::<i64>()]);
+    counters.push(c);
+    // count(*) alone: nodes count, no columns come back.
+    let (batches, c) = run(cluster, "SELECT count(*) FROM 'bkt/parts/' WHERE name LIKE 'p1%' AND id % 3 = 0", pushdown);
+    let expected =
+        all.iter().filter(|&&i| i % 5 != 0 && format!("p{}", i % 97).starts_with("p1") && i % 3 == 0).count();
+    assert_eq!(int_column(&batches, 0), vec![expected as i64]);
+    counters.push(c);
+    // One object by key; string functions, IS NULL, IN, NOT, OR, arithmetic, CAST.
+    let (batches, c) = run(
+        cluster,
+        "SELECT id, upper(name) AS u FROM 'bkt/parts/1.parquet' \
+         WHERE (name IS NULL AND id < 20100) OR (CAST(ke AS BIGINT) IN (7, 8) AND NOT id > 25000) ORDER BY id",
+        pushdown,
+    );
+    let expected: Vec<i64> = (ROWS..2 * ROWS)
+        .filter(|&i| (i % 5 == 0 && i < 20_100) || ([7, 8].contains(&(ke_of(i) as i64)) && i <= 25_000))
+        .collect();
+    assert_eq!(int_column(&batches, 0), expected);
+    counters.push(c);
+    // LIMIT without ORDER BY: any rows, exactly that many.
+    let (batches, c) = run(cluster, "SELECT id FROM 'bkt/parts/' WHERE ke < 500 LIMIT 17", pushdown);
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 17);
+    assert!(int_column(&batches, 0).iter().all(|&i| ke_of(i) < 500.0));
+    counters.push(c);
+    counters
+}
+
+#[test]
+fn queries_run_on_the_nodes_and_match_the_answer_computed_here() {
+    let cluster = Cluster::start(Shape::default());
+    load(&cluster);
+    let pushed = check_queries(&cluster, true);
+    let local = check_queries(&cluster, false);
+    let object_bytes: u64 = (0..3).map(|p| particles(p * ROWS).len() as u64).sum();
+    for (i, (p, l)) in pushed.iter().zip(&local).enumerate() {
+        // Pushed down: every row group went to a node, none was read by the client.
+        assert!(p.node_requests.load(Ordering::Relaxed) > 0, "query {i}");
+        assert_eq!(p.client_row_groups.load(Ordering::Relaxed), 0, "query {i}");
+        assert_eq!(p.client_read_bytes.load(Ordering::Relaxed), 0, "query {i}");
+        // Not pushed down: the client read the row groups itself.
+        assert_eq!(l.node_requests.load(Ordering::Relaxed), 0, "query {i}");
+        assert!(l.client_read_bytes.load(Ordering::Relaxed) > 0, "query {i}");
+    }
+    // The selective query brought a small fraction of the table to the client.
+    let selective = pushed[0].bytes_to_client();
+    assert!(selective * 10 < object_bytes, "{selective} bytes reached the client of {object_bytes}");
+    assert!(selective * 3 < local[0].bytes_to_client());
+    // The count brought no rows at all.
+    assert_eq!(pushed[2].result_bytes.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn degraded_queries_return_the_same_rows() {
+    let mut cluster = Cluster::start(Shape::default());
+    load(&cluster);
+    // Corrupt one spot of every data file on n2: nodes reading those chunk ranges rebuild
+    // them from the rest of their stripe.
+    let mut corrupted = 0;
+    for file in cluster.data_files(1) {
+        let mut bytes = std::fs::read(&file).unwrap();
+        for at in (0..bytes.len()).step_by(20_000) {
+            bytes[at] ^= 0x5a;
+        }
+        std::fs::write(&file, bytes).unwrap();
+        corrupted += 1;
+    }
+    assert!(corrupted >= 3, "n2 holds chunks of every object");
+    check_queries(&cluster, true);
+    let rebuilt = (0..6).map(|i| cluster.log(i)).filter(|log| log.contains("rebuilding it from the stripe")).count();
+    assert!(rebuilt > 0, "no node met a corrupt chunk range: the fault was not exercised");
+    // And with a node down as well (m = 2): its row groups go to other nodes of their sets.
+    cluster.kill_node(4);
+    let counters = check_queries(&cluster, true);
+    assert!(counters.iter().all(|c| c.node_requests.load(Ordering::Relaxed) > 0));
+}
+
+#[test]
+fn bad_queries_get_clear_errors_and_the_nodes_keep_serving() {
+    let cluster = Cluster::start(Shape::default());
+    load(&cluster);
+    for (sql, expected) in [
+        ("SELECT nope FROM 'bkt/parts/'", "nope"),
+        ("SELECT id FROM 'bkt/parts/' WHERE", "SQL"),
+        ("SELECT * FROM 'bkt/notes.txt'", "not a Parquet file"),
+        ("SELECT * FROM 'bkt/missing/'", "no objects"),
+        ("SELECT * FROM 'bkt/parts/0.parquet' WHERE name + 1 > 2", "Cannot coerce arithmetic expression Utf8 + Int64"),
+        ("CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '/etc/passwd'", "only SELECT"),
+        ("SELECT * FROM nobucket", "bucket/key"),
+    ] {
+        let error = cluster.cli_err(&["query", sql]);
+        assert!(error.contains(expected), "{sql}: {error}");
+    }
+    // Every node still serves.
+    let output = cluster.cli_ok(&["query", "SELECT count(*) AS n FROM 'bkt/parts/'", "--format", "csv"]);
+    assert_eq!(output.trim(), format!("n\n{}", 3 * ROWS));
+}
+
+#[test]
+fn cli_formats() {
+    let cluster = Cluster::start(Shape::default());
+    load(&cluster);
+    let sql = "SELECT id, ke FROM 'bkt/parts/0.parquet' WHERE id < 3 ORDER BY id";
+    let csv = cluster.cli_ok(&["query", sql, "--format", "csv"]);
+    assert_eq!(csv, format!("id,ke\n0,{}\n1,{}\n2,{}\n", ke_of(0), ke_of(1), ke_of(2)));
+    let json = cluster.cli_ok(&["query", sql, "--format", "json"]);
+    assert_eq!(json.lines().count(), 3);
+    assert!(json.starts_with(&format!("{{\"id\":0,\"ke\":{}}}", ke_of(0))), "{json}");
+    let table = cluster.cli_ok(&["query", sql]);
+    assert!(table.contains("| id | ke"), "{table}");
+    let arrow = cluster.cli(&["query", sql, "--format", "arrow"]);
+    assert!(arrow.status.success());
+    let reader = query::arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(arrow.stdout), None).unwrap();
+    let batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+    assert_eq!(int_column(&batches, 0), vec![0, 1, 2]);
+}

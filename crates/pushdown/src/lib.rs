@@ -1,0 +1,197 @@
+//! Tessera's near-data query engine: evaluates a scan (projection, filter, limit) over chosen
+//! row groups of Parquet objects with Apache DataFusion, reading the bytes through a
+//! [`ByteSource`]. A storage node runs it over the row groups that start in its chunks (its
+//! source reads its own drives and its peers); a client runs it over row groups no node could
+//! take (its source is the smart client's degraded read).
+//!
+//! This crate holds no I/O of its own and knows nothing of nodes or chunks: only Parquet
+//! footers, row groups, schemas and the Arrow IPC framing of results.
+
+mod footer;
+mod table;
+
+use std::fmt::Debug;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::ipc::writer::StreamWriter;
+use datafusion::common::DFSchema;
+use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures_util::future::BoxFuture;
+
+pub use datafusion;
+pub use footer::{FOOTER_BYTES_MAX, Footer, table_schema};
+pub use proto::ScanSpec;
+
+/// Why a scan could not run or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The query or the data is wrong: bad SQL, an unknown column, a type error, an object that
+    /// is not Parquet or whose footer is damaged. Retrying will not help.
+    #[error("{0}")]
+    BadQuery(String),
+    /// Bytes of an object could not be read (too few chunks).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The engine failed otherwise (out of its memory budget, an internal error).
+    #[error("{0}")]
+    Engine(String),
+}
+
+impl Error {
+    /// Sorts a DataFusion error: planning and schema errors are the query's fault; a source's
+    /// read failure is unavailability; the rest is the engine's.
+    pub fn from_datafusion(error: DataFusionError) -> Self {
+        let text = error.to_string();
+        match error.find_root() {
+            DataFusionError::Plan(_) | DataFusionError::SQL(..) | DataFusionError::SchemaError(..) => {
+                Error::BadQuery(text)
+            }
+            DataFusionError::ParquetError(_) | DataFusionError::ArrowError(..) if text.contains(UNAVAILABLE_MARK) => {
+                Error::Unavailable(text)
+            }
+            DataFusionError::ParquetError(_) => Error::BadQuery(text),
+            DataFusionError::ResourcesExhausted(_) => Error::Engine(format!("query memory limit: {text}")),
+            _ if text.contains(UNAVAILABLE_MARK) => Error::Unavailable(text),
+            _ => Error::Engine(text),
+        }
+    }
+}
+
+/// Marks a [`ByteSource`] failure inside DataFusion's error text (which wraps it as a Parquet
+/// error), so that [`Error::from_datafusion`] can tell it apart from bad data.
+const UNAVAILABLE_MARK: &str = "[bytes unavailable]";
+
+/// Where a scan reads its objects' bytes.
+pub trait ByteSource: Debug + Send + Sync + 'static {
+    /// Bytes `range` of object `object` (an index into the scan's objects). An error says why
+    /// they could not be read (too few chunks, a peer down).
+    fn read(&self, object: usize, range: Range<u64>) -> BoxFuture<'static, Result<Bytes, String>>;
+}
+
+/// One object of a scan: its footer and the row groups to evaluate.
+#[derive(Clone, Debug)]
+pub struct ScanObject {
+    /// `bucket/key`, for errors.
+    pub name: String,
+    pub size: u64,
+    pub footer: Arc<Footer>,
+    pub row_groups: Vec<usize>,
+}
+
+/// How much one scan may use.
+#[derive(Clone, Copy, Debug)]
+pub struct ScanLimits {
+    /// Bytes the engine may hold for the scan's operators (DataFusion's memory pool); a scan
+    /// that needs more fails with [`Error::Engine`].
+    pub memory_bytes: usize,
+    /// Row groups are read by this many partitions at once.
+    pub partitions: usize,
+    /// Rows per record batch.
+    pub batch_rows: usize,
+}
+
+impl Default for ScanLimits {
+    fn default() -> Self {
+        Self { memory_bytes: 256 << 20, partitions: 2, batch_rows: 8192 }
+    }
+}
+
+/// A session configured for scans and queries over Parquet row groups: filters pushed into
+/// the Parquet decoder, page indexes used for pruning, memory bounded by `limits`.
+pub fn session(limits: &ScanLimits) -> Result<SessionContext, Error> {
+    let mut config = SessionConfig::new()
+        .with_target_partitions(limits.partitions.max(1))
+        .with_batch_size(limits.batch_rows.max(1))
+        .with_information_schema(false);
+    let options = config.options_mut();
+    options.execution.parquet.pushdown_filters = true;
+    options.execution.parquet.reorder_filters = true;
+    options.execution.parquet.enable_page_index = true;
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(limits.memory_bytes, 1.0)
+        .build_arc()
+        .map_err(Error::from_datafusion)?;
+    Ok(SessionContext::new_with_config_rt(config, runtime))
+}
+
+/// Evaluates `spec` over the row groups of `objects` (whose footers must all describe
+/// `schema`) and returns the matching rows, a stream of `spec.columns` (or of no columns with
+/// `count_only`: batches whose row counts are the matches).
+pub async fn scan(
+    objects: Vec<ScanObject>,
+    schema: SchemaRef,
+    source: Arc<dyn ByteSource>,
+    spec: &ScanSpec,
+    limits: &ScanLimits,
+) -> Result<SendableRecordBatchStream, Error> {
+    if spec.count_only && !spec.columns.is_empty() {
+        return Err(Error::BadQuery("a count-only scan returns no columns".into()));
+    }
+    let ctx = session(limits)?;
+    let table = table::RowGroupTable::new(Arc::clone(&schema), objects, source, limits.partitions);
+    ctx.register_table("t", Arc::new(table)).map_err(Error::from_datafusion)?;
+    let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(Error::from_datafusion)?;
+    let mut frame = ctx.table("t").await.map_err(Error::from_datafusion)?;
+    for filter in &spec.filters {
+        let expr = ctx.parse_sql_expr(filter, &df_schema).map_err(|e| bad_filter(filter, e))?;
+        frame = frame.filter(expr).map_err(|e| bad_filter(filter, e))?;
+    }
+    let columns: Vec<&str> = spec.columns.iter().map(String::as_str).collect();
+    frame = frame.select_columns(&columns).map_err(Error::from_datafusion)?;
+    if let Some(limit) = spec.limit {
+        frame = frame.limit(0, Some(usize::try_from(limit).unwrap_or(usize::MAX))).map_err(Error::from_datafusion)?;
+    }
+    frame.execute_stream().await.map_err(Error::from_datafusion)
+}
+
+fn bad_filter(filter: &str, error: DataFusionError) -> Error {
+    match Error::from_datafusion(error) {
+        Error::BadQuery(text) | Error::Engine(text) => Error::BadQuery(format!("filter {filter:?}: {text}")),
+        other => other,
+    }
+}
+
+/// Writes record batches as one Arrow IPC stream (schema first), handing out the bytes batch
+/// by batch so they can go out in frames.
+pub struct IpcEncoder {
+    writer: StreamWriter<Vec<u8>>,
+}
+
+impl Debug for IpcEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IpcEncoder")
+    }
+}
+
+impl IpcEncoder {
+    /// The stream's schema message is the first bytes [`IpcEncoder::take`] returns.
+    pub fn new(schema: &SchemaRef) -> Result<Self, Error> {
+        let writer = StreamWriter::try_new(Vec::new(), schema).map_err(|e| Error::Engine(format!("Arrow IPC: {e}")))?;
+        Ok(Self { writer })
+    }
+
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<(), Error> {
+        self.writer.write(batch).map_err(|e| Error::Engine(format!("Arrow IPC: {e}")))
+    }
+
+    /// Bytes written since the last call.
+    pub fn take(&mut self) -> Vec<u8> {
+        std::mem::take(self.writer.get_mut())
+    }
+
+    /// Ends the stream; its last bytes.
+    pub fn finish(mut self) -> Result<Vec<u8>, Error> {
+        self.writer.finish().map_err(|e| Error::Engine(format!("Arrow IPC: {e}")))?;
+        Ok(self.take())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,152 @@
+//! SQL over Tessera objects, evaluated near the data.
+//!
+//! A table is named by a quoted path: `'bucket/key'` (one Parquet object) or `'bucket/prefix/'`
+//! (every object under the prefix, one table). The client parses and plans the query with
+//! DataFusion; the scan of each table becomes one request per node (`proto::Request::Query`)
+//! carrying the projection, the filters that can be written back as SQL, and the row groups
+//! whose first byte lies in that node's chunks. Nodes answer Arrow IPC; the client runs the
+//! rest of the plan (aggregation, ordering, limits, joins) over what comes back. Row groups no
+//! node can take (a multipart object, a node down) are evaluated by the client itself, through
+//! its degraded read.
+
+mod plan;
+mod source;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use client::Client;
+use pushdown::ScanLimits;
+use pushdown::datafusion::arrow::datatypes::SchemaRef;
+use pushdown::datafusion::execution::SendableRecordBatchStream;
+use pushdown::datafusion::execution::context::SQLOptions;
+
+pub use pushdown::datafusion;
+pub use pushdown::datafusion::arrow;
+
+/// Why a query failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The query or the data is wrong (SQL, columns, types, a table that is not Parquet).
+    #[error("{0}")]
+    BadQuery(String),
+    /// The store could not serve the data.
+    #[error(transparent)]
+    Client(#[from] client::Error),
+    /// The engine failed (memory limit, internal error).
+    #[error("{0}")]
+    Engine(String),
+}
+
+impl From<pushdown::Error> for Error {
+    fn from(error: pushdown::Error) -> Self {
+        match error {
+            pushdown::Error::BadQuery(text) => Error::BadQuery(text),
+            pushdown::Error::Unavailable(text) | pushdown::Error::Engine(text) => Error::Engine(text),
+        }
+    }
+}
+
+fn df_error(error: datafusion::error::DataFusionError) -> Error {
+    Error::from(pushdown::Error::from_datafusion(error))
+}
+
+/// How a query runs.
+#[derive(Clone, Debug)]
+pub struct QueryOptions {
+    /// The client's own engine: memory for merging, aggregating and sorting, partitions.
+    pub limits: ScanLimits,
+    /// Send scans to the nodes (the default). Off, the client reads the row groups itself and
+    /// evaluates everything: the same answer, all the bytes over the network (a baseline).
+    pub pushdown: bool,
+}
+
+impl Default for QueryOptions {
+    fn default() -> Self {
+        Self { limits: ScanLimits::default(), pushdown: true }
+    }
+}
+
+/// What a query moved, counted as it runs.
+#[derive(Debug, Default)]
+pub struct QueryCounters {
+    /// Node requests sent.
+    pub node_requests: AtomicU64,
+    /// Arrow IPC bytes the nodes sent back.
+    pub result_bytes: AtomicU64,
+    /// Bytes nodes read from their drives and peers to answer.
+    pub node_read_bytes: AtomicU64,
+    /// Row groups the client evaluated itself, and the object bytes it read for them.
+    pub client_row_groups: AtomicU64,
+    pub client_read_bytes: AtomicU64,
+}
+
+impl QueryCounters {
+    /// Bytes that reached the client: node results plus what it read itself.
+    pub fn bytes_to_client(&self) -> u64 {
+        self.result_bytes.load(Ordering::Relaxed) + self.client_read_bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// A running query: its result schema and batches.
+pub struct Query {
+    pub schema: SchemaRef,
+    pub stream: SendableRecordBatchStream,
+    pub counters: Arc<QueryCounters>,
+}
+
+impl std::fmt::Debug for Query {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Query").field("schema", &self.schema).finish_non_exhaustive()
+    }
+}
+
+/// Plans `sql` and starts it. The result streams; dropping the stream cancels the query on
+/// every node.
+pub async fn start(client: &Client, sql: &str, options: &QueryOptions) -> Result<Query, Error> {
+    let ctx = pushdown::session(&options.limits)?;
+    let counters = Arc::new(QueryCounters::default());
+    let state = ctx.state();
+    let statement = state.sql_to_statement(sql, &datafusion::config::Dialect::Generic).map_err(df_error)?;
+    let is_query = matches!(&statement, datafusion::sql::parser::Statement::Statement(s)
+        if matches!(s.as_ref(), datafusion::sql::sqlparser::ast::Statement::Query(_)));
+    if !is_query {
+        return Err(Error::BadQuery("only SELECT queries are supported".into()));
+    }
+    for reference in state.resolve_table_references(&statement).map_err(df_error)? {
+        if reference.schema().is_some() {
+            return Err(Error::BadQuery(format!(
+                "table {reference}: name a table as a quoted path, 'bucket/key' or 'bucket/prefix/'"
+            )));
+        }
+        let table = plan::ObjectTable::open(client, reference.table(), options, Arc::clone(&counters)).await?;
+        ctx.register_table(reference, Arc::new(table)).map_err(df_error)?;
+    }
+    let plan = ctx.state().statement_to_plan(statement).await.map_err(df_error)?;
+    // Queries only: no DDL (CREATE EXTERNAL TABLE could read local files), no DML, no SET.
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
+        .verify_plan(&plan)
+        .map_err(|e| Error::BadQuery(format!("only SELECT queries are supported ({e})")))?;
+    let frame = ctx.execute_logical_plan(plan).await.map_err(df_error)?;
+    let schema: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
+    let stream = frame.execute_stream().await.map_err(df_error)?;
+    Ok(Query { schema, stream, counters })
+}
+
+/// Runs `sql` to the end: every result batch.
+pub async fn collect(
+    client: &Client,
+    sql: &str,
+    options: &QueryOptions,
+) -> Result<(SchemaRef, Vec<arrow::array::RecordBatch>, Arc<QueryCounters>), Error> {
+    use futures_util::StreamExt;
+    let mut query = start(client, sql, options).await?;
+    let mut batches = Vec::new();
+    while let Some(batch) = query.stream.next().await {
+        batches.push(batch.map_err(df_error)?);
+    }
+    Ok((query.schema, batches, query.counters))
+}
