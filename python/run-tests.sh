@@ -20,7 +20,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/pip" install --quiet -r python/requirements-test.txt
 
-cargo build --release --quiet -p cli
+# The whole workspace, as `make build` does: a build of one package resolves features on its own
+# and would rebuild DataFusion (see crates/workspace-hack).
+cargo build --release --quiet
 rm -rf "$wheels"
 "$venv/bin/maturin" build --release --quiet --manifest-path python/Cargo.toml --interpreter "$venv/bin/python" --out "$wheels"
 "$venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheels"/tessera-*.whl

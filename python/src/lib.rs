@@ -19,6 +19,7 @@
 
 mod buffer;
 mod errors;
+mod query;
 mod runtime;
 mod writer;
 
@@ -212,6 +213,13 @@ impl RawClient {
     }
 
     /// Nodes in the cluster map and the erasure code, for display.
+    /// Starts `sql` (tables are quoted paths, 'bucket/key' or 'bucket/prefix/'): filters and
+    /// projections run on the nodes unless `pushdown` is false. `memory` bounds the client's
+    /// engine (bytes).
+    fn query(&self, py: Python<'_>, sql: String, pushdown: bool, memory: usize) -> PyResult<query::QueryCursor> {
+        query::QueryCursor::start(py, self.client()?, sql, pushdown, memory)
+    }
+
     fn describe(&self) -> String {
         let map = self.template.map();
         format!("{} nodes, {}+{}", map.nodes.len(), map.erasure.k, map.erasure.m)
@@ -479,5 +487,6 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawClient>()?;
     m.add_class::<ObjectInfo>()?;
     m.add_class::<writer::Writer>()?;
+    m.add_class::<query::QueryCursor>()?;
     Ok(())
 }

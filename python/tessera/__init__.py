@@ -23,6 +23,7 @@ from .errors import (
     NodeUnavailable,
     NoSuchBucket,
     NotFound,
+    QueryError,
     RangeNotSatisfiable,
     SourceError,
     TesseraError,

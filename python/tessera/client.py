@@ -203,6 +203,29 @@ class Client:
         """Removes an empty bucket; raises ``BucketNotEmpty`` or ``NoSuchBucket``."""
         self._raw.remove_bucket(bucket)
 
+    def query(self, sql: str, *, pushdown: bool = True, memory: int = 512 << 20):
+        """Runs ``sql`` and returns the result as a ``pyarrow.Table``.
+
+        Tables are quoted paths: ``'bucket/key.parquet'`` (one Parquet object) or
+        ``'bucket/prefix/'`` (every object under the prefix, one table). Filters and
+        projections run on the storage nodes, next to the data; only matching rows (or, for
+        ``count(*)``, only counts) come back, straight from the nodes. ``pushdown=False``
+        evaluates everything here (same answer, every byte over the network). ``memory``
+        bounds this process's share of the work (merging, aggregating, sorting), in bytes.
+        Raises ``QueryError`` for bad SQL or data, ``Unavailable`` when too few chunks remain.
+        """
+        return self.query_reader(sql, pushdown=pushdown, memory=memory).read_all()
+
+    def query_reader(self, sql: str, *, pushdown: bool = True, memory: int = 512 << 20):
+        """Like :meth:`query`, streaming: a ``pyarrow.RecordBatchReader`` whose batches arrive as
+        the nodes find them. Closing the reader (or dropping it) stops the query on every
+        node. Works with pandas, polars and DuckDB (``duckdb.arrow(reader)``)."""
+        import pyarrow.ipc
+
+        cursor = self._raw.query(sql, pushdown, memory)
+        reader = pyarrow.ipc.open_stream(_CursorStream(cursor))
+        return reader
+
     def list_buckets(self) -> list[str]:
         return self._raw.list_buckets()
 
@@ -407,3 +430,30 @@ def default_client() -> Client:
     if _default is None:
         _default = connect()
     return _default
+
+
+class _CursorStream(io.RawIOBase):
+    """A query cursor's IPC pieces as a readable byte stream, for ``pyarrow.ipc.open_stream``."""
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+        self._pending = memoryview(b"")
+        self.stats = cursor.stats
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            piece = self._cursor.next()
+            if piece is None:
+                return 0
+            self._pending = memoryview(piece)
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        self._cursor.close()
+        super().close()

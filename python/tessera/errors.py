@@ -141,4 +141,10 @@ __all__ = [
     "DiskFull",
     "RangeNotSatisfiable",
     "SourceError",
+    "QueryError",
 ]
+
+
+class QueryError(TesseraError, ValueError):
+    """A query that cannot run: bad SQL, an unknown column, a type error, a table that is not
+    Parquet, a query over its memory limit."""

@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::sync::atomic::Ordering;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use futures_util::StreamExt;
 use query::arrow::array::RecordBatch;
 use query::arrow::util::pretty::pretty_format_batches;
@@ -70,7 +70,7 @@ pub(crate) fn run(args: &QueryArgs) -> anyhow::Result<()> {
         };
         let mut rows = 0u64;
         while let Some(batch) = started.stream.next().await {
-            let batch = batch.context("query")?;
+            let batch = batch.map_err(query::stream_error)?;
             rows += batch.num_rows() as u64;
             match args.format {
                 Format::Table => {

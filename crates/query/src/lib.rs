@@ -51,6 +51,18 @@ fn df_error(error: datafusion::error::DataFusionError) -> Error {
     Error::from(pushdown::Error::from_datafusion(error))
 }
 
+/// The error a query's result stream failed with: a node's or the store's error as it was
+/// raised (it travels through DataFusion boxed), anything else sorted by its kind.
+pub fn stream_error(error: datafusion::error::DataFusionError) -> Error {
+    match error {
+        datafusion::error::DataFusionError::External(boxed) => match boxed.downcast::<Error>() {
+            Ok(error) => *error,
+            Err(other) => Error::Engine(other.to_string()),
+        },
+        other => df_error(other),
+    }
+}
+
 /// How a query runs.
 #[derive(Clone, Debug)]
 pub struct QueryOptions {
@@ -146,7 +158,7 @@ pub async fn collect(
     let mut query = start(client, sql, options).await?;
     let mut batches = Vec::new();
     while let Some(batch) = query.stream.next().await {
-        batches.push(batch.map_err(df_error)?);
+        batches.push(batch.map_err(stream_error)?);
     }
     Ok((query.schema, batches, query.counters))
 }
