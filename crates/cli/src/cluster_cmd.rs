@@ -119,6 +119,10 @@ pub(crate) struct NodeArgs {
     /// (paced by the repair budget).
     #[arg(long, default_value = "7d", value_parser = positive_duration)]
     deep_scrub_interval: Duration,
+    /// Memory one near-data query may use on this node (at most 4 run at once); a query that
+    /// needs more fails with an error saying so.
+    #[arg(long, default_value = "256MiB", value_parser = crate::size::parse_bytes)]
+    query_memory: u64,
 }
 
 fn positive_duration(text: &str) -> Result<Duration, String> {
@@ -263,6 +267,7 @@ pub(crate) fn node(args: &NodeArgs) -> anyhow::Result<()> {
         retire_grace: args.retire_grace,
         scrub_interval: args.scrub_interval,
         deep_scrub_interval: args.deep_scrub_interval,
+        query_memory_bytes: usize::try_from(args.query_memory).unwrap_or(usize::MAX),
     };
     let server = node::Server::bind(config).with_context(|| format!("start node {}", args.id))?;
     server.serve().context("serve")?;

@@ -9,7 +9,8 @@
 //! never through a user-space buffer.
 //!
 //! Nodes never reconstruct on the read path: a chunk they cannot serve is reported per item as
-//! missing, corrupt or unreadable, and the client decodes around it.
+//! missing, corrupt or unreadable, and the client decodes around it. (A node answering a
+//! near-data query rebuilds the byte ranges of the row groups it evaluates: `query`.)
 //!
 //! ```ignore
 //! let server = Server::bind(NodeConfig { map, map_text, map_path, node_id: "n1".into(), listen: None, .. })?;
@@ -145,7 +146,15 @@ pub struct NodeConfig {
     /// often a pass is deep ([`DEEP_SCRUB_INTERVAL_DEFAULT`]).
     pub scrub_interval: Duration,
     pub deep_scrub_interval: Duration,
+    /// Bytes one near-data query may hold in the node's engine (DataFusion's memory pool:
+    /// sorts, aggregates, buffered batches); a query that needs more fails with a clear error
+    /// and the node goes on ([`QUERY_MEMORY_DEFAULT`]).
+    pub query_memory_bytes: usize,
 }
+
+/// What one near-data query may hold on a node unless `tessera node --query-memory` says
+/// otherwise: at most 4 run at once, so 1 GiB in all.
+pub const QUERY_MEMORY_DEFAULT: usize = 256 << 20;
 
 /// A bound node, ready to serve.
 #[derive(Debug)]
@@ -386,7 +395,7 @@ impl Server {
             retire_grace: config.retire_grace,
             connections: AtomicUsize::new(0),
             pending: Mutex::new(VecDeque::new()),
-            queries: query::Queries::default(),
+            queries: query::Queries::new(config.query_memory_bytes),
         };
         Ok(Self { listener, state: Arc::new(state) })
     }

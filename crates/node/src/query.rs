@@ -37,17 +37,13 @@ pub(crate) struct Queries {
     limits: ScanLimits,
 }
 
-impl Default for Queries {
-    fn default() -> Self {
-        Self {
-            runtime: OnceLock::new(),
-            turns: tokio::sync::Semaphore::new(QUERIES_MAX),
-            limits: ScanLimits::default(),
-        }
-    }
-}
-
 impl Queries {
+    /// Each query may hold `memory_bytes` in the engine.
+    pub(crate) fn new(memory_bytes: usize) -> Self {
+        let limits = ScanLimits { memory_bytes, ..ScanLimits::default() };
+        Self { runtime: OnceLock::new(), turns: tokio::sync::Semaphore::new(QUERIES_MAX), limits }
+    }
+
     fn runtime(&self) -> &tokio::runtime::Runtime {
         self.runtime.get_or_init(|| {
             tokio::runtime::Builder::new_multi_thread()
@@ -67,9 +63,23 @@ pub(crate) trait Answer {
     fn data(&mut self, bytes: &[u8]) -> std::io::Result<()>;
 }
 
-/// Serves one query to the end. An `Err` is the connection's (the client went away: the scan
-/// stops); the query's own failures are answered as [`Response::Error`].
+/// Serves one query to the end. An `Err` is the connection's (the client went away or
+/// cancelled: the scan stops where it is); the query's own failures are answered as
+/// [`Response::Error`].
 pub(crate) fn serve(
+    state: &Arc<State>,
+    answer: &mut dyn Answer,
+    scan: &ScanSpec,
+    objects: Vec<QueryObject>,
+) -> std::io::Result<()> {
+    let result = serve_until_done(state, answer, scan, objects);
+    if let Err(e) = &result {
+        tracing::info!(error = %e, "query stopped: the client went away");
+    }
+    result
+}
+
+fn serve_until_done(
     state: &Arc<State>,
     answer: &mut dyn Answer,
     scan: &ScanSpec,

@@ -10,6 +10,7 @@
 //! its degraded read.
 
 mod plan;
+pub mod select;
 mod source;
 
 use std::sync::Arc;

@@ -30,6 +30,7 @@ mod host;
 mod list;
 mod multipart;
 mod object;
+mod select;
 mod server;
 
 use std::net::SocketAddr;

@@ -287,6 +287,13 @@ impl S3 for Tessera {
         crate::object::head_object(&self.client, req).await
     }
 
+    async fn select_object_content(
+        &self,
+        req: S3Request<SelectObjectContentInput>,
+    ) -> S3Result<S3Response<SelectObjectContentOutput>> {
+        crate::select::select_object_content(&self.client, req).await
+    }
+
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
         crate::object::delete_object(&self.client, req).await
     }

@@ -216,3 +216,49 @@ fn cli_formats() {
     let batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
     assert_eq!(int_column(&batches, 0), vec![0, 1, 2]);
 }
+
+#[test]
+fn dropping_a_query_stops_it_on_the_nodes() {
+    let cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    // 2 million rows: far more result bytes than the sockets buffer, so nodes are still
+    // sending when the client stops reading.
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("ke", DataType::Float64, false),
+    ]));
+    let ids: Vec<i64> = (0..2_000_000).collect();
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Int64Array::from(ids.clone())),
+            Arc::new(Float64Array::from_iter_values(ids.iter().map(|&i| i as f64))),
+        ],
+    )
+    .unwrap();
+    let mut bytes = Vec::new();
+    let props = WriterProperties::builder().set_max_row_group_row_count(Some(50_000)).build();
+    let mut writer = ArrowWriter::try_new(&mut bytes, schema, Some(props)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let file = write_file(cluster.dir.path(), "big.parquet", &bytes);
+    cluster.cli_ok(&["put", file.to_str().unwrap(), "bkt/big.parquet"]);
+    let client = cluster.client();
+    block_on(async {
+        use futures_util::StreamExt;
+        let mut query =
+            query::start(&client, "SELECT * FROM 'bkt/big.parquet'", &QueryOptions::default()).await.unwrap();
+        let first = query.stream.next().await.unwrap().unwrap();
+        assert!(first.num_rows() > 0);
+        drop(query);
+    });
+    // Every node that was sending notices: its next write fails and the scan stops.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !(0..6).any(|i| cluster.log(i).contains("query stopped: the client went away")) {
+        assert!(std::time::Instant::now() < deadline, "no node stopped its query after the client dropped it");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // The nodes still answer queries.
+    let output = cluster.cli_ok(&["query", "SELECT count(*) AS n FROM 'bkt/big.parquet'", "--format", "csv"]);
+    assert_eq!(output.trim(), "n\n2000000");
+}

@@ -1,0 +1,41 @@
+"""Plots bench/query_bench.py results: time and bytes to the client per query and system, one
+column of panels per link (unshaped, 1 Gbit/s).
+
+    python bench/query_plot.py UNSHAPED.json SHAPED.json OUT.png
+"""
+
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main() -> None:
+    *inputs, out = sys.argv[1:]
+    runs = [json.load(open(path)) for path in inputs]
+    fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 7), squeeze=False)
+    for col, run in enumerate(runs):
+        queries = list(dict.fromkeys(r["query"] for r in run["results"]))
+        systems = list(dict.fromkeys(r["system"] for r in run["results"]))
+        width = 0.8 / len(systems)
+        for row, (field, label, scale) in enumerate((("seconds", "seconds (median)", 1), ("bytes", "MB to the client", 1e6))):
+            ax = axes[row][col]
+            for i, system in enumerate(systems):
+                values = [next(r[field] for r in run["results"] if r["query"] == q and r["system"] == system) / scale
+                          for q in queries]
+                ax.bar([q + i * width for q in range(len(queries))], values, width, label=system)
+            ax.set_xticks([q + width * (len(systems) - 1) / 2 for q in range(len(queries))], queries)
+            ax.set_ylabel(label)
+            if field == "bytes":
+                ax.set_yscale("log")
+            ax.set_title(f"{run['rows'] / 1e6:.0f}M rows, {run['parquet_bytes'] / 1e6:.0f} MB Parquet, {run['link']} link")
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

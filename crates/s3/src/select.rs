@@ -1,0 +1,209 @@
+//! `SelectObjectContent` (S3 Select): the request's settings checked and turned into a
+//! `query::select`, whose records go back in the binary event stream (Records, Stats, End;
+//! errors mid-stream as error events). Parquet objects are scanned on the nodes.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use s3s::dto::*;
+use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+
+use query::select::{CsvInput, HeaderInfo, SelectInput, SelectOutput};
+
+use crate::error::s3_error;
+
+/// Bytes of records one Records event carries at most (results are cut to fit).
+const RECORDS_EVENT_BYTES: usize = 1 << 20;
+/// Memory the gateway's engine may use for one select (aggregates, sorts).
+const SELECT_MEMORY_BYTES: usize = 256 << 20;
+
+fn invalid(code: &str, message: impl Into<String>) -> S3Error {
+    let mut error = S3Error::with_message(S3ErrorCode::Custom(code.to_owned().into()), message.into());
+    error.set_status_code(hyper::StatusCode::BAD_REQUEST);
+    error
+}
+
+/// The one-byte setting `what` (a delimiter, a quote), `default` when absent.
+fn one_byte(value: Option<&String>, default: u8, what: &str) -> S3Result<u8> {
+    match value.map(String::as_bytes) {
+        None | Some(b"") => Ok(default),
+        Some([byte]) => Ok(*byte),
+        Some(_) => Err(invalid("InvalidRequest", format!("{what} must be a single character"))),
+    }
+}
+
+fn input_of(serialization: &InputSerialization) -> S3Result<SelectInput> {
+    if let Some(compression) = &serialization.compression_type
+        && !compression.as_str().eq_ignore_ascii_case("NONE")
+    {
+        return Err(invalid(
+            "InvalidCompressionFormat",
+            format!("compression {} is not supported: store the object uncompressed", compression.as_str()),
+        ));
+    }
+    match (&serialization.csv, &serialization.json, &serialization.parquet) {
+        (Some(csv), None, None) => {
+            let header = match csv.file_header_info.as_ref().map(|h| h.as_str().to_ascii_uppercase()) {
+                None => HeaderInfo::None,
+                Some(h) if h == "NONE" => HeaderInfo::None,
+                Some(h) if h == "IGNORE" => HeaderInfo::Ignore,
+                Some(h) if h == "USE" => HeaderInfo::Use,
+                Some(h) => {
+                    return Err(invalid(
+                        "InvalidFileHeaderInfo",
+                        format!("FileHeaderInfo {h} is not NONE, IGNORE or USE"),
+                    ));
+                }
+            };
+            if csv.record_delimiter.as_deref().is_some_and(|d| d != "\n" && d != "\r\n") {
+                return Err(invalid("InvalidRequest", "CSV input records must end with \\n or \\r\\n"));
+            }
+            let comment = match csv.comments.as_deref() {
+                None | Some("") => None,
+                Some(c) if c.len() == 1 => Some(c.as_bytes()[0]),
+                Some(_) => return Err(invalid("InvalidRequest", "Comments must be a single character")),
+            };
+            Ok(SelectInput::Csv(CsvInput {
+                header,
+                delimiter: one_byte(csv.field_delimiter.as_ref(), b',', "FieldDelimiter")?,
+                quote: one_byte(csv.quote_character.as_ref(), b'"', "QuoteCharacter")?,
+                comment,
+            }))
+        }
+        (None, Some(_), None) => Ok(SelectInput::Json),
+        (None, None, Some(_)) => Ok(SelectInput::Parquet),
+        _ => Err(invalid("InvalidRequest", "InputSerialization needs exactly one of CSV, JSON and Parquet")),
+    }
+}
+
+fn output_of(serialization: &OutputSerialization) -> S3Result<SelectOutput> {
+    match (&serialization.csv, &serialization.json) {
+        (Some(csv), None) => {
+            if csv.record_delimiter.as_deref().is_some_and(|d| d != "\n") {
+                return Err(invalid("InvalidRequest", "CSV output records end with \\n only"));
+            }
+            let always_quote = csv.quote_fields.as_ref().is_some_and(|q| q.as_str().eq_ignore_ascii_case("ALWAYS"));
+            Ok(SelectOutput::Csv {
+                delimiter: one_byte(csv.field_delimiter.as_ref(), b',', "FieldDelimiter")?,
+                quote: one_byte(csv.quote_character.as_ref(), b'"', "QuoteCharacter")?,
+                always_quote,
+            })
+        }
+        (None, Some(json)) => {
+            if json.record_delimiter.as_deref().is_some_and(|d| d != "\n") {
+                return Err(invalid("InvalidRequest", "JSON output records end with \\n only"));
+            }
+            Ok(SelectOutput::Json)
+        }
+        _ => Err(invalid("InvalidRequest", "OutputSerialization needs exactly one of CSV and JSON")),
+    }
+}
+
+fn query_error(error: query::Error) -> S3Error {
+    match error {
+        query::Error::Client(e) => s3_error(e),
+        query::Error::BadQuery(message) => {
+            let code = if message.contains("SQL error") || message.contains("ParserError") {
+                "ParseUnexpectedToken"
+            } else if message.contains("only") || message.contains("FROM S3Object") {
+                "UnsupportedSyntax"
+            } else {
+                "InvalidQuery"
+            };
+            invalid(code, message)
+        }
+        query::Error::Engine(message) => {
+            tracing::warn!("select failed: {message}");
+            S3Error::with_message(S3ErrorCode::InternalError, message)
+        }
+    }
+}
+
+pub(crate) async fn select_object_content(
+    client: &client::Client,
+    req: S3Request<SelectObjectContentInput>,
+) -> S3Result<S3Response<SelectObjectContentOutput>> {
+    let input = &req.input;
+    let request = &input.request;
+    if !request.expression_type.as_str().eq_ignore_ascii_case("SQL") {
+        return Err(invalid("InvalidExpressionType", "ExpressionType must be SQL"));
+    }
+    if request.scan_range.is_some() {
+        return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "ScanRange is not supported yet"));
+    }
+    let select_input = input_of(&request.input_serialization)?;
+    let output = output_of(&request.output_serialization)?;
+    let mut options = query::QueryOptions::default();
+    options.limits.memory_bytes = SELECT_MEMORY_BYTES;
+    let selection =
+        query::select::select(client, &input.bucket, &input.key, &request.expression, &select_input, &output, &options)
+            .await
+            .map_err(query_error)?;
+    let returned = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stats_returned = Arc::clone(&returned);
+    let counters = Arc::clone(&selection.counters);
+    let scanned = Arc::clone(&selection.scanned);
+    let records = selection.records.flat_map(move |piece| {
+        let events: Vec<S3Result<SelectObjectContentEvent>> = match piece {
+            Ok(bytes) => {
+                returned.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                (0..bytes.len())
+                    .step_by(RECORDS_EVENT_BYTES)
+                    .map(|at| {
+                        let end = (at + RECORDS_EVENT_BYTES).min(bytes.len());
+                        Ok(SelectObjectContentEvent::Records(RecordsEvent { payload: Some(bytes.slice(at..end)) }))
+                    })
+                    .collect()
+            }
+            Err(e) => vec![Err(query_error(e))],
+        };
+        futures_util::stream::iter(events)
+    });
+    let tail = futures_util::stream::once(async move {
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        let scanned =
+            counters.node_read_bytes.load(relaxed) + counters.client_read_bytes.load(relaxed) + scanned.load(relaxed);
+        let returned = stats_returned.load(relaxed);
+        let details = Stats {
+            bytes_scanned: i64::try_from(scanned).ok(),
+            bytes_processed: i64::try_from(scanned).ok(),
+            bytes_returned: i64::try_from(returned).ok(),
+        };
+        futures_util::stream::iter(vec![
+            Ok(SelectObjectContentEvent::Stats(StatsEvent { details: Some(details) })),
+            Ok(SelectObjectContentEvent::End(EndEvent {})),
+        ])
+    })
+    .flatten();
+    // An error event ends the stream: nothing (no Stats, no End) follows it.
+    let mut failed = false;
+    let events = records.chain(tail).take_while(move |event| {
+        let go = !failed;
+        failed |= event.is_err();
+        futures_util::future::ready(go)
+    });
+    let output =
+        SelectObjectContentOutput { payload: Some(SelectObjectContentEventStream::new(SyncStream::new(events))) };
+    Ok(S3Response::new(output))
+}
+
+/// s3s wants a `Sync` stream; the query's stream is only `Send`. The stream is polled by one
+/// task at a time, behind this mutex.
+struct SyncStream<S> {
+    inner: std::sync::Mutex<std::pin::Pin<Box<S>>>,
+}
+
+impl<S> SyncStream<S> {
+    fn new(inner: S) -> Self {
+        Self { inner: std::sync::Mutex::new(Box::pin(inner)) }
+    }
+}
+
+impl<S: futures_util::Stream> futures_util::Stream for SyncStream<S> {
+    type Item = S::Item;
+
+    fn poll_next(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<S::Item>> {
+        let this = self.get_mut();
+        this.inner.get_mut().unwrap_or_else(|p| p.into_inner()).as_mut().poll_next(cx)
+    }
+}
