@@ -47,11 +47,11 @@ def test_csv_with_header_and_csv_output(s3, bucket):
     s3.put_object(Bucket=bucket, Key="people.csv", Body=_csv(header=True))
     csv_in = {"CSV": {"FileHeaderInfo": "USE"}}
     out, stats = _select(s3, bucket, "people.csv",
-                         "SELECT s.name, s.city FROM S3Object s WHERE CAST(s.age AS INT) > 30", csv_in)
+                         "SELECT s.name, s.city FROM S3Object s WHERE CAST(NULLIF(s.age, '') AS INT) > 30", csv_in)
     assert out.splitlines() == ["Ana,Lisbon", "Cy,Paris", "Ed,Rome"]
     assert stats["BytesScanned"] >= len(_csv(header=True))
     out, _ = _select(s3, bucket, "people.csv",
-                     "SELECT count(*), sum(CAST(age AS INT)), min(name), max(city) FROM S3Object "
+                     "SELECT count(*), sum(CAST(NULLIF(age, '') AS INT)), min(name), max(city) FROM S3Object "
                      "WHERE age <> ''", csv_in)
     assert out.strip() == f"6,{34 + 27 + 41 + 19 + 52 + 30},Ana,Rome"
     out, _ = _select(s3, bucket, "people.csv",
@@ -66,7 +66,10 @@ def test_csv_without_header_by_position_and_json_output(s3, bucket):
     out, _ = _select(s3, bucket, "people.csv", "SELECT s._1, s._2 FROM S3Object s WHERE s._3 = 'Paris'",
                      {"CSV": {"FileHeaderInfo": "NONE"}}, {"JSON": {}})
     assert [json.loads(line) for line in out.splitlines()] == [{"_1": "Cy", "_2": "41"}, {"_1": "Di", "_2": "19"}]
-    # A missing value is an empty string in CSV, NULL only with IS NULL over JSON.
+    # A missing value is an empty string in CSV, as in S3 Select.
+    out, _ = _select(s3, bucket, "people.csv", "SELECT s._1 FROM S3Object s WHERE s._2 = ''",
+                     {"CSV": {"FileHeaderInfo": "NONE"}})
+    assert out.splitlines() == ["Gus"]
     semicolons = _csv(header=True).replace(b",", b";")
     s3.put_object(Bucket=bucket, Key="semi.csv", Body=b"# a comment line\n" + semicolons)
     out, _ = _select(s3, bucket, "semi.csv", "SELECT name FROM S3Object WHERE city = 'Oslo'",
@@ -124,6 +127,9 @@ def test_unsupported_and_bad_requests_get_s3_errors(s3, bucket):
     assert error["Code"] == "NotImplemented"
     assert _client_error(s3, bucket, "people.csv", "SELECT * FROM S3Object", {"Parquet": {}})["Code"] == "InvalidQuery"
     assert _client_error(s3, bucket, "missing.csv", "SELECT * FROM S3Object", csv_in)["Code"] == "NoSuchKey"
+    # A value that does not cast fails the stream with S3's CastFailed.
+    error = _client_error(s3, bucket, "people.csv", "SELECT name FROM S3Object WHERE CAST(age AS INT) > 30", csv_in)
+    assert error["Code"] == "CastFailed", error
     # A ragged row fails the stream with an error naming the problem.
     s3.put_object(Bucket=bucket, Key="ragged.csv", Body=b"a,b\n1,2\n3\n")
     error = _client_error(s3, bucket, "ragged.csv", "SELECT * FROM S3Object", csv_in)

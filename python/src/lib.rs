@@ -212,7 +212,6 @@ impl RawClient {
         Ok(Self { template, client: PerProcess::new() })
     }
 
-    /// Nodes in the cluster map and the erasure code, for display.
     /// Starts `sql` (tables are quoted paths, 'bucket/key' or 'bucket/prefix/'): filters and
     /// projections run on the nodes unless `pushdown` is false. `memory` bounds the client's
     /// engine (bytes).
@@ -220,6 +219,7 @@ impl RawClient {
         query::QueryCursor::start(py, self.client()?, sql, pushdown, memory)
     }
 
+    /// Nodes in the cluster map and the erasure code, for display.
     fn describe(&self) -> String {
         let map = self.template.map();
         format!("{} nodes, {}+{}", map.nodes.len(), map.erasure.k, map.erasure.m)

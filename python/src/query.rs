@@ -97,9 +97,12 @@ impl QueryCursor {
         }
     }
 
-    /// Stops the query (every node's part of it).
-    fn close(&self) {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).take();
+    /// Stops the query (every node's part of it). Waits, without the GIL, for a `next` running
+    /// on another thread (which holds the lock while it waits for the nodes without the GIL).
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| {
+            self.state.lock().unwrap_or_else(|p| p.into_inner()).take();
+        });
     }
 
     /// What the query moved so far: node requests, result bytes from the nodes, bytes the

@@ -86,7 +86,9 @@ impl QueryReply {
             }
             Err(e) => {
                 self.conn = None;
-                if matches!(e, Error::NodeUnreachable { .. } | Error::Protocol { .. } | Error::Timeout { .. }) {
+                // A node silent for long may be busy, not down (a scan that matches nothing
+                // sends nothing until its end): only a broken connection marks it down.
+                if matches!(e, Error::NodeUnreachable { .. } | Error::Protocol { .. }) {
                     self.client.topo.pools[self.node_idx].mark_down(e);
                 }
             }

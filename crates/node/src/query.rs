@@ -25,6 +25,9 @@ use crate::peer::Peer;
 const QUERIES_MAX: usize = 4;
 /// Idle peer connections one query keeps for its reads.
 const PEER_CONNECTIONS_KEPT: usize = 4;
+/// Bytes one read of a query's source may ask for (the Parquet reader reads a column chunk, or
+/// the pages of it a filter needs, at a time).
+const READ_BYTES_MAX: u64 = 256 << 20;
 /// Result bytes gathered before they go out in one frame.
 const DATA_FRAME_BYTES: usize = 1 << 20;
 
@@ -85,13 +88,14 @@ fn serve_until_done(
     scan: &ScanSpec,
     objects: Vec<QueryObject>,
 ) -> std::io::Result<()> {
+    // The turn first: a query waiting for one holds nothing (not even its parsed footers).
+    let queries = &state.queries;
+    let runtime = queries.runtime();
+    let _turn = runtime.block_on(queries.turns.acquire()).expect("the semaphore is never closed");
     let (scan_objects, source) = match prepare(state, objects) {
         Ok(prepared) => prepared,
         Err((kind, message)) => return answer.response(&Response::Error { kind, message }),
     };
-    let queries = &state.queries;
-    let runtime = queries.runtime();
-    let _turn = runtime.block_on(queries.turns.acquire()).expect("the semaphore is never closed");
     let footers: Vec<(&str, &Footer)> = scan_objects.iter().map(|o| (o.name.as_str(), o.footer.as_ref())).collect();
     let schema = match pushdown::table_schema(&footers) {
         Ok(schema) => schema,
@@ -203,6 +207,10 @@ fn prepare(
         if let Some(bad) = row_groups.iter().find(|g| **g >= footer.row_groups()) {
             return Err((ErrorKind::BadQuery, format!("{name} has no row group {bad}")));
         }
+        // Each row group once: a repeated one would be scanned, and its rows returned, twice.
+        if row_groups.windows(2).any(|pair| pair[0] >= pair[1]) {
+            return Err((ErrorKind::BadQuery, format!("{name}: row groups must be listed once each, in order")));
+        }
         layouts.push(Layout {
             placement: Placement { set_idx: meta.set_idx as usize, rotation: usize::from(meta.rotation), n: meta.n() },
             drives: set.drives.clone(),
@@ -276,6 +284,14 @@ impl SourceInner {
         let meta = &layout.meta;
         if range.start > range.end || range.end > meta.size {
             return Err(format!("bytes {range:?} of {}/{} ({} bytes)", meta.bucket, meta.key, meta.size));
+        }
+        if range.end - range.start > READ_BYTES_MAX {
+            return Err(format!(
+                "{}/{}: a read of {} bytes (a column chunk that large) exceeds the node's {READ_BYTES_MAX}",
+                meta.bucket,
+                meta.key,
+                range.end - range.start
+            ));
         }
         let geometry = meta.geometry();
         let block = u64::from(meta.block_bytes);

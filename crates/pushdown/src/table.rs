@@ -1,5 +1,5 @@
 //! A DataFusion table over chosen row groups of Parquet objects, read through a
-//! [`ByteSource`]: DataFusion's own Parquet scan (statistics and page-index pruning, filters
+//! [`ByteSource`]: DataFusion's own Parquet scan (row-group statistics pruning, filters
 //! evaluated while decoding) with the footers the caller already parsed.
 
 use std::ops::Range;
@@ -109,7 +109,9 @@ impl TableProvider for RowGroupTable {
         let mut source = ParquetSource::new(Arc::clone(&self.schema))
             .with_pushdown_filters(true)
             .with_reorder_filters(true)
-            .with_enable_page_index(true)
+            // See `crate::session`: the page index and bloom filters stay unread.
+            .with_enable_page_index(false)
+            .with_bloom_filter_on_read(false)
             .with_parquet_file_reader_factory(factory);
         if let Some(predicate) = conjunction(filters.to_vec()) {
             let df_schema = DFSchema::try_from(self.schema.as_ref().clone())?;

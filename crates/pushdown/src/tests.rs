@@ -182,6 +182,10 @@ fn footers_that_lie_are_refused_before_anything_is_read() {
     let footer = footer_of("b/x", &file);
     let truncated = Footer::parse("b/x", footer.bytes.clone(), footer.bytes.len() as u64 + 100);
     assert!(matches!(truncated, Err(Error::BadQuery(t)) if t.contains("outside the data")));
+    // A 8-byte footer declaring 2^31 - 1 row groups: refused before the decoder reserves
+    // memory for them (it would abort the process).
+    let hostile = Footer::parse("b/x", Bytes::from_static(&[0x49, 0xfc, 0xff, 0xff, 0xff, 0xff, 0x07, 0x00]), 1 << 30);
+    assert!(matches!(hostile, Err(Error::BadQuery(t)) if t.contains("elements")));
     // Garbage footers of every length up to 2 KiB give errors, never panics.
     let mut state = 0x9e3779b97f4a7c15u64;
     for len in 0..2048usize {

@@ -75,6 +75,28 @@ impl ObjectTable {
         if keys.is_empty() {
             return Err(Error::BadQuery(format!("table {name:?}: no objects under that prefix")));
         }
+        Self::open_keys(client, bucket, keys, options, counters).await
+    }
+
+    /// The one object `bucket/key`, whatever its key looks like (S3 Select: a key may end in
+    /// `/` and still name one object).
+    pub(crate) async fn open_object(
+        client: &Client,
+        bucket: &str,
+        key: &str,
+        options: &QueryOptions,
+        counters: Arc<QueryCounters>,
+    ) -> Result<Self, Error> {
+        Self::open_keys(client, bucket, vec![key.to_owned()], options, counters).await
+    }
+
+    async fn open_keys(
+        client: &Client,
+        bucket: &str,
+        keys: Vec<String>,
+        options: &QueryOptions,
+        counters: Arc<QueryCounters>,
+    ) -> Result<Self, Error> {
         let mut objects = Vec::with_capacity(keys.len());
         for key in keys {
             let info = client.head(bucket, &key).await?;
@@ -121,6 +143,53 @@ impl ObjectTable {
             (holds && !self.client.node_is_down(node)).then(|| node.clone())
         })
     }
+}
+
+/// `filter` as SQL text a node parses back to the same expression, or `None`. The SQL writer
+/// loses literal types (a Float32 `0.99` would come back as a Float64, a decimal as a float),
+/// so every literal other than a 64-bit integer, a string or a boolean is written as a cast
+/// from text to its exact type; literals of other types keep the filter in the client.
+fn portable_sql(filter: &Expr) -> Option<String> {
+    use pushdown::datafusion::arrow::datatypes::DataType;
+    use pushdown::datafusion::common::ScalarValue;
+    use pushdown::datafusion::common::tree_node::{Transformed, TreeNode};
+    use pushdown::datafusion::logical_expr::{Cast, lit};
+
+    let mut writable = true;
+    let rewritten = filter
+        .clone()
+        .transform(|expr| {
+            let Expr::Literal(value, _) = &expr else {
+                return Ok(Transformed::no(expr));
+            };
+            let from_text = |text: String, to: DataType| Expr::Cast(Cast::new(Box::new(lit(text)), to));
+            let exact = match value {
+                ScalarValue::Int64(Some(_)) | ScalarValue::Utf8(Some(_)) | ScalarValue::Boolean(Some(_)) => {
+                    return Ok(Transformed::no(expr));
+                }
+                ScalarValue::Float64(Some(v)) => from_text(v.to_string(), DataType::Float64),
+                ScalarValue::Float32(Some(v)) => from_text(v.to_string(), DataType::Float32),
+                ScalarValue::Int8(Some(_))
+                | ScalarValue::Int16(Some(_))
+                | ScalarValue::Int32(Some(_))
+                | ScalarValue::UInt8(Some(_))
+                | ScalarValue::UInt16(Some(_))
+                | ScalarValue::UInt32(Some(_))
+                | ScalarValue::Decimal128(Some(_), _, _)
+                | ScalarValue::Date32(Some(_)) => from_text(value.to_string(), value.data_type()),
+                _ => {
+                    writable = false;
+                    return Ok(Transformed::no(expr));
+                }
+            };
+            Ok(Transformed::yes(exact))
+        })
+        .ok()?
+        .data;
+    if !writable {
+        return None;
+    }
+    expr_to_sql(&rewritten).ok().map(|sql| sql.to_string())
 }
 
 /// Every key under `prefix` in `bucket`, in order, at most [`TABLE_OBJECTS_MAX`].
@@ -182,7 +251,7 @@ impl TableProvider for ObjectTable {
         Ok(filters
             .iter()
             .map(|f| {
-                if !f.is_volatile() && expr_to_sql(f).is_ok() {
+                if !f.is_volatile() && portable_sql(f).is_some() {
                     TableProviderFilterPushDown::Exact
                 } else {
                     TableProviderFilterPushDown::Unsupported
@@ -206,7 +275,10 @@ impl TableProvider for ObjectTable {
         let columns: Vec<String> = projected.fields().iter().map(|f| f.name().clone()).collect();
         let mut sql_filters = Vec::with_capacity(filters.len());
         for filter in filters {
-            sql_filters.push(expr_to_sql(filter)?.to_string());
+            let sql = portable_sql(filter).ok_or_else(|| {
+                DataFusionError::Internal(format!("filter {filter} was accepted for pushdown but cannot be written"))
+            })?;
+            sql_filters.push(sql);
         }
         let spec =
             ScanSpec { count_only: columns.is_empty(), columns, filters: sql_filters, limit: limit.map(|l| l as u64) };
@@ -359,7 +431,13 @@ impl FragmentJob {
             };
             let mut decoder = StreamDecoder::new();
             loop {
-                match reply.next().await {
+                // The consumer gone (query dropped, limit reached): stop now, which closes the
+                // connection and so stops the node's scan at its next write.
+                let next = tokio::select! {
+                    next = reply.next() => next,
+                    () = tx.closed() => return Err(Stopped),
+                };
+                match next {
                     Ok(Some(bytes)) => {
                         self.counters.result_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
                         let mut buffer = Buffer::from(bytes);

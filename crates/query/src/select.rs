@@ -4,9 +4,11 @@
 //! through this client's Arrow decoders (records are not aligned to chunks yet, so nodes cannot
 //! split them), window by window, never whole.
 //!
-//! CSV columns are strings, as S3 Select has them (`CAST` for numbers): named by the header
-//! line with `FileHeaderInfo USE`, `_1`, `_2`, ... otherwise. JSON fields take the types the
-//! first records show.
+//! CSV columns are strings, as S3 Select has them (`CAST` for numbers; an empty field is an
+//! empty string): named by the header line with `FileHeaderInfo USE`, `_1`, `_2`, ...
+//! otherwise. JSON input is records one per line (`LINES`, or a `DOCUMENT` written that way);
+//! fields take the types the first 1,000 records (at most 1 MiB) show, and a field none of
+//! them has is not in the table.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +25,7 @@ use pushdown::datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use pushdown::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use pushdown::datafusion::physical_plan::streaming::PartitionStream;
 use pushdown::datafusion::sql::parser::Statement as DfStatement;
-use pushdown::datafusion::sql::sqlparser::ast::Statement;
+use pushdown::datafusion::sql::sqlparser::ast::{SetExpr, Statement, TableFactor};
 
 use crate::{Error, QueryCounters, QueryOptions, df_error, plan::ObjectTable, stream_error};
 
@@ -40,8 +42,7 @@ const JSON_SCHEMA_RECORDS: usize = 1000;
 #[derive(Clone, Debug)]
 pub enum SelectInput {
     Csv(CsvInput),
-    /// JSON values one after another (`LINES`), or one document holding them (`DOCUMENT`):
-    /// the same to the decoder.
+    /// JSON records one per line (`LINES`; a `DOCUMENT` laid out so works too).
     Json,
     Parquet,
 }
@@ -122,8 +123,25 @@ pub async fn select(
     let ctx = pushdown::session(&options.limits)?;
     let state = ctx.state();
     let statement = state.sql_to_statement(sql, &pushdown::datafusion::config::Dialect::Generic).map_err(df_error)?;
-    if !matches!(&statement, DfStatement::Statement(s) if matches!(s.as_ref(), Statement::Query(_))) {
+    let DfStatement::Statement(parsed) = &statement else {
         return Err(Error::BadQuery("S3 Select runs SELECT statements only".into()));
+    };
+    let Statement::Query(query) = parsed.as_ref() else {
+        return Err(Error::BadQuery("S3 Select runs SELECT statements only".into()));
+    };
+    // One table, S3Object, and no joins (a self join of a large object multiplies rows).
+    let single = match query.body.as_ref() {
+        SetExpr::Select(select) => {
+            select.from.len() == 1
+                && select.from[0].joins.is_empty()
+                && matches!(select.from[0].relation, TableFactor::Table { .. })
+        }
+        _ => false,
+    };
+    if !single {
+        return Err(Error::BadQuery(
+            "S3 Select reads FROM S3Object only: one table, no joins or set operations".into(),
+        ));
     }
     for reference in state.resolve_table_references(&statement).map_err(df_error)? {
         if reference.schema().is_some() || !reference.table().eq_ignore_ascii_case(TABLE) {
@@ -134,7 +152,7 @@ pub async fn select(
     let scanned = Arc::new(AtomicU64::new(0));
     match input {
         SelectInput::Parquet => {
-            let table = ObjectTable::open(client, &format!("{bucket}/{key}"), options, Arc::clone(&counters)).await?;
+            let table = ObjectTable::open_object(client, bucket, key, options, Arc::clone(&counters)).await?;
             ctx.register_table(TABLE, Arc::new(table)).map_err(df_error)?;
         }
         SelectInput::Csv(_) | SelectInput::Json => {
@@ -280,6 +298,7 @@ impl PartitionStream for RecordPartition {
         };
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch, DataFusionError>>(2);
         let (client, info, scanned) = (self.client.clone(), self.info.clone(), Arc::clone(&self.scanned));
+        let csv = matches!(self.input, SelectInput::Csv(_));
         let object = name(&info);
         tokio::spawn(async move {
             let result = async {
@@ -303,6 +322,8 @@ impl PartitionStream for RecordPartition {
                         if (!rest.is_empty() || window.is_empty())
                             && let Some(batch) = decoder.flush().map_err(|e| format!("{object}: {e}"))?
                         {
+                            let batch =
+                                if csv { empty_not_null(batch).map_err(|e| format!("{object}: {e}"))? } else { batch };
                             tx.send(Ok(batch)).await.map_err(|_| String::new())?;
                         }
                         if rest.is_empty() {
@@ -332,6 +353,23 @@ impl PartitionStream for RecordPartition {
 
 /// Writes one result batch into the pending bytes.
 type BatchWriter = dyn FnMut(&RecordBatch) -> Result<(), Error> + Send;
+
+/// A CSV batch whose empty fields are empty strings, as S3 Select has them (the Arrow decoder
+/// reads them as nulls).
+fn empty_not_null(batch: RecordBatch) -> Result<RecordBatch, pushdown::datafusion::arrow::error::ArrowError> {
+    use pushdown::datafusion::arrow::array::{Array, ArrayRef, StringArray};
+    let columns: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .map(|column| match column.as_any().downcast_ref::<StringArray>() {
+            Some(strings) if strings.null_count() > 0 => {
+                Arc::new(StringArray::from_iter_values(strings.iter().map(|v| v.unwrap_or("")))) as ArrayRef
+            }
+            _ => Arc::clone(column),
+        })
+        .collect();
+    RecordBatch::try_new(batch.schema(), columns)
+}
 
 /// The result batches written as CSV or JSON lines, a piece per batch.
 fn encode(batches: SendableRecordBatchStream, output: SelectOutput) -> BoxStream<'static, Result<Bytes, Error>> {

@@ -58,6 +58,18 @@ fn input_of(serialization: &InputSerialization) -> S3Result<SelectInput> {
             if csv.record_delimiter.as_deref().is_some_and(|d| d != "\n" && d != "\r\n") {
                 return Err(invalid("InvalidRequest", "CSV input records must end with \\n or \\r\\n"));
             }
+            if csv.quote_escape_character.as_deref().is_some_and(|q| q != "\"") {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::NotImplemented,
+                    "QuoteEscapeCharacter other than \" is not supported yet",
+                ));
+            }
+            if csv.allow_quoted_record_delimiter.is_some_and(|allow| allow) {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::NotImplemented,
+                    "AllowQuotedRecordDelimiter is not supported yet",
+                ));
+            }
             let comment = match csv.comments.as_deref() {
                 None | Some("") => None,
                 Some(c) if c.len() == 1 => Some(c.as_bytes()[0]),
@@ -82,6 +94,12 @@ fn output_of(serialization: &OutputSerialization) -> S3Result<SelectOutput> {
             if csv.record_delimiter.as_deref().is_some_and(|d| d != "\n") {
                 return Err(invalid("InvalidRequest", "CSV output records end with \\n only"));
             }
+            if csv.quote_escape_character.as_deref().is_some_and(|q| q != "\"") {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::NotImplemented,
+                    "QuoteEscapeCharacter other than \" is not supported yet",
+                ));
+            }
             let always_quote = csv.quote_fields.as_ref().is_some_and(|q| q.as_str().eq_ignore_ascii_case("ALWAYS"));
             Ok(SelectOutput::Csv {
                 delimiter: one_byte(csv.field_delimiter.as_ref(), b',', "FieldDelimiter")?,
@@ -105,6 +123,8 @@ fn query_error(error: query::Error) -> S3Error {
         query::Error::BadQuery(message) => {
             let code = if message.contains("SQL error") || message.contains("ParserError") {
                 "ParseUnexpectedToken"
+            } else if message.contains("Cast error") {
+                "CastFailed"
             } else if message.contains("only") || message.contains("FROM S3Object") {
                 "UnsupportedSyntax"
             } else {

@@ -262,3 +262,52 @@ fn dropping_a_query_stops_it_on_the_nodes() {
     let output = cluster.cli_ok(&["query", "SELECT count(*) AS n FROM 'bkt/big.parquet'", "--format", "csv"]);
     assert_eq!(output.trim(), "n\n2000000");
 }
+
+#[test]
+fn filters_keep_their_literal_types_on_the_nodes() {
+    use query::arrow::array::{Decimal128Array, Float32Array};
+    let cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    // Values right at the literals: a Float32 0.99 is 0.99000001 as a double, and a decimal
+    // 999.999999999999999999 is 1000.0 as a double. A node that read the literals back as
+    // doubles would count them on the wrong side.
+    let rows = 4_000usize;
+    let w: Vec<f32> = (0..rows).map(|i| if i % 4 == 0 { 0.99 } else { (i % 100) as f32 / 100.0 }).collect();
+    let cents: Vec<i128> = (0..rows)
+        .map(|i| match i % 3 {
+            0 => 999_999_999_999_999_999_999,   // 999.999999999999999999
+            1 => 1_000_000_000_000_000_000_000, // 1000
+            _ => 5_000_000_000_000_000_000,     // 5
+        })
+        .collect();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("w", DataType::Float32, false),
+        Field::new("amount", DataType::Decimal128(38, 18), false),
+    ]));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![
+            Arc::new(Float32Array::from(w.clone())),
+            Arc::new(Decimal128Array::from(cents.clone()).with_precision_and_scale(38, 18).unwrap()),
+        ],
+    )
+    .unwrap();
+    let mut bytes = Vec::new();
+    let props = WriterProperties::builder().set_max_row_group_row_count(Some(1_000)).build();
+    let mut writer = ArrowWriter::try_new(&mut bytes, schema, Some(props)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let file = write_file(cluster.dir.path(), "typed.parquet", &bytes);
+    cluster.cli_ok(&["put", file.to_str().unwrap(), "bkt/typed.parquet"]);
+    let count = |sql: &str| -> i64 {
+        let (batches, counters) = run(&cluster, sql, true);
+        assert_eq!(counters.client_row_groups.load(Ordering::Relaxed), 0, "{sql}: evaluated on the nodes");
+        // The filter itself ran on the nodes: only counts came back, no rows.
+        assert_eq!(counters.result_bytes.load(Ordering::Relaxed), 0, "{sql}: filter pushed down");
+        int_column(&batches, 0)[0]
+    };
+    let expected_w = w.iter().filter(|v| **v > 0.99f32).count() as i64;
+    assert_eq!(count("SELECT count(*) FROM 'bkt/typed.parquet' WHERE w > CAST(0.99 AS FLOAT)"), expected_w);
+    let expected_amount = cents.iter().filter(|c| **c >= 1_000_000_000_000_000_000_000).count() as i64;
+    assert_eq!(count("SELECT count(*) FROM 'bkt/typed.parquet' WHERE amount >= 1000"), expected_amount);
+}
