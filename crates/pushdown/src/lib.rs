@@ -120,11 +120,19 @@ impl Default for ScanLimits {
 /// A session configured for scans and queries over Parquet row groups: filters pushed into
 /// the Parquet decoder, row-group statistics used for pruning, memory bounded by `limits`.
 pub fn session(limits: &ScanLimits) -> Result<SessionContext, Error> {
+    session_with(limits, true)
+}
+
+/// [`session`], with SQL identifiers lowercased (`normalize`, as SQL has it for people's
+/// queries) or taken as written (filters a client's plan wrote: column names exact, `userId`
+/// included).
+fn session_with(limits: &ScanLimits, normalize: bool) -> Result<SessionContext, Error> {
     let mut config = SessionConfig::new()
         .with_target_partitions(limits.partitions.max(1))
         .with_batch_size(limits.batch_rows.max(1))
         .with_information_schema(false);
     let options = config.options_mut();
+    options.sql_parser.enable_ident_normalization = normalize;
     options.execution.parquet.pushdown_filters = true;
     options.execution.parquet.reorder_filters = true;
     // Page indexes and bloom filters are read from the object's bytes by the Parquet crate,
@@ -152,7 +160,8 @@ pub async fn scan(
     if spec.count_only && !spec.columns.is_empty() {
         return Err(Error::BadQuery("a count-only scan returns no columns".into()));
     }
-    let ctx = session(limits)?;
+    // The filters come from a plan's SQL writer, with column names as the table has them.
+    let ctx = session_with(limits, false)?;
     let table = table::RowGroupTable::new(Arc::clone(&schema), objects, source, limits.partitions);
     ctx.register_table("t", Arc::new(table)).map_err(Error::from_datafusion)?;
     let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(Error::from_datafusion)?;

@@ -282,7 +282,8 @@ fn filters_keep_their_literal_types_on_the_nodes() {
         .collect();
     let schema = Arc::new(Schema::new(vec![
         Field::new("w", DataType::Float32, false),
-        Field::new("amount", DataType::Decimal128(38, 18), false),
+        // A mixed-case name: the node must read the filter's column names as written.
+        Field::new("Amount", DataType::Decimal128(38, 18), false),
     ]));
     let batch = RecordBatch::try_new(
         Arc::clone(&schema),
@@ -309,5 +310,5 @@ fn filters_keep_their_literal_types_on_the_nodes() {
     let expected_w = w.iter().filter(|v| **v > 0.99f32).count() as i64;
     assert_eq!(count("SELECT count(*) FROM 'bkt/typed.parquet' WHERE w > CAST(0.99 AS FLOAT)"), expected_w);
     let expected_amount = cents.iter().filter(|c| **c >= 1_000_000_000_000_000_000_000).count() as i64;
-    assert_eq!(count("SELECT count(*) FROM 'bkt/typed.parquet' WHERE amount >= 1000"), expected_amount);
+    assert_eq!(count("SELECT count(*) FROM 'bkt/typed.parquet' WHERE \"Amount\" >= 1000"), expected_amount);
 }
