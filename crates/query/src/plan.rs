@@ -282,40 +282,34 @@ impl TableProvider for ObjectTable {
         }
         let spec =
             ScanSpec { count_only: columns.is_empty(), columns, filters: sql_filters, limit: limit.map(|l| l as u64) };
-        let mut partitions: Vec<Arc<dyn PartitionStream>> = Vec::new();
-        for (node, groups) in self.assign() {
-            partitions.push(Arc::new(Fragment {
-                node,
-                groups,
-                objects: Arc::clone(&self.objects),
-                table_schema: Arc::clone(&self.schema),
-                schema: Arc::clone(&projected),
-                spec: spec.clone(),
-                client: self.client.clone(),
-                limits: self.limits,
-                counters: Arc::clone(&self.counters),
-            }));
+        let mut assigned = self.assign();
+        if assigned.is_empty() {
+            // No row groups at all: one empty partition gives an empty result of the right shape.
+            assigned.insert(None, BTreeMap::new());
         }
-        if partitions.is_empty() {
-            // No row groups at all: an empty result of the right shape.
-            partitions.push(Arc::new(Fragment {
-                node: None,
-                groups: BTreeMap::new(),
-                objects: Arc::clone(&self.objects),
-                table_schema: Arc::clone(&self.schema),
-                schema: Arc::clone(&projected),
-                spec,
-                client: self.client.clone(),
-                limits: self.limits,
-                counters: Arc::clone(&self.counters),
-            }));
-        }
+        let partitions: Vec<Arc<dyn PartitionStream>> = assigned
+            .into_iter()
+            .map(|(node, groups)| {
+                Arc::new(Fragment {
+                    node,
+                    groups,
+                    objects: Arc::clone(&self.objects),
+                    table_schema: Arc::clone(&self.schema),
+                    schema: Arc::clone(&projected),
+                    spec: spec.clone(),
+                    client: self.client.clone(),
+                    limits: self.limits,
+                    counters: Arc::clone(&self.counters),
+                }) as Arc<dyn PartitionStream>
+            })
+            .collect();
         Ok(Arc::new(StreamingTableExec::try_new(projected, partitions, None, [], false, limit)?))
     }
 }
 
-/// The row groups one node (or the client itself) evaluates.
-#[derive(Debug)]
+/// The row groups one node (or the client itself) evaluates; each execution runs a copy in a
+/// task of its own.
+#[derive(Clone, Debug)]
 struct Fragment {
     /// `None`: the client evaluates them.
     node: Option<String>,
@@ -338,17 +332,7 @@ impl PartitionStream for Fragment {
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
         let (tx, rx) = tokio::sync::mpsc::channel(NODE_BATCHES_BUFFERED);
-        let job = FragmentJob {
-            node: self.node.clone(),
-            groups: self.groups.clone(),
-            objects: Arc::clone(&self.objects),
-            table_schema: Arc::clone(&self.table_schema),
-            schema: Arc::clone(&self.schema),
-            spec: self.spec.clone(),
-            client: self.client.clone(),
-            limits: self.limits,
-            counters: Arc::clone(&self.counters),
-        };
+        let job = self.clone();
         tokio::spawn(async move {
             let result = job.run(&tx).await;
             if let Err(e) = result {
@@ -362,24 +346,11 @@ impl PartitionStream for Fragment {
 
 type Sender = tokio::sync::mpsc::Sender<DfResult<RecordBatch>>;
 
-/// A fragment being evaluated (moved into its task).
-struct FragmentJob {
-    node: Option<String>,
-    groups: BTreeMap<usize, Vec<u32>>,
-    objects: Arc<Vec<TableObject>>,
-    table_schema: SchemaRef,
-    schema: SchemaRef,
-    spec: ScanSpec,
-    client: Client,
-    limits: ScanLimits,
-    counters: Arc<QueryCounters>,
-}
-
 /// The consumer went away (the query was dropped or its limit reached): stop quietly.
 #[derive(Debug)]
 struct Stopped;
 
-impl FragmentJob {
+impl Fragment {
     async fn run(self, tx: &Sender) -> Result<(), Error> {
         if self.groups.is_empty() {
             return Ok(());
