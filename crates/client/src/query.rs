@@ -31,8 +31,6 @@ pub struct QueryReply {
     node_idx: usize,
     conn: Option<Conn>,
     stats: Option<QueryStats>,
-    /// Result bytes received (Arrow IPC).
-    received: u64,
 }
 
 impl QueryReply {
@@ -70,7 +68,7 @@ impl QueryReply {
             Err(_) => Err(Error::Timeout { node: node.clone(), timeout: QUERY_SILENCE_MAX }),
         };
         match &result {
-            Ok(Some(bytes)) => self.received += bytes.len() as u64,
+            Ok(Some(_)) => {}
             Ok(None) => {
                 // A clean end: the connection can serve again.
                 let conn = self.conn.take().expect("checked above");
@@ -99,11 +97,6 @@ impl QueryReply {
     /// What the node read, once it finished.
     pub fn stats(&self) -> Option<QueryStats> {
         self.stats
-    }
-
-    /// Result bytes received so far.
-    pub fn received_bytes(&self) -> u64 {
-        self.received
     }
 }
 
@@ -137,7 +130,7 @@ impl Client {
                 return Err(error);
             }
         };
-        Ok(QueryReply { client: self.clone(), node_idx, conn: Some(conn), stats: None, received: 0 })
+        Ok(QueryReply { client: self.clone(), node_idx, conn: Some(conn), stats: None })
     }
 
     /// Whether node `node` failed within the last `down_backoff` (reads plan around it).

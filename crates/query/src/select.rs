@@ -89,9 +89,7 @@ pub enum SelectOutput {
 /// A running S3 Select: result bytes (CSV or JSON lines) as they come, and what it moved.
 pub struct Selection {
     pub records: BoxStream<'static, Result<Bytes, Error>>,
-    pub counters: Arc<QueryCounters>,
-    /// Object bytes read by this client (CSV and JSON input).
-    pub scanned: Arc<AtomicU64>,
+    pub scanned: ScannedBytes,
 }
 
 impl std::fmt::Debug for Selection {
@@ -100,13 +98,20 @@ impl std::fmt::Debug for Selection {
     }
 }
 
-impl Selection {
-    /// Bytes scanned to answer: what nodes read for a Parquet object, what this client read
-    /// otherwise.
-    pub fn bytes_scanned(&self) -> u64 {
+/// What a select read to answer, counted as it runs (S3's BytesScanned).
+#[derive(Clone, Debug)]
+pub struct ScannedBytes {
+    counters: Arc<QueryCounters>,
+    /// Object bytes read by this client (CSV and JSON input).
+    records: Arc<AtomicU64>,
+}
+
+impl ScannedBytes {
+    /// What the nodes read for a Parquet object, what this client read otherwise.
+    pub fn total(&self) -> u64 {
         self.counters.node_read_bytes.load(Ordering::Relaxed)
             + self.counters.client_read_bytes.load(Ordering::Relaxed)
-            + self.scanned.load(Ordering::Relaxed)
+            + self.records.load(Ordering::Relaxed)
     }
 }
 
@@ -174,7 +179,7 @@ pub async fn select(
     let frame = ctx.execute_logical_plan(plan).await.map_err(df_error)?;
     let batches = frame.execute_stream().await.map_err(df_error)?;
     let records = encode(batches, output.clone());
-    Ok(Selection { records, counters, scanned })
+    Ok(Selection { records, scanned: ScannedBytes { counters, records: scanned } })
 }
 
 /// The table's columns: CSV strings named by the header or by position, JSON fields as the

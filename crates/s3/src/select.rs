@@ -161,8 +161,7 @@ pub(crate) async fn select_object_content(
             .map_err(query_error)?;
     let returned = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let stats_returned = Arc::clone(&returned);
-    let counters = Arc::clone(&selection.counters);
-    let scanned = Arc::clone(&selection.scanned);
+    let scanned = selection.scanned.clone();
     let records = selection.records.flat_map(move |piece| {
         let events: Vec<S3Result<SelectObjectContentEvent>> = match piece {
             Ok(bytes) => {
@@ -181,8 +180,7 @@ pub(crate) async fn select_object_content(
     });
     let tail = futures_util::stream::once(async move {
         let relaxed = std::sync::atomic::Ordering::Relaxed;
-        let scanned =
-            counters.node_read_bytes.load(relaxed) + counters.client_read_bytes.load(relaxed) + scanned.load(relaxed);
+        let scanned = scanned.total();
         let returned = stats_returned.load(relaxed);
         let details = Stats {
             bytes_scanned: i64::try_from(scanned).ok(),
