@@ -123,6 +123,20 @@ pub(crate) struct NodeArgs {
     /// needs more fails with an error saying so.
     #[arg(long, default_value = "256MiB", value_parser = crate::size::parse_bytes)]
     query_memory: u64,
+    /// How often a near-data query that has found nothing to send yet tells its client it is
+    /// alive (a client takes a node silent for 2 minutes for hung). A dropped query stops at
+    /// the next heartbeat at the latest.
+    #[arg(long, default_value = "5s", value_parser = heartbeat_interval)]
+    query_heartbeat: Duration,
+}
+
+fn heartbeat_interval(text: &str) -> Result<Duration, String> {
+    let interval = positive_duration(text)?;
+    let max = client::QUERY_SILENCE_MAX / 4;
+    if interval > max {
+        return Err(format!("invalid interval {text:?}: at most {}s (clients wait 4 times that)", max.as_secs()));
+    }
+    Ok(interval)
 }
 
 fn positive_duration(text: &str) -> Result<Duration, String> {
@@ -268,6 +282,7 @@ pub(crate) fn node(args: &NodeArgs) -> anyhow::Result<()> {
         scrub_interval: args.scrub_interval,
         deep_scrub_interval: args.deep_scrub_interval,
         query_memory_bytes: usize::try_from(args.query_memory).unwrap_or(usize::MAX),
+        query_heartbeat: args.query_heartbeat,
     };
     let server = node::Server::bind(config).with_context(|| format!("start node {}", args.id))?;
     server.serve().context("serve")?;

@@ -51,8 +51,8 @@ pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
 pub use proto::QUERY_FOOTER_BYTES_MAX;
 pub use proto::{
-    BucketEntry, CommitCondition, DriveRepairStatus, DriveSpace, ErrorKind, ListEntry, QueryObject, RepairAction,
-    RepairStatus, ScanSpec, ScrubStatus,
+    AggregateFunction, AggregateSpec, BucketEntry, CommitCondition, DriveRepairStatus, DriveSpace, ErrorKind,
+    ListEntry, PartialAggregate, QueryObject, RepairAction, RepairStatus, ScanSpec, ScrubStatus,
 };
 pub use query::{QUERY_SILENCE_MAX, QueryReply, QueryStats};
 pub use relocate::{MoveKind, Moved, PoolListing};

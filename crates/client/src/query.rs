@@ -9,9 +9,11 @@ use proto::{QueryObject, Request, Response, ScanSpec};
 use crate::conn::Conn;
 use crate::{Client, Error, ObjectInfo};
 
-/// How long a node may stay silent in a query (scanning row groups none of which match sends
-/// nothing): a node that says nothing for longer is taken for hung.
-pub const QUERY_SILENCE_MAX: Duration = Duration::from_secs(600);
+/// How long a node may stay silent in a query: a node that says nothing for longer is taken
+/// for hung. A node scanning row groups none of which match sends a heartbeat (an empty
+/// [`Response::QueryData`]) every `tessera node --query-heartbeat` (5 s by default, at most a
+/// quarter of this), so only a node that stopped working goes silent.
+pub const QUERY_SILENCE_MAX: Duration = Duration::from_secs(120);
 
 /// What a node read to answer a query.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,6 +33,7 @@ pub struct QueryReply {
     node_idx: usize,
     conn: Option<Conn>,
     stats: Option<QueryStats>,
+    heartbeats: u64,
 }
 
 impl QueryReply {
@@ -41,32 +44,39 @@ impl QueryReply {
             return Ok(None);
         };
         let node = self.client.topo.map.nodes[self.node_idx].id.clone();
+        let silence = |node: &String| Error::Timeout { node: node.clone(), timeout: QUERY_SILENCE_MAX };
         let step = async {
-            match conn.read_response().await? {
-                Response::QueryData { len, crc } if len as usize <= proto::QUERY_DATA_BYTES_MAX => {
-                    let mut bytes = vec![0u8; len as usize];
-                    conn.read_exact(&mut bytes).await?;
-                    if crc32c::crc32c(&bytes) != crc {
-                        return Err(Error::Node {
-                            node: node.clone(),
-                            kind: proto::ErrorKind::ChecksumMismatch,
-                            message: "query result damaged in transit".into(),
-                        });
+            loop {
+                let response = tokio::time::timeout(QUERY_SILENCE_MAX, conn.read_response())
+                    .await
+                    .map_err(|_| silence(&node))??;
+                match response {
+                    // A heartbeat: the node is scanning and has found nothing to send yet.
+                    Response::QueryData { len: 0, .. } => self.heartbeats += 1,
+                    Response::QueryData { len, crc } if len as usize <= proto::QUERY_DATA_BYTES_MAX => {
+                        let mut bytes = vec![0u8; len as usize];
+                        tokio::time::timeout(QUERY_SILENCE_MAX, conn.read_exact(&mut bytes))
+                            .await
+                            .map_err(|_| silence(&node))??;
+                        if crc32c::crc32c(&bytes) != crc {
+                            return Err(Error::Node {
+                                node: node.clone(),
+                                kind: proto::ErrorKind::ChecksumMismatch,
+                                message: "query result damaged in transit".into(),
+                            });
+                        }
+                        return Ok(Some(bytes));
                     }
-                    Ok(Some(bytes))
+                    Response::QueryDone { rows, local_bytes, peer_bytes } => {
+                        self.stats = Some(QueryStats { rows, local_bytes, peer_bytes });
+                        return Ok(None);
+                    }
+                    Response::Error { kind, message } => return Err(Error::Node { node: node.clone(), kind, message }),
+                    other => return Err(conn.unexpected(&other)),
                 }
-                Response::QueryDone { rows, local_bytes, peer_bytes } => {
-                    self.stats = Some(QueryStats { rows, local_bytes, peer_bytes });
-                    Ok(None)
-                }
-                Response::Error { kind, message } => Err(Error::Node { node: node.clone(), kind, message }),
-                other => Err(conn.unexpected(&other)),
             }
         };
-        let result = match tokio::time::timeout(QUERY_SILENCE_MAX, step).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Timeout { node: node.clone(), timeout: QUERY_SILENCE_MAX }),
-        };
+        let result = step.await;
         match &result {
             Ok(Some(_)) => {}
             Ok(None) => {
@@ -84,8 +94,8 @@ impl QueryReply {
             }
             Err(e) => {
                 self.conn = None;
-                // A node silent for long may be busy, not down (a scan that matches nothing
-                // sends nothing until its end): only a broken connection marks it down.
+                // A node silent for long may be overloaded, not down (it sends heartbeats while
+                // it scans): only a broken connection marks it down.
                 if matches!(e, Error::NodeUnreachable { .. } | Error::Protocol { .. }) {
                     self.client.topo.pools[self.node_idx].mark_down(e);
                 }
@@ -97,6 +107,11 @@ impl QueryReply {
     /// What the node read, once it finished.
     pub fn stats(&self) -> Option<QueryStats> {
         self.stats
+    }
+
+    /// Heartbeats the node sent so far (it was scanning with nothing to send).
+    pub fn heartbeats(&self) -> u64 {
+        self.heartbeats
     }
 }
 
@@ -130,7 +145,7 @@ impl Client {
                 return Err(error);
             }
         };
-        Ok(QueryReply { client: self.clone(), node_idx, conn: Some(conn), stats: None })
+        Ok(QueryReply { client: self.clone(), node_idx, conn: Some(conn), stats: None, heartbeats: 0 })
     }
 
     /// Whether node `node` failed within the last `down_backoff` (reads plan around it).

@@ -150,7 +150,14 @@ pub struct NodeConfig {
     /// sorts, aggregates, buffered batches); a query that needs more fails with a clear error
     /// and the node goes on ([`QUERY_MEMORY_DEFAULT`]).
     pub query_memory_bytes: usize,
+    /// How often a near-data query with nothing to send says it is alive
+    /// ([`QUERY_HEARTBEAT_DEFAULT`]); at most a quarter of `client::QUERY_SILENCE_MAX`.
+    pub query_heartbeat: Duration,
 }
+
+/// How often a query scanning without results sends a heartbeat unless `tessera node
+/// --query-heartbeat` says otherwise.
+pub const QUERY_HEARTBEAT_DEFAULT: Duration = Duration::from_secs(5);
 
 /// What one near-data query may hold on a node unless `tessera node --query-memory` says
 /// otherwise: at most 4 run at once, so 1 GiB in all.
@@ -395,7 +402,7 @@ impl Server {
             retire_grace: config.retire_grace,
             connections: AtomicUsize::new(0),
             pending: Mutex::new(VecDeque::new()),
-            queries: query::Queries::new(config.query_memory_bytes),
+            queries: query::Queries::new(config.query_memory_bytes, config.query_heartbeat),
         };
         Ok(Self { listener, state: Arc::new(state) })
     }

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use cluster::{DriveRef, Placement};
@@ -38,13 +39,17 @@ pub(crate) struct Queries {
     runtime: OnceLock<tokio::runtime::Runtime>,
     turns: tokio::sync::Semaphore,
     limits: ScanLimits,
+    /// A query that has had nothing to send for this long sends a heartbeat.
+    heartbeat: Duration,
 }
 
 impl Queries {
-    /// Each query may hold `memory_bytes` in the engine.
-    pub(crate) fn new(memory_bytes: usize) -> Self {
+    /// Each query may hold `memory_bytes` in the engine, and says it is alive every
+    /// `heartbeat` while it has nothing to send.
+    pub(crate) fn new(memory_bytes: usize, heartbeat: Duration) -> Self {
+        assert!(!heartbeat.is_zero(), "a heartbeat interval above zero");
         let limits = ScanLimits { memory_bytes, ..ScanLimits::default() };
-        Self { runtime: OnceLock::new(), turns: tokio::sync::Semaphore::new(QUERIES_MAX), limits }
+        Self { runtime: OnceLock::new(), turns: tokio::sync::Semaphore::new(QUERIES_MAX), limits, heartbeat }
     }
 
     fn runtime(&self) -> &tokio::runtime::Runtime {
@@ -111,7 +116,22 @@ fn serve_until_done(
     let mut encoder: Option<pushdown::IpcEncoder> = None;
     let mut pending = Vec::new();
     let mut rows = 0u64;
-    while let Some(next) = runtime.block_on(stream.next()) {
+    loop {
+        let next = match runtime.block_on(async { tokio::time::timeout(queries.heartbeat, stream.next()).await }) {
+            Ok(Some(next)) => next,
+            Ok(None) => break,
+            // Nothing to send for a while: what is pending goes out, or a heartbeat (an empty
+            // data frame), so the client knows the scan goes on, and a client that went away
+            // makes this write fail, which stops the scan.
+            Err(_) if pending.is_empty() => {
+                answer.response(&Response::QueryData { len: 0, crc: crc32c::crc32c(&[]) })?;
+                continue;
+            }
+            Err(_) => {
+                send_data(answer, &mut pending)?;
+                continue;
+            }
+        };
         let batch = match next {
             Ok(batch) => batch,
             Err(e) => return answer.response(&failure(&pushdown::Error::from_datafusion(e))),

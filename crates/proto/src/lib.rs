@@ -641,17 +641,56 @@ pub enum Request {
     Query { scan: ScanSpec, objects: Vec<QueryObject> },
 }
 
-/// What a node evaluates over its row groups: `SELECT columns FROM t WHERE filters LIMIT limit`.
+/// What a node evaluates over its row groups: `SELECT columns FROM t WHERE filters LIMIT limit`,
+/// or, with `aggregate`, `SELECT group_by, aggregates FROM t WHERE filters GROUP BY group_by`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ScanSpec {
-    /// Columns to return, in order; empty with `count_only`.
+    /// Columns to return, in order; empty with `count_only` or `aggregate`.
     pub columns: Vec<String>,
     /// SQL boolean expressions over the columns, all of which a row must satisfy.
     pub filters: Vec<String>,
-    /// At most this many rows (per node; the client applies the query's own limit).
+    /// At most this many rows (per node; the client applies the query's own limit). `None`
+    /// with `aggregate`.
     pub limit: Option<u64>,
     /// Return no rows, only how many match ([`Response::QueryDone`]'s `rows`).
     pub count_only: bool,
+    /// Aggregate the matching rows before returning them: one row per group of this node's
+    /// rows, which the client combines with the other nodes' (a partial aggregate). Appended
+    /// within protocol version 6: a node that predates it fails to decode the request and
+    /// closes the connection, and the client evaluates that node's row groups itself.
+    pub aggregate: Option<AggregateSpec>,
+}
+
+/// Aggregates and group columns per item of a partial aggregate ([`ScanSpec::aggregate`]).
+pub const AGGREGATE_ITEMS_MAX: usize = 256;
+
+/// A partial aggregate: the answer's columns are the `group_by` expressions, then one column
+/// per aggregate, each over the rows of this node that match the scan's filters.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AggregateSpec {
+    /// SQL expressions over the table's columns (at most [`AGGREGATE_ITEMS_MAX`]).
+    pub group_by: Vec<String>,
+    /// At most [`AGGREGATE_ITEMS_MAX`].
+    pub aggregates: Vec<PartialAggregate>,
+}
+
+/// One aggregate of an [`AggregateSpec`]: a function over an SQL expression, or `count` of
+/// rows when `argument` is `None`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PartialAggregate {
+    pub function: AggregateFunction,
+    pub argument: Option<String>,
+}
+
+/// Aggregate functions whose results over parts combine into the result over the whole:
+/// counts and sums add up, minimums and maximums compare (an average is a sum and a count).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum AggregateFunction {
+    /// Non-null values of the argument (rows without one).
+    Count,
+    Sum,
+    Min,
+    Max,
 }
 
 /// One object of a [`Request::Query`]: which version, its Parquet footer (the client has read
@@ -868,7 +907,16 @@ impl Request {
             Request::Query { objects, .. } if objects.len() > BATCH_ITEMS_MAX => {
                 Err(too_many("query objects", objects.len()))
             }
-            Request::Query { objects, .. } => {
+            Request::Query { scan, objects } => {
+                if let Some(aggregate) = &scan.aggregate {
+                    for (what, found) in
+                        [("group columns", aggregate.group_by.len()), ("aggregates", aggregate.aggregates.len())]
+                    {
+                        if found > AGGREGATE_ITEMS_MAX {
+                            return Err(Error::TooManyItems { what, found, max: AGGREGATE_ITEMS_MAX });
+                        }
+                    }
+                }
                 let footers: usize = objects.iter().map(|o| o.footer.len()).sum();
                 if footers > QUERY_FOOTER_BYTES_MAX {
                     return Err(Error::Invalid {

@@ -1,5 +1,5 @@
-//! Tessera's near-data query engine: evaluates a scan (projection, filter, limit) over chosen
-//! row groups of Parquet objects with Apache DataFusion, reading the bytes through a
+//! Tessera's near-data query engine: evaluates a scan (projection, filter, limit, or a partial
+//! aggregate: counts, sums, minimums and maximums per group) over chosen row groups of Parquet objects with Apache DataFusion, reading the bytes through a
 //! [`ByteSource`]. A storage node runs it over the row groups that start in its chunks (its
 //! source reads its own drives and its peers); a client runs it over row groups no node could
 //! take (its source is the smart client's degraded read).
@@ -28,7 +28,7 @@ use futures_util::future::BoxFuture;
 
 pub use datafusion;
 pub use footer::{FOOTER_BYTES_MAX, Footer, table_schema};
-pub use proto::ScanSpec;
+pub use proto::{AggregateFunction, AggregateSpec, PartialAggregate, ScanSpec};
 
 /// Why a scan could not run or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -170,12 +170,79 @@ pub async fn scan(
         let expr = ctx.parse_sql_expr(filter, &df_schema).map_err(|e| bad_filter(filter, e))?;
         frame = frame.filter(expr).map_err(|e| bad_filter(filter, e))?;
     }
+    if let Some(aggregate) = &spec.aggregate {
+        if !spec.columns.is_empty() || spec.count_only || spec.limit.is_some() {
+            return Err(Error::BadQuery("an aggregating scan names no columns, count or limit of its own".into()));
+        }
+        frame = aggregate_frame(&ctx, frame, &df_schema, aggregate)?;
+        return frame.execute_stream().await.map_err(Error::from_datafusion);
+    }
     let columns: Vec<&str> = spec.columns.iter().map(String::as_str).collect();
     frame = frame.select_columns(&columns).map_err(Error::from_datafusion)?;
     if let Some(limit) = spec.limit {
         frame = frame.limit(0, Some(usize::try_from(limit).unwrap_or(usize::MAX))).map_err(Error::from_datafusion)?;
     }
     frame.execute_stream().await.map_err(Error::from_datafusion)
+}
+
+/// The columns a scan with `aggregate` answers over a table of `schema`: the group columns
+/// (`g0`, `g1`, ...), then the aggregates (`p0`, `p1`, ...), every one nullable. A client
+/// plans with these; a node's answer has exactly these types, as it is built the same way.
+pub fn partial_schema(schema: &SchemaRef, aggregate: &AggregateSpec) -> Result<SchemaRef, Error> {
+    let ctx = session_with(&ScanLimits::default(), false)?;
+    let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(Error::from_datafusion)?;
+    let empty = datafusion::datasource::empty::EmptyTable::new(Arc::clone(schema));
+    let frame = ctx.read_table(Arc::new(empty)).map_err(Error::from_datafusion)?;
+    let frame = aggregate_frame(&ctx, frame, &df_schema, aggregate)?;
+    let fields: Vec<_> = frame.schema().fields().iter().map(|f| f.as_ref().clone().with_nullable(true)).collect();
+    Ok(Arc::new(datafusion::arrow::datatypes::Schema::new(fields)))
+}
+
+/// `frame` grouped by `aggregate.group_by` (columns `g0`, `g1`, ...) with its aggregates
+/// (`p0`, `p1`, ...); every expression is parsed against the table's columns, never spliced.
+fn aggregate_frame(
+    ctx: &SessionContext,
+    frame: datafusion::dataframe::DataFrame,
+    df_schema: &DFSchema,
+    aggregate: &AggregateSpec,
+) -> Result<datafusion::dataframe::DataFrame, Error> {
+    use datafusion::functions_aggregate::expr_fn::{count, max, min, sum};
+    use datafusion::logical_expr::lit;
+
+    if aggregate.group_by.len() > proto::AGGREGATE_ITEMS_MAX || aggregate.aggregates.len() > proto::AGGREGATE_ITEMS_MAX
+    {
+        return Err(Error::BadQuery(format!("more than {} group columns or aggregates", proto::AGGREGATE_ITEMS_MAX)));
+    }
+    let parse = |sql: &str| ctx.parse_sql_expr(sql, df_schema).map_err(|e| bad_expression(sql, e));
+    let mut groups = Vec::with_capacity(aggregate.group_by.len());
+    for (idx, sql) in aggregate.group_by.iter().enumerate() {
+        groups.push(parse(sql)?.alias(format!("g{idx}")));
+    }
+    let mut aggregates = Vec::with_capacity(aggregate.aggregates.len());
+    for (idx, partial) in aggregate.aggregates.iter().enumerate() {
+        let argument = match &partial.argument {
+            Some(sql) => parse(sql)?,
+            None => lit(1i64),
+        };
+        let expr = match partial.function {
+            AggregateFunction::Count => count(argument),
+            AggregateFunction::Sum => sum(argument),
+            AggregateFunction::Min => min(argument),
+            AggregateFunction::Max => max(argument),
+        };
+        aggregates.push(expr.alias(format!("p{idx}")));
+    }
+    frame.aggregate(groups, aggregates).map_err(|e| match Error::from_datafusion(e) {
+        Error::BadQuery(text) | Error::Engine(text) => Error::BadQuery(format!("aggregate: {text}")),
+        other => other,
+    })
+}
+
+fn bad_expression(sql: &str, error: DataFusionError) -> Error {
+    match Error::from_datafusion(error) {
+        Error::BadQuery(text) | Error::Engine(text) => Error::BadQuery(format!("expression {sql:?}: {text}")),
+        other => other,
+    }
 }
 
 fn bad_filter(filter: &str, error: DataFusionError) -> Error {

@@ -98,6 +98,7 @@ fn spec(columns: &[&str], filters: &[&str]) -> ScanSpec {
         filters: filters.iter().map(|f| f.to_string()).collect(),
         limit: None,
         count_only: false,
+        aggregate: None,
     }
 }
 
@@ -130,6 +131,93 @@ fn count_only_scans_count_and_objects_form_one_table() {
     let (batches, _) = run(count, vec![(a, vec![0, 1, 2, 3, 4]), (b, vec![0, 1, 2, 3, 4])]).unwrap();
     assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 3000);
     assert!(batches.iter().all(|b| b.num_columns() == 0));
+}
+
+fn partial(function: AggregateFunction, argument: Option<&str>) -> PartialAggregate {
+    PartialAggregate { function, argument: argument.map(str::to_owned) }
+}
+
+#[test]
+fn an_aggregating_scan_answers_one_row_per_group_of_its_row_groups() {
+    let a = particles(0, 5000, 1000);
+    let b = particles(5000, 5000, 1000);
+    let mut grouped = spec(&[], &["id >= 2000"]);
+    let aggregate = AggregateSpec {
+        group_by: vec!["id % 2".into()],
+        aggregates: vec![
+            partial(AggregateFunction::Count, None),
+            partial(AggregateFunction::Sum, Some("ke")),
+            partial(AggregateFunction::Min, Some("id")),
+            partial(AggregateFunction::Max, Some("id")),
+            partial(AggregateFunction::Count, Some("CASE WHEN id < 3000 THEN id END")),
+        ],
+    };
+    grouped.aggregate = Some(aggregate);
+    // Row groups 1..3 of a (ids 1000..4000, of which the filter keeps 2000..4000) and row
+    // group 4 of b (ids 9000..10000): one table.
+    let (batches, _) = run(grouped, vec![(a, vec![1, 2, 3]), (b, vec![4])]).unwrap();
+    let mut rows = Vec::new();
+    for batch in &batches {
+        let column = |i: usize| batch.column(i).as_any().downcast_ref::<Int64Array>().unwrap().clone();
+        let sums = batch.column(2).as_any().downcast_ref::<Float64Array>().unwrap().clone();
+        for row in 0..batch.num_rows() {
+            let values = (column(0).value(row), column(1).value(row), sums.value(row));
+            rows.push((values, column(3).value(row), column(4).value(row), column(5).value(row)));
+        }
+    }
+    rows.sort_by_key(|r| r.0.0);
+    let ids = |parity: i64| (2000..4000).chain(9000..10_000).filter(move |i| i % 2 == parity);
+    for (parity, row) in rows.iter().enumerate() {
+        let parity = parity as i64;
+        let count = ids(parity).count() as i64;
+        let sum: f64 = ids(parity).map(|i| i as f64).sum();
+        let below_3000 = ids(parity).filter(|i| *i < 3000).count() as i64;
+        assert_eq!(*row, ((parity, count, sum), 2000 + parity, 9998 + parity, below_3000));
+    }
+    assert_eq!(rows.len(), 2);
+}
+
+#[test]
+fn a_partial_schema_has_the_types_a_node_answers_with() {
+    let file = particles(0, 2000, 1000);
+    let footer = footer_of("b/o", &file);
+    let schema = table_schema(&[("b/o", &footer)]).unwrap();
+    let aggregate = AggregateSpec {
+        group_by: vec!["id > 10".into()],
+        aggregates: vec![
+            partial(AggregateFunction::Count, Some("ke")),
+            partial(AggregateFunction::Sum, Some("id")),
+            partial(AggregateFunction::Max, Some("ke")),
+        ],
+    };
+    let expected = partial_schema(&schema, &aggregate).unwrap();
+    let mut scan = spec(&[], &[]);
+    scan.aggregate = Some(aggregate);
+    let (batches, _) = run(scan, vec![(file, vec![0, 1])]).unwrap();
+    let types = |s: &SchemaRef| s.fields().iter().map(|f| f.data_type().clone()).collect::<Vec<_>>();
+    assert_eq!(types(&batches[0].schema()), types(&expected));
+    assert_eq!(types(&expected), [DataType::Boolean, DataType::Int64, DataType::Int64, DataType::Float64]);
+}
+
+#[test]
+fn an_aggregating_scan_refuses_columns_and_bad_expressions() {
+    let file = particles(0, 2000, 1000);
+    let mut with_columns = spec(&["id"], &[]);
+    with_columns.aggregate = Some(AggregateSpec { group_by: vec![], aggregates: vec![] });
+    let refused = run(with_columns, vec![(file.clone(), vec![0])]).unwrap_err();
+    assert!(matches!(refused, Error::BadQuery(_)), "{refused}");
+    let mut unknown = spec(&[], &[]);
+    unknown.aggregate =
+        Some(AggregateSpec { group_by: vec![], aggregates: vec![partial(AggregateFunction::Sum, Some("nope"))] });
+    let refused = run(unknown, vec![(file.clone(), vec![0])]).unwrap_err();
+    assert!(matches!(&refused, Error::BadQuery(t) if t.contains("nope")), "{refused}");
+    let mut injected = spec(&[], &[]);
+    injected.aggregate = Some(AggregateSpec {
+        group_by: vec!["id) FROM t; DROP TABLE t --".into()],
+        aggregates: vec![partial(AggregateFunction::Count, None)],
+    });
+    let refused = run(injected, vec![(file, vec![0])]).unwrap_err();
+    assert!(matches!(refused, Error::BadQuery(_)), "{refused}");
 }
 
 #[test]

@@ -5,10 +5,13 @@
 //! DataFusion; the scan of each table becomes one request per node (`proto::Request::Query`)
 //! carrying the projection, the filters that can be written back as SQL, and the row groups
 //! whose first byte lies in that node's chunks. Nodes answer Arrow IPC; the client runs the
-//! rest of the plan (aggregation, ordering, limits, joins) over what comes back. Row groups no
+//! rest of the plan (ordering, limits, joins) over what comes back. An aggregate whose
+//! functions combine over parts (count, sum, min, max, avg) runs on the nodes too, each over
+//! its own rows; the client combines their partial rows. Row groups no
 //! node can take (a multipart object, a node down) are evaluated by the client itself, through
 //! its degraded read.
 
+mod aggregate;
 mod plan;
 pub mod select;
 mod source;
@@ -92,6 +95,8 @@ pub struct QueryCounters {
     /// Row groups the client evaluated itself, and the object bytes it read for them.
     pub client_row_groups: AtomicU64,
     pub client_read_bytes: AtomicU64,
+    /// Heartbeats nodes sent while they scanned with nothing to send.
+    pub heartbeats: AtomicU64,
 }
 
 impl QueryCounters {
@@ -114,10 +119,18 @@ impl std::fmt::Debug for Query {
     }
 }
 
+/// The engine a query plans and runs in: `pushdown`'s session, whose optimizer also sends
+/// aggregates that combine over parts to the nodes (`aggregate::PushAggregates`).
+fn session(options: &QueryOptions) -> Result<datafusion::prelude::SessionContext, Error> {
+    let ctx = pushdown::session(&options.limits)?;
+    ctx.add_optimizer_rule(Arc::new(aggregate::PushAggregates));
+    Ok(ctx)
+}
+
 /// Plans `sql` and starts it. The result streams; dropping the stream cancels the query on
 /// every node.
 pub async fn start(client: &Client, sql: &str, options: &QueryOptions) -> Result<Query, Error> {
-    let ctx = pushdown::session(&options.limits)?;
+    let ctx = session(options)?;
     let counters = Arc::new(QueryCounters::default());
     let state = ctx.state();
     let statement = state.sql_to_statement(sql, &datafusion::config::Dialect::Generic).map_err(df_error)?;

@@ -44,7 +44,7 @@ struct TableObject {
 }
 
 /// The Parquet objects named by one table reference.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct ObjectTable {
     schema: SchemaRef,
     objects: Arc<Vec<TableObject>>,
@@ -149,7 +149,7 @@ impl ObjectTable {
 /// loses literal types (a Float32 `0.99` would come back as a Float64, a decimal as a float),
 /// so every literal other than a 64-bit integer, a string or a boolean is written as a cast
 /// from text to its exact type; literals of other types keep the filter in the client.
-fn portable_sql(filter: &Expr) -> Option<String> {
+pub(crate) fn portable_sql(filter: &Expr) -> Option<String> {
     use pushdown::datafusion::arrow::datatypes::DataType;
     use pushdown::datafusion::common::ScalarValue;
     use pushdown::datafusion::common::tree_node::{Transformed, TreeNode};
@@ -190,6 +190,19 @@ fn portable_sql(filter: &Expr) -> Option<String> {
         return None;
     }
     expr_to_sql(&rewritten).ok().map(|sql| sql.to_string())
+}
+
+/// The filters a scan was given, as SQL text for the nodes (each was accepted for pushdown
+/// because it can be written so).
+pub(crate) fn filters_sql(filters: &[Expr]) -> DfResult<Vec<String>> {
+    filters
+        .iter()
+        .map(|filter| {
+            portable_sql(filter).ok_or_else(|| {
+                DataFusionError::Internal(format!("filter {filter} was accepted for pushdown but cannot be written"))
+            })
+        })
+        .collect()
 }
 
 /// Every key under `prefix` in `bucket`, in order, at most [`TABLE_OBJECTS_MAX`].
@@ -273,15 +286,39 @@ impl TableProvider for ObjectTable {
         };
         let projected = Arc::new(self.schema.project(&indices)?);
         let columns: Vec<String> = projected.fields().iter().map(|f| f.name().clone()).collect();
-        let mut sql_filters = Vec::with_capacity(filters.len());
-        for filter in filters {
-            let sql = portable_sql(filter).ok_or_else(|| {
-                DataFusionError::Internal(format!("filter {filter} was accepted for pushdown but cannot be written"))
-            })?;
-            sql_filters.push(sql);
-        }
-        let spec =
-            ScanSpec { count_only: columns.is_empty(), columns, filters: sql_filters, limit: limit.map(|l| l as u64) };
+        let sql_filters = filters_sql(filters)?;
+        let spec = ScanSpec {
+            count_only: columns.is_empty(),
+            columns,
+            filters: sql_filters,
+            limit: limit.map(|l| l as u64),
+            aggregate: None,
+        };
+        self.exec(spec, projected, None, limit)
+    }
+}
+
+impl ObjectTable {
+    /// The table's columns.
+    pub(crate) fn table_schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Whether scans go to the nodes.
+    pub(crate) fn pushes_down(&self) -> bool {
+        self.pushdown
+    }
+
+    /// The plan that evaluates `spec` over every row group of the table, one partition per
+    /// node (and one for the client's own): each yields `schema` (what `spec` answers), of
+    /// which the plan passes on the `projection`.
+    pub(crate) fn exec(
+        &self,
+        spec: ScanSpec,
+        schema: SchemaRef,
+        projection: Option<&Vec<usize>>,
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
         let mut assigned = self.assign();
         if assigned.is_empty() {
             // No row groups at all: one empty partition gives an empty result of the right shape.
@@ -295,7 +332,7 @@ impl TableProvider for ObjectTable {
                     groups,
                     objects: Arc::clone(&self.objects),
                     table_schema: Arc::clone(&self.schema),
-                    schema: Arc::clone(&projected),
+                    schema: Arc::clone(&schema),
                     spec: spec.clone(),
                     client: self.client.clone(),
                     limits: self.limits,
@@ -303,7 +340,7 @@ impl TableProvider for ObjectTable {
                 }) as Arc<dyn PartitionStream>
             })
             .collect();
-        Ok(Arc::new(StreamingTableExec::try_new(projected, partitions, None, [], false, limit)?))
+        Ok(Arc::new(StreamingTableExec::try_new(schema, partitions, projection, [], false, limit)?))
     }
 }
 
@@ -435,6 +472,7 @@ impl Fragment {
                     Err(e) => return Ok(Err(failure(e, batches_passed))),
                 }
             }
+            self.counters.heartbeats.fetch_add(reply.heartbeats(), Ordering::Relaxed);
             let stats = reply.stats().unwrap_or_default();
             self.counters.node_read_bytes.fetch_add(stats.local_bytes + stats.peer_bytes, Ordering::Relaxed);
             if self.spec.count_only && stats.rows > 0 {

@@ -125,7 +125,38 @@ fn check_queries(cluster: &Cluster, pushdown: bool) -> Vec<Arc<QueryCounters>> {
     assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 17);
     assert!(int_column(&batches, 0).iter().all(|&i| ke_of(i) < 500.0));
     counters.push(c);
+    // Aggregates per group (pushed down: each node aggregates its own rows).
+    let (batches, c) = run(cluster, GROUPED, pushdown);
+    assert_eq!(grouped_rows(&batches), expected_groups());
+    counters.push(c);
     counters
+}
+
+/// An aggregate per group whose functions all combine over parts.
+const GROUPED: &str = "SELECT name, count(*), avg(ke), min(id), max(id) FROM 'bkt/parts/' \
+                       WHERE id < 50000 GROUP BY name ORDER BY name NULLS FIRST";
+
+/// Name, count, average ke, min and max id per group, computed here.
+type Group = (Option<String>, i64, f64, i64, i64);
+
+fn expected_groups() -> Vec<Group> {
+    let mut groups: std::collections::BTreeMap<Option<String>, (i64, f64, i64, i64)> = Default::default();
+    for id in 0..50_000i64 {
+        let name = (id % 5 != 0).then(|| format!("p{}", id % 97));
+        let entry = groups.entry(name).or_insert((0, 0.0, i64::MAX, i64::MIN));
+        *entry = (entry.0 + 1, entry.1 + ke_of(id), entry.2.min(id), entry.3.max(id));
+    }
+    groups.into_iter().map(|(name, (n, ke, min, max))| (name, n, ke / n as f64, min, max)).collect()
+}
+
+fn grouped_rows(batches: &[RecordBatch]) -> Vec<Group> {
+    let names = batches.iter().flat_map(|b| {
+        let names = b.column(0).as_any().downcast_ref::<StringArray>().expect("utf8");
+        (0..names.len()).map(|i| names.is_valid(i).then(|| names.value(i).to_owned())).collect::<Vec<_>>()
+    });
+    let (counts, averages) = (int_column(batches, 1), float_column(batches, 2));
+    let (mins, maxes) = (int_column(batches, 3), int_column(batches, 4));
+    names.enumerate().map(|(i, name)| (name, counts[i], averages[i], mins[i], maxes[i])).collect()
 }
 
 #[test]
@@ -150,6 +181,12 @@ fn queries_run_on_the_nodes_and_match_the_answer_computed_here() {
     assert!(selective * 3 < local[0].bytes_to_client());
     // The count brought no rows at all.
     assert_eq!(pushed[2].result_bytes.load(Ordering::Relaxed), 0);
+    // The grouped aggregate brought each node's partial rows (about 100 groups), not the
+    // matching rows; the same query's rows are far more.
+    let (_, rows) = run(&cluster, "SELECT name, ke, id FROM 'bkt/parts/' WHERE id < 50000", true);
+    let (partial, matching) =
+        (pushed[5].result_bytes.load(Ordering::Relaxed), rows.result_bytes.load(Ordering::Relaxed));
+    assert!(partial > 0 && partial * 10 < matching, "aggregate moved {partial} bytes, its rows {matching}");
 }
 
 #[test]
@@ -220,9 +257,61 @@ fn cli_formats() {
 #[test]
 fn dropping_a_query_stops_it_on_the_nodes() {
     let cluster = Cluster::start(Shape::default());
-    cluster.cli_ok(&["mb", "bkt"]);
     // 2 million rows: far more result bytes than the sockets buffer, so nodes are still
     // sending when the client stops reading.
+    put_big(&cluster);
+    let client = cluster.client();
+    block_on(async {
+        use futures_util::StreamExt;
+        let mut query =
+            query::start(&client, "SELECT * FROM 'bkt/big.parquet'", &QueryOptions::default()).await.unwrap();
+        let first = query.stream.next().await.unwrap().unwrap();
+        assert!(first.num_rows() > 0);
+        drop(query);
+    });
+    // Every node that was sending notices: its next write fails and the scan stops.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !(0..6).any(|i| cluster.log(i).contains("query stopped: the client went away")) {
+        assert!(std::time::Instant::now() < deadline, "no node stopped its query after the client dropped it");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // The nodes still answer queries.
+    let output = cluster.cli_ok(&["query", "SELECT count(*) AS n FROM 'bkt/big.parquet'", "--format", "csv"]);
+    assert_eq!(output.trim(), "n\n2000000");
+}
+
+#[test]
+fn nodes_scanning_without_matches_send_heartbeats() {
+    let mut cluster = Cluster::start(Shape::default());
+    for node in 0..6 {
+        cluster.set_node_args(node, &["--query-heartbeat", "20ms"]);
+        cluster.restart_node(node);
+    }
+    put_big(&cluster);
+    // A filter statistics cannot prune, slow to evaluate, that no row meets: nodes scan for a
+    // while with nothing to send.
+    let sql = "SELECT id FROM 'bkt/big.parquet' WHERE length(repeat(CAST(id AS VARCHAR), 100)) = 3";
+    let (batches, counters) = run(&cluster, sql, true);
+    assert_eq!(batches.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+    assert!(counters.node_requests.load(Ordering::Relaxed) > 0);
+    assert_eq!(counters.client_row_groups.load(Ordering::Relaxed), 0, "the nodes answered");
+    assert!(counters.heartbeats.load(Ordering::Relaxed) > 0, "no heartbeat while the nodes scanned");
+    // A bad interval is refused at start.
+    let refused = cluster.cli_err(&[
+        "node",
+        "--config",
+        cluster.config.to_str().unwrap(),
+        "--id",
+        "n1",
+        "--query-heartbeat",
+        "1h",
+    ]);
+    assert!(refused.contains("query-heartbeat"), "{refused}");
+}
+
+/// `bkt/big.parquet`: 2 million rows (id, ke = id) in row groups of 50,000.
+fn put_big(cluster: &Cluster) {
+    cluster.cli_ok(&["mb", "bkt"]);
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("ke", DataType::Float64, false),
@@ -243,24 +332,6 @@ fn dropping_a_query_stops_it_on_the_nodes() {
     writer.close().unwrap();
     let file = write_file(cluster.dir.path(), "big.parquet", &bytes);
     cluster.cli_ok(&["put", file.to_str().unwrap(), "bkt/big.parquet"]);
-    let client = cluster.client();
-    block_on(async {
-        use futures_util::StreamExt;
-        let mut query =
-            query::start(&client, "SELECT * FROM 'bkt/big.parquet'", &QueryOptions::default()).await.unwrap();
-        let first = query.stream.next().await.unwrap().unwrap();
-        assert!(first.num_rows() > 0);
-        drop(query);
-    });
-    // Every node that was sending notices: its next write fails and the scan stops.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !(0..6).any(|i| cluster.log(i).contains("query stopped: the client went away")) {
-        assert!(std::time::Instant::now() < deadline, "no node stopped its query after the client dropped it");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    // The nodes still answer queries.
-    let output = cluster.cli_ok(&["query", "SELECT count(*) AS n FROM 'bkt/big.parquet'", "--format", "csv"]);
-    assert_eq!(output.trim(), "n\n2000000");
 }
 
 #[test]
