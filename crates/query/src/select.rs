@@ -2,7 +2,9 @@
 //! CSV, JSON or Parquet, the output CSV or JSON lines. A Parquet object is the same table as
 //! `'bucket/key'` in [`crate::start`] (scans on the nodes); CSV and JSON objects are streamed
 //! through this client's Arrow decoders (records are not aligned to chunks yet, so nodes cannot
-//! split them), window by window, never whole.
+//! split them), window by window, never whole: gzip or bzip2 compressed or not, and, with a
+//! `ScanRange` (uncompressed input), only the records that start inside the range, each read to
+//! its end as input splits are.
 //!
 //! CSV columns are strings, as S3 Select has them (`CAST` for numbers; an empty field is an
 //! empty string): named by the header line with `FileHeaderInfo USE`, `_1`, `_2`, ...
@@ -10,6 +12,7 @@
 //! fields take the types the first 1,000 records (at most 1 MiB) show, and a field none of
 //! them has is not in the table.
 
+use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -47,6 +50,17 @@ pub enum SelectInput {
     Parquet,
 }
 
+impl SelectInput {
+    /// CSV or JSON: records a line at a time (not Parquet).
+    pub fn is_records(&self) -> bool {
+        !matches!(self, SelectInput::Parquet)
+    }
+}
+
+/// Begins the error of an object whose bytes are not compressed as its `CompressionType`
+/// says (S3's `InvalidCompressionFormat`).
+pub const NOT_COMPRESSED_AS_DESCRIBED: &str = "not compressed as described";
+
 /// CSV input settings (`InputSerialization.CSV`).
 #[derive(Clone, Debug)]
 pub struct CsvInput {
@@ -55,11 +69,14 @@ pub struct CsvInput {
     pub quote: u8,
     /// Lines starting with this byte are skipped.
     pub comment: Option<u8>,
+    /// Inside a quoted field, this byte makes the next one literal (`QuoteEscapeCharacter`;
+    /// `None`: a doubled quote is a quote).
+    pub escape: Option<u8>,
 }
 
 impl Default for CsvInput {
     fn default() -> Self {
-        Self { header: HeaderInfo::None, delimiter: b',', quote: b'"', comment: None }
+        Self { header: HeaderInfo::None, delimiter: b',', quote: b'"', comment: None, escape: None }
     }
 }
 
@@ -74,6 +91,53 @@ pub enum HeaderInfo {
     None,
 }
 
+/// How a CSV or JSON object's bytes are compressed (`CompressionType`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Compression {
+    #[default]
+    None,
+    /// One or more gzip members.
+    Gzip,
+    /// One or more bzip2 streams.
+    Bzip2,
+}
+
+/// S3's `ScanRange`: only records whose first byte lies in `start..=end` are selected (a
+/// record that starts there is read to its end). `start` alone: from there to the object's
+/// end; `end` alone: the last `end` bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanRange {
+    pub start: Option<u64>,
+    pub end: Option<u64>,
+}
+
+impl ScanRange {
+    /// The first and last byte (inclusive) of an object of `size` bytes whose records are
+    /// selected; `None` when no byte is.
+    fn bytes(&self, size: u64) -> Option<(u64, u64)> {
+        let last = size.checked_sub(1)?;
+        let (start, end) = match (self.start, self.end) {
+            (None, None) => (0, last),
+            (Some(start), None) => (start, last),
+            (None, Some(tail)) => (size.saturating_sub(tail), last),
+            (Some(start), Some(end)) => (start, end.min(last)),
+        };
+        (start <= end).then_some((start, end))
+    }
+}
+
+/// What an S3 Select reads: the object, how its bytes are written, and which of its records.
+#[derive(Clone, Debug)]
+pub struct SelectSource {
+    pub bucket: String,
+    pub key: String,
+    pub input: SelectInput,
+    /// CSV and JSON only (a Parquet object compresses its own pages).
+    pub compression: Compression,
+    /// CSV and JSON lines only, uncompressed.
+    pub scan_range: Option<ScanRange>,
+}
+
 /// How result records are written.
 #[derive(Clone, Debug)]
 pub enum SelectOutput {
@@ -81,6 +145,8 @@ pub enum SelectOutput {
         delimiter: u8,
         quote: u8,
         always_quote: bool,
+        /// Written before a quote inside a quoted field (`None`: the quote is doubled).
+        escape: Option<u8>,
     },
     /// One JSON object per record, each on its own line.
     Json,
@@ -104,6 +170,8 @@ pub struct ScannedBytes {
     counters: Arc<QueryCounters>,
     /// Object bytes read by this client (CSV and JSON input).
     records: Arc<AtomicU64>,
+    /// Record bytes (decompressed, within the scan range) decoded by this client.
+    decoded: Arc<AtomicU64>,
 }
 
 impl ScannedBytes {
@@ -113,19 +181,35 @@ impl ScannedBytes {
             + self.counters.client_read_bytes.load(Ordering::Relaxed)
             + self.records.load(Ordering::Relaxed)
     }
+
+    /// Uncompressed bytes processed (S3's BytesProcessed): what the nodes read for a Parquet
+    /// object, the record bytes this client decoded otherwise.
+    pub fn processed(&self) -> u64 {
+        self.counters.node_read_bytes.load(Ordering::Relaxed)
+            + self.counters.client_read_bytes.load(Ordering::Relaxed)
+            + self.decoded.load(Ordering::Relaxed)
+    }
 }
 
-/// Starts `sql` over `bucket/key`.
+/// Starts `sql` over the records of `source`.
 pub async fn select(
     client: &Client,
-    bucket: &str,
-    key: &str,
+    source: &SelectSource,
     sql: &str,
-    input: &SelectInput,
     output: &SelectOutput,
     options: &QueryOptions,
 ) -> Result<Selection, Error> {
-    let ctx = pushdown::session(&options.limits)?;
+    let (bucket, key, input) = (source.bucket.as_str(), source.key.as_str(), &source.input);
+    if matches!(input, SelectInput::Parquet) && (source.compression != Compression::None || source.scan_range.is_some())
+    {
+        return Err(Error::BadQuery(
+            "a Parquet object is read whole and uncompressed: no CompressionType or ScanRange".into(),
+        ));
+    }
+    if source.compression != Compression::None && source.scan_range.is_some() {
+        return Err(Error::BadQuery("ScanRange needs uncompressed input".into()));
+    }
+    let ctx = crate::session(options)?;
     let state = ctx.state();
     let statement = state.sql_to_statement(sql, &pushdown::datafusion::config::Dialect::Generic).map_err(df_error)?;
     let DfStatement::Statement(parsed) = &statement else {
@@ -155,6 +239,7 @@ pub async fn select(
     }
     let counters = Arc::new(QueryCounters::default());
     let scanned = Arc::new(AtomicU64::new(0));
+    let decoded = Arc::new(AtomicU64::new(0));
     match input {
         SelectInput::Parquet => {
             let table = ObjectTable::open_object(client, bucket, key, options, Arc::clone(&counters)).await?;
@@ -162,13 +247,20 @@ pub async fn select(
         }
         SelectInput::Csv(_) | SelectInput::Json => {
             let info = client.head(bucket, key).await?;
-            let schema = records_schema(client, &info, input).await?;
+            let schema = records_schema(client, &info, input, source.compression).await?;
+            let range = match source.scan_range {
+                Some(range) => range.bytes(info.meta.size),
+                None => ScanRange::default().bytes(info.meta.size),
+            };
             let partition = RecordPartition {
                 client: client.clone(),
                 info,
                 input: input.clone(),
+                compression: source.compression,
+                range,
                 schema,
                 scanned: Arc::clone(&scanned),
+                decoded: Arc::clone(&decoded),
             };
             let table =
                 StreamingTable::try_new(Arc::clone(&partition.schema), vec![Arc::new(partition)]).map_err(df_error)?;
@@ -179,23 +271,37 @@ pub async fn select(
     let frame = ctx.execute_logical_plan(plan).await.map_err(df_error)?;
     let batches = frame.execute_stream().await.map_err(df_error)?;
     let records = encode(batches, output.clone());
-    Ok(Selection { records, scanned: ScannedBytes { counters, records: scanned } })
+    Ok(Selection { records, scanned: ScannedBytes { counters, records: scanned, decoded } })
 }
 
 /// The table's columns: CSV strings named by the header or by position, JSON fields as the
 /// first records show them.
-async fn records_schema(client: &Client, info: &ObjectInfo, input: &SelectInput) -> Result<SchemaRef, Error> {
-    let size = info.meta.size;
-    let head_len = size.min(match input {
+async fn records_schema(
+    client: &Client,
+    info: &ObjectInfo,
+    input: &SelectInput,
+    compression: Compression,
+) -> Result<SchemaRef, Error> {
+    let head_len = match input {
         SelectInput::Json => JSON_SCHEMA_BYTES,
         _ => WINDOW_BYTES,
-    });
-    let mut head = vec![0u8; head_len as usize];
-    client.read_at(info, 0, &mut head).await?;
-    // Whole records only: up to the last line break, unless the object ended.
-    if head_len < size
-        && let Some(end) = head.iter().rposition(|b| *b == b'\n')
-    {
+    };
+    let reader = ObjectReader::start(client.clone(), info.clone(), 0, Arc::new(AtomicU64::new(0)));
+    let object = name(info);
+    let (mut head, ended) = tokio::task::spawn_blocking(move || {
+        let mut records = decompressed(reader, compression);
+        let mut head = Vec::new();
+        let read = (&mut records).take(head_len).read_to_end(&mut head);
+        read.map(|_| {
+            let ended = (head.len() as u64) < head_len;
+            (head, ended)
+        })
+    })
+    .await
+    .map_err(|e| Error::Engine(format!("{object}: {e}")))?
+    .map_err(|e| Error::BadQuery(format!("{object}: {e}")))?;
+    // Whole records only: up to the last line break, unless the records ended.
+    if !ended && let Some(end) = head.iter().rposition(|b| *b == b'\n') {
         head.truncate(end + 1);
     }
     match input {
@@ -207,6 +313,9 @@ async fn records_schema(client: &Client, info: &ObjectInfo, input: &SelectInput)
                 .with_quote(csv.quote);
             if let Some(comment) = csv.comment {
                 format = format.with_comment(comment);
+            }
+            if let Some(escape) = csv.escape {
+                format = format.with_escape(escape);
             }
             let (schema, _) = format
                 .infer_schema(std::io::Cursor::new(&head), Some(1))
@@ -250,9 +359,87 @@ struct RecordPartition {
     client: Client,
     info: ObjectInfo,
     input: SelectInput,
+    compression: Compression,
+    /// The first and last byte whose records are selected; `None`: no record is.
+    range: Option<(u64, u64)>,
     schema: SchemaRef,
     scanned: Arc<AtomicU64>,
+    decoded: Arc<AtomicU64>,
 }
+
+/// The bytes of an object from an offset on, as a blocking reader: a task reads them window
+/// by window through the smart client (at most two windows ahead), a blocking thread reads
+/// them here. Dropping the reader stops the task.
+struct ObjectReader {
+    windows: tokio::sync::mpsc::Receiver<Result<Bytes, String>>,
+    current: Bytes,
+}
+
+impl ObjectReader {
+    /// Must be called inside the runtime; read from a blocking thread.
+    fn start(client: Client, info: ObjectInfo, from: u64, scanned: Arc<AtomicU64>) -> Self {
+        let (tx, windows) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            let size = info.meta.size;
+            let mut at = from;
+            while at < size {
+                let end = (at + WINDOW_BYTES).min(size);
+                let mut window = vec![0u8; (end - at) as usize];
+                let read = client.read_at(&info, at, &mut window).await.map_err(|e| e.to_string());
+                let failed = read.is_err();
+                scanned.fetch_add(window.len() as u64, Ordering::Relaxed);
+                if tx.send(read.map(|_| Bytes::from(window))).await.is_err() || failed {
+                    return;
+                }
+                at = end;
+            }
+        });
+        Self { windows, current: Bytes::new() }
+    }
+}
+
+impl std::io::Read for ObjectReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.windows.blocking_recv() {
+                Some(Ok(window)) => self.current = window,
+                Some(Err(e)) => return Err(std::io::Error::other(e)),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
+
+/// `reader`'s bytes, decompressed as `compression` says (output is read a buffer at a time,
+/// so a small input that expands hugely never sits in memory whole).
+fn decompressed(reader: ObjectReader, compression: Compression) -> Box<dyn std::io::Read + Send> {
+    match compression {
+        Compression::None => Box::new(reader),
+        Compression::Gzip => Box::new(Decompressed(flate2::read::MultiGzDecoder::new(reader), "GZIP")),
+        Compression::Bzip2 => Box::new(Decompressed(bzip2::read::MultiBzDecoder::new(reader), "BZIP2")),
+    }
+}
+
+/// A decompressor whose errors about its input say so ([`NOT_COMPRESSED_AS_DESCRIBED`]); the
+/// object reader's own failures (the store's) pass through as they are.
+struct Decompressed<R>(R, &'static str);
+
+impl<R: std::io::Read> std::io::Read for Decompressed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput | std::io::ErrorKind::UnexpectedEof => {
+                std::io::Error::new(e.kind(), format!("{NOT_COMPRESSED_AS_DESCRIBED} ({}): {e}", self.1))
+            }
+            _ => e,
+        })
+    }
+}
+
+/// Bytes of decompressed records handed to the decoder at a time.
+const DECODE_BYTES: usize = 1 << 20;
 
 /// Rows decoded per batch.
 const BATCH_ROWS: usize = 8192;
@@ -278,19 +465,20 @@ impl Decoder {
     }
 }
 
-impl PartitionStream for RecordPartition {
-    fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
-    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let decoder = match &self.input {
+impl RecordPartition {
+    /// The decoder of this object's records; `header` when the bytes it gets start at the
+    /// object's first line (which `FileHeaderInfo` USE or IGNORE skips).
+    fn decoder(&self, header: bool) -> Result<Decoder, pushdown::datafusion::arrow::error::ArrowError> {
+        match &self.input {
             SelectInput::Csv(csv) => {
                 let mut builder = pushdown::datafusion::arrow::csv::ReaderBuilder::new(Arc::clone(&self.schema))
-                    .with_header(csv.header != HeaderInfo::None)
+                    .with_header(header && csv.header != HeaderInfo::None)
                     .with_delimiter(csv.delimiter)
                     .with_quote(csv.quote)
                     .with_batch_size(BATCH_ROWS);
+                if let Some(escape) = csv.escape {
+                    builder = builder.with_escape(escape);
+                }
                 if let Some(comment) = csv.comment {
                     builder = builder.with_comment(comment);
                 }
@@ -300,59 +488,133 @@ impl PartitionStream for RecordPartition {
                 .with_batch_size(BATCH_ROWS)
                 .build_decoder()
                 .map(Decoder::Json),
-        };
+        }
+    }
+}
+
+impl PartitionStream for RecordPartition {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch, DataFusionError>>(2);
-        let (client, info, scanned) = (self.client.clone(), self.info.clone(), Arc::clone(&self.scanned));
-        let csv = matches!(self.input, SelectInput::Csv(_));
-        let object = name(&info);
-        tokio::spawn(async move {
-            let result = async {
-                let mut decoder = decoder.map_err(|e| format!("{object}: {e}"))?;
-                let size = info.meta.size;
-                let mut at = 0u64;
-                let mut window = Vec::new();
-                loop {
-                    let end = (at + WINDOW_BYTES).min(size);
-                    window.resize((end - at) as usize, 0);
-                    if !window.is_empty() {
-                        client.read_at(&info, at, &mut window).await.map_err(|e| e.to_string())?;
-                        scanned.fetch_add(window.len() as u64, Ordering::Relaxed);
-                    }
-                    at = end;
-                    let mut rest: &[u8] = &window;
-                    loop {
-                        let used = decoder.decode(rest).map_err(|e| format!("{object}: {e}"))?;
-                        rest = &rest[used..];
-                        // A full batch (or the end of the object): pass it on.
-                        if (!rest.is_empty() || window.is_empty())
-                            && let Some(batch) = decoder.flush().map_err(|e| format!("{object}: {e}"))?
-                        {
-                            let batch =
-                                if csv { empty_not_null(batch).map_err(|e| format!("{object}: {e}"))? } else { batch };
-                            tx.send(Ok(batch)).await.map_err(|_| String::new())?;
-                        }
-                        if rest.is_empty() {
-                            break;
-                        }
-                    }
-                    if window.is_empty() {
-                        return Ok::<(), String>(());
-                    }
-                    if at == size {
-                        window.clear();
-                    }
+        if let Some((first, last)) = self.range {
+            let decoder = self.decoder(first == 0);
+            // A record starts at `first` only if the byte before it ends a line: read from there.
+            let from = first.saturating_sub(1);
+            let reader = ObjectReader::start(self.client.clone(), self.info.clone(), from, Arc::clone(&self.scanned));
+            // A scan range counts object bytes, so it applies to uncompressed input only.
+            let cut = (self.compression == Compression::None).then(|| RangeCut::new(first, last));
+            let compression = self.compression;
+            let csv = matches!(self.input, SelectInput::Csv(_));
+            let object = name(&self.info);
+            let decoded = Arc::clone(&self.decoded);
+            tokio::task::spawn_blocking(move || {
+                let records = Records { bytes: decompressed(reader, compression), cut, decoded };
+                let result = decoder
+                    .map_err(|e| format!("{object}: {e}"))
+                    .and_then(|decoder| decode_records(records, decoder, csv, &tx))
+                    .map_err(|e| if e.is_empty() { e } else { format!("{object}: {e}") });
+                if let Err(message) = result
+                    && !message.is_empty()
+                {
+                    let _ = tx.blocking_send(Err(DataFusionError::External(Box::new(Error::BadQuery(message)))));
                 }
-            }
-            .await;
-            if let Err(message) = result
-                && !message.is_empty()
-            {
-                let _ = tx.send(Err(DataFusionError::External(Box::new(Error::BadQuery(message))))).await;
-            }
-        });
+            });
+        }
         let mut rx = rx;
         let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
         Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream))
+    }
+}
+
+type BatchSender = tokio::sync::mpsc::Sender<Result<RecordBatch, DataFusionError>>;
+
+/// The record bytes a select decodes.
+struct Records {
+    /// The object's bytes, decompressed.
+    bytes: Box<dyn std::io::Read + Send>,
+    /// The scan range's cut, for uncompressed input.
+    cut: Option<RangeCut>,
+    /// Counts what is decoded.
+    decoded: Arc<AtomicU64>,
+}
+
+/// Decodes `records` into batches sent to `tx`. An empty error: the consumer went away.
+fn decode_records(mut records: Records, mut decoder: Decoder, csv: bool, tx: &BatchSender) -> Result<(), String> {
+    let mut buf = vec![0u8; DECODE_BYTES];
+    loop {
+        let n = records.bytes.read(&mut buf).map_err(|e| e.to_string())?;
+        let (piece, done) = match &mut records.cut {
+            Some(cut) => cut.apply(&buf[..n]),
+            None => (&buf[..n], false),
+        };
+        records.decoded.fetch_add(piece.len() as u64, Ordering::Relaxed);
+        let mut rest = piece;
+        while !rest.is_empty() {
+            let used = decoder.decode(rest).map_err(|e| e.to_string())?;
+            rest = &rest[used..];
+            // The decoder stopped short: its batch is full.
+            if !rest.is_empty() {
+                send_batch(&mut decoder, csv, tx)?;
+            }
+        }
+        if done || n == 0 {
+            decoder.decode(&[]).map_err(|e| e.to_string())?;
+            return send_batch(&mut decoder, csv, tx);
+        }
+    }
+}
+
+fn send_batch(decoder: &mut Decoder, csv: bool, tx: &BatchSender) -> Result<(), String> {
+    if let Some(batch) = decoder.flush().map_err(|e| e.to_string())? {
+        let batch = if csv { empty_not_null(batch).map_err(|e| e.to_string())? } else { batch };
+        tx.blocking_send(Ok(batch)).map_err(|_| String::new())?;
+    }
+    Ok(())
+}
+
+/// Cuts an object's bytes, read from the byte before `first` (or from 0), to the records that
+/// start in `first..=last`: what comes before the first line break is the end of an earlier
+/// record; the record holding `last` is read to its line break.
+#[derive(Debug)]
+struct RangeCut {
+    /// Object offset of the next byte.
+    at: u64,
+    skipping: bool,
+    last: u64,
+}
+
+impl RangeCut {
+    fn new(first: u64, last: u64) -> Self {
+        Self { at: first.saturating_sub(1), skipping: first > 0, last }
+    }
+
+    /// The part of `bytes` (the next ones read) that belongs to selected records, and whether
+    /// the selected records end there.
+    fn apply<'a>(&mut self, bytes: &'a [u8]) -> (&'a [u8], bool) {
+        let mut offset = self.at;
+        self.at += bytes.len() as u64;
+        let mut piece = bytes;
+        if self.skipping {
+            let Some(i) = piece.iter().position(|b| *b == b'\n') else {
+                return (&[], false);
+            };
+            piece = &piece[i + 1..];
+            offset += i as u64 + 1;
+            self.skipping = false;
+            if offset > self.last {
+                return (&[], true);
+            }
+        }
+        if offset + piece.len() as u64 > self.last {
+            let from = (self.last.saturating_sub(offset) as usize).min(piece.len());
+            if let Some(i) = piece[from..].iter().position(|b| *b == b'\n') {
+                return (&piece[..from + i + 1], true);
+            }
+        }
+        (piece, false)
     }
 }
 
@@ -381,13 +643,16 @@ fn encode(batches: SendableRecordBatchStream, output: SelectOutput) -> BoxStream
     use pushdown::datafusion::arrow::csv::QuoteStyle;
     let pending = Pending::default();
     let mut writer: Box<BatchWriter> = match output {
-        SelectOutput::Csv { delimiter, quote, always_quote } => {
-            let mut csv = pushdown::datafusion::arrow::csv::WriterBuilder::new()
+        SelectOutput::Csv { delimiter, quote, always_quote, escape } => {
+            let mut builder = pushdown::datafusion::arrow::csv::WriterBuilder::new()
                 .with_header(false)
                 .with_delimiter(delimiter)
                 .with_quote(quote)
-                .with_quote_style(if always_quote { QuoteStyle::Always } else { QuoteStyle::Necessary })
-                .build(pending.clone());
+                .with_quote_style(if always_quote { QuoteStyle::Always } else { QuoteStyle::Necessary });
+            if let Some(escape) = escape {
+                builder = builder.with_double_quote(false).with_escape(escape);
+            }
+            let mut csv = builder.build(pending.clone());
             Box::new(move |batch| csv.write(batch).map_err(|e| Error::Engine(format!("CSV output: {e}"))))
         }
         SelectOutput::Json => {

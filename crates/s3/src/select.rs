@@ -1,6 +1,8 @@
 //! `SelectObjectContent` (S3 Select): the request's settings checked and turned into a
-//! `query::select`, whose records go back in the binary event stream (Records, Stats, End;
-//! errors mid-stream as error events). Parquet objects are scanned on the nodes.
+//! `query::select`, whose records go back in the binary event stream (Records, Progress when
+//! asked for, Stats, End; errors mid-stream as error events). Parquet objects are scanned on the
+//! nodes; CSV and JSON input may be gzip or bzip2 compressed, and uncompressed input may name a
+//! `ScanRange`.
 
 use std::sync::Arc;
 
@@ -8,7 +10,7 @@ use futures_util::StreamExt;
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 
-use query::select::{CsvInput, HeaderInfo, SelectInput, SelectOutput};
+use query::select::{Compression, CsvInput, HeaderInfo, ScanRange, SelectInput, SelectOutput, SelectSource};
 
 use crate::error::s3_error;
 
@@ -32,15 +34,47 @@ fn one_byte(value: Option<&String>, default: u8, what: &str) -> S3Result<u8> {
     }
 }
 
-fn input_of(serialization: &InputSerialization) -> S3Result<SelectInput> {
-    if let Some(compression) = &serialization.compression_type
-        && !compression.as_str().eq_ignore_ascii_case("NONE")
-    {
-        return Err(invalid(
-            "InvalidCompressionFormat",
-            format!("compression {} is not supported: store the object uncompressed", compression.as_str()),
-        ));
+fn compression_of(serialization: &InputSerialization) -> S3Result<Compression> {
+    let Some(compression) = &serialization.compression_type else {
+        return Ok(Compression::None);
+    };
+    match compression.as_str().to_ascii_uppercase().as_str() {
+        "NONE" => Ok(Compression::None),
+        "GZIP" => Ok(Compression::Gzip),
+        "BZIP2" => Ok(Compression::Bzip2),
+        other => {
+            Err(invalid("InvalidCompressionFormat", format!("CompressionType {other} is not NONE, GZIP or BZIP2")))
+        }
     }
+}
+
+/// The `QuoteEscapeCharacter` setting: `None` when absent or the quote itself (a doubled quote
+/// is a quote, as in RFC 4180).
+fn escape_of(value: Option<&String>, quote: u8) -> S3Result<Option<u8>> {
+    let escape = one_byte(value, quote, "QuoteEscapeCharacter")?;
+    Ok((escape != quote).then_some(escape))
+}
+
+fn scan_range_of(range: &s3s::dto::ScanRange) -> S3Result<ScanRange> {
+    let bound = |value: Option<i64>, what: &str| {
+        value
+            .map(|v| u64::try_from(v).map_err(|_| invalid("InvalidRequest", format!("ScanRange {what} is negative"))))
+            .transpose()
+    };
+    let start = bound(range.start, "Start")?;
+    let end = bound(range.end, "End")?;
+    if let (Some(start), Some(end)) = (start, end)
+        && end < start
+    {
+        return Err(invalid("InvalidRequest", "ScanRange End is before its Start"));
+    }
+    if start.is_none() && end.is_none() {
+        return Err(invalid("InvalidRequest", "ScanRange needs a Start or an End"));
+    }
+    Ok(ScanRange { start, end })
+}
+
+fn input_of(serialization: &InputSerialization) -> S3Result<SelectInput> {
     match (&serialization.csv, &serialization.json, &serialization.parquet) {
         (Some(csv), None, None) => {
             let header = match csv.file_header_info.as_ref().map(|h| h.as_str().to_ascii_uppercase()) {
@@ -58,12 +92,6 @@ fn input_of(serialization: &InputSerialization) -> S3Result<SelectInput> {
             if csv.record_delimiter.as_deref().is_some_and(|d| d != "\n" && d != "\r\n") {
                 return Err(invalid("InvalidRequest", "CSV input records must end with \\n or \\r\\n"));
             }
-            if csv.quote_escape_character.as_deref().is_some_and(|q| q != "\"") {
-                return Err(S3Error::with_message(
-                    S3ErrorCode::NotImplemented,
-                    "QuoteEscapeCharacter other than \" is not supported yet",
-                ));
-            }
             if csv.allow_quoted_record_delimiter.is_some_and(|allow| allow) {
                 return Err(S3Error::with_message(
                     S3ErrorCode::NotImplemented,
@@ -75,11 +103,13 @@ fn input_of(serialization: &InputSerialization) -> S3Result<SelectInput> {
                 Some(c) if c.len() == 1 => Some(c.as_bytes()[0]),
                 Some(_) => return Err(invalid("InvalidRequest", "Comments must be a single character")),
             };
+            let quote = one_byte(csv.quote_character.as_ref(), b'"', "QuoteCharacter")?;
             Ok(SelectInput::Csv(CsvInput {
                 header,
                 delimiter: one_byte(csv.field_delimiter.as_ref(), b',', "FieldDelimiter")?,
-                quote: one_byte(csv.quote_character.as_ref(), b'"', "QuoteCharacter")?,
+                quote,
                 comment,
+                escape: escape_of(csv.quote_escape_character.as_ref(), quote)?,
             }))
         }
         (None, Some(_), None) => Ok(SelectInput::Json),
@@ -94,17 +124,13 @@ fn output_of(serialization: &OutputSerialization) -> S3Result<SelectOutput> {
             if csv.record_delimiter.as_deref().is_some_and(|d| d != "\n") {
                 return Err(invalid("InvalidRequest", "CSV output records end with \\n only"));
             }
-            if csv.quote_escape_character.as_deref().is_some_and(|q| q != "\"") {
-                return Err(S3Error::with_message(
-                    S3ErrorCode::NotImplemented,
-                    "QuoteEscapeCharacter other than \" is not supported yet",
-                ));
-            }
             let always_quote = csv.quote_fields.as_ref().is_some_and(|q| q.as_str().eq_ignore_ascii_case("ALWAYS"));
+            let quote = one_byte(csv.quote_character.as_ref(), b'"', "QuoteCharacter")?;
             Ok(SelectOutput::Csv {
                 delimiter: one_byte(csv.field_delimiter.as_ref(), b',', "FieldDelimiter")?,
-                quote: one_byte(csv.quote_character.as_ref(), b'"', "QuoteCharacter")?,
+                quote,
                 always_quote,
+                escape: escape_of(csv.quote_escape_character.as_ref(), quote)?,
             })
         }
         (None, Some(json)) => {
@@ -121,7 +147,9 @@ fn query_error(error: query::Error) -> S3Error {
     match error {
         query::Error::Client(e) => s3_error(e),
         query::Error::BadQuery(message) => {
-            let code = if message.contains("SQL error") || message.contains("ParserError") {
+            let code = if message.contains(query::select::NOT_COMPRESSED_AS_DESCRIBED) {
+                "InvalidCompressionFormat"
+            } else if message.contains("SQL error") || message.contains("ParserError") {
                 "ParseUnexpectedToken"
             } else if message.contains("Cast error") {
                 "CastFailed"
@@ -148,22 +176,33 @@ pub(crate) async fn select_object_content(
     if !request.expression_type.as_str().eq_ignore_ascii_case("SQL") {
         return Err(invalid("InvalidExpressionType", "ExpressionType must be SQL"));
     }
-    if request.scan_range.is_some() {
-        return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "ScanRange is not supported yet"));
+    let source = SelectSource {
+        bucket: input.bucket.clone(),
+        key: input.key.clone(),
+        input: input_of(&request.input_serialization)?,
+        compression: compression_of(&request.input_serialization)?,
+        scan_range: request.scan_range.as_ref().map(scan_range_of).transpose()?,
+    };
+    if matches!(source.input, SelectInput::Parquet) && source.compression != Compression::None {
+        return Err(invalid(
+            "InvalidRequest",
+            "a Parquet object takes CompressionType NONE (its pages are compressed)",
+        ));
     }
-    let select_input = input_of(&request.input_serialization)?;
+    if source.scan_range.is_some() && (source.compression != Compression::None || !source.input.is_records()) {
+        return Err(invalid("InvalidRequest", "ScanRange applies to uncompressed CSV and JSON input only"));
+    }
     let output = output_of(&request.output_serialization)?;
+    let progress = request.request_progress.as_ref().and_then(|p| p.enabled).unwrap_or(false);
     let mut options = query::QueryOptions::default();
     options.limits.memory_bytes = SELECT_MEMORY_BYTES;
     let selection =
-        query::select::select(client, &input.bucket, &input.key, &request.expression, &select_input, &output, &options)
-            .await
-            .map_err(query_error)?;
+        query::select::select(client, &source, &request.expression, &output, &options).await.map_err(query_error)?;
     let returned = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let stats_returned = Arc::clone(&returned);
-    let scanned = selection.scanned.clone();
+    let counts = Counts { scanned: selection.scanned.clone(), returned: Arc::clone(&returned) };
+    let progress_counts = counts.clone();
     let records = selection.records.flat_map(move |piece| {
-        let events: Vec<S3Result<SelectObjectContentEvent>> = match piece {
+        let mut events: Vec<S3Result<SelectObjectContentEvent>> = match piece {
             Ok(bytes) => {
                 returned.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 (0..bytes.len())
@@ -176,17 +215,16 @@ pub(crate) async fn select_object_content(
             }
             Err(e) => vec![Err(query_error(e))],
         };
+        // With RequestProgress, a Progress event follows each piece of records.
+        if progress && events.last().is_some_and(Result::is_ok) {
+            let details = progress_counts.progress();
+            events.push(Ok(SelectObjectContentEvent::Progress(ProgressEvent { details: Some(details) })));
+        }
         futures_util::stream::iter(events)
     });
     let tail = futures_util::stream::once(async move {
-        let relaxed = std::sync::atomic::Ordering::Relaxed;
-        let scanned = scanned.total();
-        let returned = stats_returned.load(relaxed);
-        let details = Stats {
-            bytes_scanned: i64::try_from(scanned).ok(),
-            bytes_processed: i64::try_from(scanned).ok(),
-            bytes_returned: i64::try_from(returned).ok(),
-        };
+        let Progress { bytes_scanned, bytes_processed, bytes_returned } = counts.progress();
+        let details = Stats { bytes_scanned, bytes_processed, bytes_returned };
         futures_util::stream::iter(vec![
             Ok(SelectObjectContentEvent::Stats(StatsEvent { details: Some(details) })),
             Ok(SelectObjectContentEvent::End(EndEvent {})),
@@ -203,6 +241,24 @@ pub(crate) async fn select_object_content(
     let output =
         SelectObjectContentOutput { payload: Some(SelectObjectContentEventStream::new(SyncStream::new(events))) };
     Ok(S3Response::new(output))
+}
+
+/// What a select has read and returned so far.
+#[derive(Clone)]
+struct Counts {
+    scanned: query::select::ScannedBytes,
+    returned: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Counts {
+    fn progress(&self) -> Progress {
+        let count = |bytes: u64| i64::try_from(bytes).ok();
+        Progress {
+            bytes_scanned: count(self.scanned.total()),
+            bytes_processed: count(self.scanned.processed()),
+            bytes_returned: count(self.returned.load(std::sync::atomic::Ordering::Relaxed)),
+        }
+    }
 }
 
 /// s3s wants a `Sync` stream; the query's stream is only `Send`. The stream is polled by one
