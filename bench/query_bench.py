@@ -6,7 +6,11 @@ with `SELECT * FROM t WHERE ke > X` at ~1% and ~0.01% selectivity and one aggreg
 - tessera-pushdown: Python `client.query` (filters and projections on the storage nodes),
 - tessera-client: the same with `pushdown=False` (the client reads and evaluates every row group),
 - duckdb-tessera: DuckDB reading the objects over httpfs from Tessera's S3 gateway,
-- duckdb-minio: the same from MinIO (6 processes, EC:2; with --minio, built once, ~5 min).
+- duckdb-minio: the same from MinIO (6 processes, EC:2; with --minio, built once, ~5 min),
+- tessera-select: S3 Select (boto3 `select_object_content`) through Tessera's gateway, one call
+  per object, all objects at once (Parquet scans on the nodes; the gateway streams CSV back),
+- minio-select: the same against MinIO's own S3 Select (with --minio), where it accepts the
+  query.
 
 The servers (6 Tessera nodes and the gateway, MinIO) run in the root network namespace bound
 to the host end of a veth pair this script creates; every query runs in a fresh process inside
@@ -134,7 +138,7 @@ def start_minio(work: str) -> str:
         os.makedirs(f"{work}/minio/n{i + 1}/d1", exist_ok=True)
         env = dict(os.environ, MINIO_ROOT_USER=ACCESS, MINIO_ROOT_PASSWORD=SECRET, MINIO_STORAGE_CLASS_STANDARD="EC:2",
                    _MINIO_SERVER_LOCAL=f"{HOST_IP}:{port}", MINIO_ROOTDRIVE_THRESHOLD_SIZE="1", MINIO_BROWSER="off",
-                   MINIO_UPDATE="off")
+                   MINIO_UPDATE="off", MINIO_API_SELECT_PARQUET="on")
         cmd = [cm.MINIO, "server", "--quiet", "--address", f"{HOST_IP}:{port}",
                "--console-address", f"{HOST_IP}:{base + 6 + i}"] + endpoints
         cm.spawn(cmd, env, f"{work}/minio-n{i + 1}.log")
@@ -160,9 +164,36 @@ def tcp_open(host: str, port: int) -> bool:
         return False
 
 
+def s3_select_rows(target: str, sql: str) -> int:
+    """S3 Select of `sql` over every object of the table, all at once; the result's row count
+    (an aggregate's per-object rows combine into one)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=target, aws_access_key_id=ACCESS, aws_secret_access_key=SECRET,
+                      region_name="us-east-1")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="bench", Prefix="particles/")["Contents"]]
+
+    def select(key: str) -> bytes:
+        response = s3.select_object_content(
+            Bucket="bench", Key=key, Expression=sql.format(t="S3Object"), ExpressionType="SQL",
+            InputSerialization={"Parquet": {}}, OutputSerialization={"CSV": {}})
+        return b"".join(e["Records"]["Payload"] for e in response["Payload"] if "Records" in e)
+
+    with ThreadPoolExecutor(len(keys)) as pool:
+        outputs = list(pool.map(select, keys))
+    if "count(*)" in sql:
+        return 1
+    return sum(out.count(b"\n") for out in outputs)
+
+
 def one_run(system: str, sql: str, target: str) -> None:
     """Inside the client namespace: one query, printing {"seconds", "rows"} as JSON."""
-    if system.startswith("tessera"):
+    if system.endswith("-select"):
+        start = time.perf_counter()
+        rows = s3_select_rows(target, sql)
+    elif system.startswith("tessera"):
         import tessera
         client = tessera.connect(target)
         start = time.perf_counter()
@@ -195,10 +226,18 @@ def duckdb_connection(url: str):
     return con
 
 
-def measure(system: str, sql: str, target: str) -> tuple[float, int, int]:
+def measure(system: str, sql: str, target: str) -> tuple[float, int, int] | None:
+    """Seconds, bytes to the client and rows of one query; `None` when the system refused it
+    (MinIO's S3 Select does not take every query)."""
     before = host_tx_bytes()
-    out = run("ip", "netns", "exec", NS, sys.executable, os.path.abspath(__file__), "--one", system, sql, target)
+    out = run("ip", "netns", "exec", NS, sys.executable, os.path.abspath(__file__), "--one", system, sql, target,
+              check=False)
     moved = host_tx_bytes() - before
+    if out.returncode != 0:
+        if system == "minio-select":
+            cm.log(f"   {system} refused {sql!r}: {out.stderr.strip().splitlines()[-1:]}")
+            return None
+        raise SystemExit(f"{system} failed on {sql!r}:\n{out.stderr}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     return result["seconds"], moved, result["rows"]
 
@@ -230,7 +269,8 @@ def main() -> None:
         run(cm.TESSERA, "mb", "bench", "--config", config)
         for path in paths:
             run(cm.TESSERA, "put", path, f"bench/particles/{os.path.basename(path)}", "--config", config)
-        systems = {"tessera-pushdown": config, "tessera-client": config, "duckdb-tessera": tessera_s3}
+        systems = {"tessera-pushdown": config, "tessera-client": config, "duckdb-tessera": tessera_s3,
+                   "tessera-select": tessera_s3}
         if args.minio:
             minio = start_minio(work)
             s3 = boto3.client("s3", endpoint_url=minio, aws_access_key_id=ACCESS, aws_secret_access_key=SECRET,
@@ -239,12 +279,15 @@ def main() -> None:
             for path in paths:
                 s3.upload_file(path, "bench", f"particles/{os.path.basename(path)}")
             systems["duckdb-minio"] = minio
+            systems["minio-select"] = minio
 
         results: dict = {}
         for round_idx in range(args.rounds):
             for name, sql in QUERIES.items():
                 for system, target in systems.items():
-                    results.setdefault((name, system), []).append(measure(system, sql, target))
+                    measured = measure(system, sql, target)
+                    if measured is not None:
+                        results.setdefault((name, system), []).append(measured)
             cm.log(f"   round {round_idx + 1}/{args.rounds} done")
     finally:
         cm.stop_all()

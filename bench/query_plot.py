@@ -24,8 +24,9 @@ def main() -> None:
         for row, (field, label, scale) in enumerate((("seconds", "seconds (median)", 1), ("bytes", "MB to the client", 1e6))):
             ax = axes[row][col]
             for i, system in enumerate(systems):
-                values = [next(r[field] for r in run["results"] if r["query"] == q and r["system"] == system) / scale
-                          for q in queries]
+                # A system that refused a query (MinIO's S3 Select) has no bar there.
+                values = [next((r[field] for r in run["results"] if r["query"] == q and r["system"] == system),
+                               float("nan")) / scale for q in queries]
                 ax.bar([q + i * width for q in range(len(queries))], values, width, label=system)
             ax.set_xticks([q + width * (len(systems) - 1) / 2 for q in range(len(queries))], queries)
             ax.set_ylabel(label)
