@@ -12,11 +12,11 @@ with `SELECT * FROM t WHERE ke > X` at ~1% and ~0.01% selectivity and one aggreg
 - minio-select: the same against MinIO's own S3 Select (with --minio), where it accepts the
   query.
 
-The servers (6 Tessera nodes and the gateway, MinIO) run in the root network namespace bound
-to the host end of a veth pair this script creates; every query runs in a fresh process inside
-a client namespace at the other end. "MB to client" is what crossed the veth towards the client
-during that process (its tx counter on the host end), so it counts every byte each system moved,
-metadata included. With --shaped the link is limited to 1 Gbit/s each way by `tc tbf` (the
+The servers (6 Tessera nodes and the gateway, MinIO) run in a server network namespace this
+script creates, bound to its end of a veth pair; every query runs in a fresh process inside a
+client namespace at the other end (both namespaces are the script's own: no traffic leaves
+them). "MB to client" is what crossed the veth towards the client during that process (the tx
+counter of the server's end), so it counts every byte each system moved, metadata included. With --shaped the link is limited to 1 Gbit/s each way by `tc tbf` (the
 seed's "host behind a network bottleneck"); without, it is an unshaped veth. Runs are
 interleaved round by round and each result is the median of ROUNDS; ratios are against
 duckdb-tessera measured in the same run. Needs root (ip netns, tc).
@@ -46,7 +46,7 @@ QUERIES = {
     "select_0.01pct": "SELECT * FROM {t} WHERE ke > 0.9998779296875",
     "aggregate": "SELECT count(*), avg(ke) FROM {t} WHERE ke > 0.5",
 }
-NS = "tqb-client"
+NS, SERVER_NS = "tqb-client", "tqb-server"
 HOST_DEV, CLIENT_DEV = "tqb-host", "tqb-client"
 HOST_IP, CLIENT_IP = "10.213.0.1", "10.213.0.2"
 ACCESS, SECRET = "BENCHQUERY", "bench-query-secret-key-0123456789"
@@ -56,31 +56,45 @@ def run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, capture_output=True, text=True)
 
 
+def in_server(*cmd: str) -> list[str]:
+    return ["ip", "netns", "exec", SERVER_NS, *cmd]
+
+
+def in_client(*cmd: str) -> list[str]:
+    return ["ip", "netns", "exec", NS, *cmd]
+
+
 def setup_link(shaped: bool) -> None:
     teardown_link()
+    run("ip", "netns", "add", SERVER_NS)
     run("ip", "netns", "add", NS)
     run("ip", "link", "add", HOST_DEV, "type", "veth", "peer", "name", CLIENT_DEV)
+    run("ip", "link", "set", HOST_DEV, "netns", SERVER_NS)
     run("ip", "link", "set", CLIENT_DEV, "netns", NS)
-    run("ip", "addr", "add", f"{HOST_IP}/30", "dev", HOST_DEV)
-    run("ip", "link", "set", HOST_DEV, "up")
-    run("ip", "netns", "exec", NS, "ip", "addr", "add", f"{CLIENT_IP}/30", "dev", CLIENT_DEV)
-    run("ip", "netns", "exec", NS, "ip", "link", "set", CLIENT_DEV, "up")
-    run("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
-    if shaped:
-        for prefix in ([], ["ip", "netns", "exec", NS]):
-            dev = HOST_DEV if not prefix else CLIENT_DEV
-            run(*prefix, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", "1gbit", "burst", "512kb",
-                "latency", "20ms")
+    for ns, dev, ip in ((SERVER_NS, HOST_DEV, HOST_IP), (NS, CLIENT_DEV, CLIENT_IP)):
+        run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ip}/30", "dev", dev)
+        run("ip", "netns", "exec", ns, "ip", "link", "set", dev, "up")
+        run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        if shaped:
+            run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", "1gbit",
+                "burst", "512kb", "latency", "20ms")
 
 
 def teardown_link() -> None:
-    run("ip", "link", "del", HOST_DEV, check=False)
+    # Deleting a namespace deletes its end of the veth pair, and with it the pair.
     run("ip", "netns", "del", NS, check=False)
+    run("ip", "netns", "del", SERVER_NS, check=False)
 
 
 def host_tx_bytes() -> int:
-    with open(f"/sys/class/net/{HOST_DEV}/statistics/tx_bytes") as f:
-        return int(f.read())
+    out = run(*in_server("cat", f"/sys/class/net/{HOST_DEV}/statistics/tx_bytes"))
+    return int(out.stdout)
+
+
+def reachable(port: int) -> bool:
+    """Whether a server listens on HOST_IP:port, seen from the client namespace."""
+    probe = f"import socket; socket.create_connection(('{HOST_IP}', {port}), timeout=0.5).close()"
+    return run(*in_client(sys.executable, "-c", probe), check=False).returncode == 0
 
 
 def make_dataset(directory: str, rows: int, files: int) -> list[str]:
@@ -118,14 +132,15 @@ def start_tessera(work: str) -> tuple[str, str]:
         f.write(text.replace('"127.0.0.1:', f'"{HOST_IP}:'))
     env = dict(os.environ, TESSERA_LOG="warn")
     for i in range(6):
-        cm.spawn([cm.TESSERA, "node", "--config", config, "--id", f"n{i + 1}"], env, f"{work}/tessera-n{i + 1}.log")
+        cm.spawn(in_server(cm.TESSERA, "node", "--config", config, "--id", f"n{i + 1}"), env,
+                 f"{work}/tessera-n{i + 1}.log")
     s3_port = base + 7
     genv = dict(env, TESSERA_ACCESS_KEY=ACCESS, TESSERA_SECRET_KEY=SECRET)
-    cm.spawn([cm.TESSERA, "gateway", "--config", config, "--listen", f"{HOST_IP}:{s3_port}"], genv,
+    cm.spawn(in_server(cm.TESSERA, "gateway", "--config", config, "--listen", f"{HOST_IP}:{s3_port}"), genv,
              f"{work}/tessera-gateway.log")
-    cm.wait_until(lambda: tcp_open(HOST_IP, s3_port), "tessera gateway")
+    cm.wait_until(lambda: reachable(s3_port), "tessera gateway")
     for i in range(6):
-        cm.wait_until(lambda p=base + i: tcp_open(HOST_IP, p), f"tessera node n{i + 1}")
+        cm.wait_until(lambda p=base + i: reachable(p), f"tessera node n{i + 1}")
     return config, f"http://{HOST_IP}:{s3_port}"
 
 
@@ -141,27 +156,16 @@ def start_minio(work: str) -> str:
                    MINIO_UPDATE="off", MINIO_API_SELECT_PARQUET="on")
         cmd = [cm.MINIO, "server", "--quiet", "--address", f"{HOST_IP}:{port}",
                "--console-address", f"{HOST_IP}:{base + 6 + i}"] + endpoints
-        cm.spawn(cmd, env, f"{work}/minio-n{i + 1}.log")
+        cm.spawn(in_server(*cmd), env, f"{work}/minio-n{i + 1}.log")
 
     def healthy():
-        import urllib.request
-        try:
-            with urllib.request.urlopen(f"http://{HOST_IP}:{ports[0]}/minio/health/cluster", timeout=1) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        probe = ("import sys, urllib.request; "
+                 f"sys.exit(urllib.request.urlopen('http://{HOST_IP}:{ports[0]}/minio/health/cluster', "
+                 "timeout=1).status != 200)")
+        return run(*in_client(sys.executable, "-c", probe), check=False).returncode == 0
 
     cm.wait_until(healthy, "MinIO cluster", deadline_s=120)
     return f"http://{HOST_IP}:{ports[0]}"
-
-
-def tcp_open(host: str, port: int) -> bool:
-    import socket
-    try:
-        socket.create_connection((host, port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def s3_select_rows(target: str, sql: str) -> int:
@@ -242,6 +246,17 @@ def measure(system: str, sql: str, target: str) -> tuple[float, int, int] | None
     return result["seconds"], moved, result["rows"]
 
 
+def upload(target: str, *paths: str) -> None:
+    """Inside the client namespace: the dataset into bucket `bench` of an S3 endpoint."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=target, aws_access_key_id=ACCESS, aws_secret_access_key=SECRET,
+                      region_name="us-east-1")
+    s3.create_bucket(Bucket="bench")
+    for path in paths:
+        s3.upload_file(path, "bench", f"particles/{os.path.basename(path)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=50_000_000)
@@ -251,12 +266,14 @@ def main() -> None:
     parser.add_argument("--minio", action="store_true", help="also DuckDB over MinIO")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--one", nargs=3, metavar=("SYSTEM", "SQL", "TARGET"), help=argparse.SUPPRESS)
+    parser.add_argument("--upload", nargs="+", metavar=("TARGET", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         one_run(*args.one)
         return
-
-    import boto3
+    if args.upload:
+        upload(*args.upload)
+        return
 
     work = tempfile.mkdtemp(prefix="tessera-query-bench-", dir=os.environ.get("TMPDIR", "/var/tmp"))
     try:
@@ -266,18 +283,14 @@ def main() -> None:
         total_bytes = sum(os.path.getsize(p) for p in paths)
         cm.log(f"   {total_bytes / 1e6:.0f} MB of Parquet; link {'1 Gbit/s (tc tbf)' if args.shaped else 'unshaped veth'}")
         config, tessera_s3 = start_tessera(work)
-        run(cm.TESSERA, "mb", "bench", "--config", config)
+        run(*in_client(cm.TESSERA, "mb", "bench", "--config", config))
         for path in paths:
-            run(cm.TESSERA, "put", path, f"bench/particles/{os.path.basename(path)}", "--config", config)
+            run(*in_client(cm.TESSERA, "put", path, f"bench/particles/{os.path.basename(path)}", "--config", config))
         systems = {"tessera-pushdown": config, "tessera-client": config, "duckdb-tessera": tessera_s3,
                    "tessera-select": tessera_s3}
         if args.minio:
             minio = start_minio(work)
-            s3 = boto3.client("s3", endpoint_url=minio, aws_access_key_id=ACCESS, aws_secret_access_key=SECRET,
-                              region_name="us-east-1")
-            s3.create_bucket(Bucket="bench")
-            for path in paths:
-                s3.upload_file(path, "bench", f"particles/{os.path.basename(path)}")
+            run(*in_client(sys.executable, os.path.abspath(__file__), "--upload", minio, *paths))
             systems["duckdb-minio"] = minio
             systems["minio-select"] = minio
 
