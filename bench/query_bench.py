@@ -41,10 +41,11 @@ import compare_minio as cm  # noqa: E402  (process and port helpers, the MinIO b
 # Thresholds exactly representable in float32 (ke's type) and float64, so that every engine's
 # type coercion (column to double, or literal to float) selects the same rows: 1 - 10/1024
 # keeps ~0.98% of uniform ke, 1 - 1/8192 ~0.012%.
+AGGREGATE = "SELECT count(*), avg(ke)"
 QUERIES = {
     "select_1pct": "SELECT * FROM {t} WHERE ke > 0.990234375",
     "select_0.01pct": "SELECT * FROM {t} WHERE ke > 0.9998779296875",
-    "aggregate": "SELECT count(*), avg(ke) FROM {t} WHERE ke > 0.5",
+    "aggregate": AGGREGATE + " FROM {t} WHERE ke > 0.5",
 }
 NS, SERVER_NS = "tqb-client", "tqb-server"
 HOST_DEV, CLIENT_DEV = "tqb-host", "tqb-client"
@@ -168,9 +169,9 @@ def start_minio(work: str) -> str:
     return f"http://{HOST_IP}:{ports[0]}"
 
 
-def s3_select_rows(target: str, sql: str) -> int:
-    """S3 Select of `sql` over every object of the table, all at once; the result's row count
-    (an aggregate's per-object rows combine into one)."""
+def s3_select(target: str, sql: str) -> tuple[float, int]:
+    """S3 Select of `sql` over every object of the table, all at once: seconds (from the first
+    request) and rows, or for the aggregate the count its per-object rows add up to."""
     from concurrent.futures import ThreadPoolExecutor
 
     import boto3
@@ -186,27 +187,33 @@ def s3_select_rows(target: str, sql: str) -> int:
         return b"".join(e["Records"]["Payload"] for e in response["Payload"] if "Records" in e)
 
     with ThreadPoolExecutor(len(keys)) as pool:
+        start = time.perf_counter()
         outputs = list(pool.map(select, keys))
-    if "count(*)" in sql:
-        return 1
-    return sum(out.count(b"\n") for out in outputs)
+        seconds = time.perf_counter() - start
+    if AGGREGATE in sql:
+        return seconds, sum(int(out.split(b",")[0]) for out in outputs)
+    return seconds, sum(out.count(b"\n") for out in outputs)
 
 
 def one_run(system: str, sql: str, target: str) -> None:
-    """Inside the client namespace: one query, printing {"seconds", "rows"} as JSON."""
+    """Inside the client namespace: one query, printing {"seconds", "rows"} as JSON ("rows" is
+    the count for the aggregate, so that every system's answer is checked against the others)."""
     if system.endswith("-select"):
-        start = time.perf_counter()
-        rows = s3_select_rows(target, sql)
-    elif system.startswith("tessera"):
+        seconds, rows = s3_select(target, sql)
+        print(json.dumps({"seconds": seconds, "rows": rows}))
+        return
+    if system.startswith("tessera"):
         import tessera
         client = tessera.connect(target)
         start = time.perf_counter()
-        rows = client.query(sql.format(t="'bench/particles/'"), pushdown=system == "tessera-pushdown").num_rows
+        table = client.query(sql.format(t="'bench/particles/'"), pushdown=system == "tessera-pushdown")
     else:
         con = duckdb_connection(target)
         start = time.perf_counter()
-        rows = con.sql(sql.format(t="read_parquet('s3://bench/particles/*.parquet')")).fetch_arrow_table().num_rows
-    print(json.dumps({"seconds": time.perf_counter() - start, "rows": rows}))
+        table = con.sql(sql.format(t="read_parquet('s3://bench/particles/*.parquet')")).fetch_arrow_table()
+    seconds = time.perf_counter() - start
+    rows = table.column(0)[0].as_py() if AGGREGATE in sql else table.num_rows
+    print(json.dumps({"seconds": seconds, "rows": rows}))
 
 
 def duckdb_connection(url: str):

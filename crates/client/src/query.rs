@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use proto::{QueryObject, Request, Response, ScanSpec};
+use proto::{AggregateSpec, QueryObject, Request, Response, ScanSpec};
 
 use crate::conn::Conn;
 use crate::{Client, Error, ObjectInfo};
@@ -117,8 +117,15 @@ impl QueryReply {
 
 impl Client {
     /// Sends a near-data query to node `node` (its id in the map): `scan` over the row groups
-    /// of `objects`, each naming a drive of that node holding the version.
-    pub async fn query_node(&self, node: &str, scan: ScanSpec, objects: Vec<QueryObject>) -> Result<QueryReply, Error> {
+    /// of `objects`, each naming a drive of that node holding the version; with `aggregate`,
+    /// the node answers a partial aggregate of the matching rows ([`Request::AggregateQuery`]).
+    pub async fn query_node(
+        &self,
+        node: &str,
+        scan: ScanSpec,
+        aggregate: Option<AggregateSpec>,
+        objects: Vec<QueryObject>,
+    ) -> Result<QueryReply, Error> {
         let node_idx = self
             .topo
             .map
@@ -128,7 +135,11 @@ impl Client {
         let options = &self.inner.options;
         let send = async {
             let mut conn = pool.get(options.connect_timeout, options.down_backoff).await?;
-            conn.send_request(&Request::Query { scan, objects }).await?;
+            let request = match aggregate {
+                Some(aggregate) => Request::AggregateQuery { scan, aggregate, objects },
+                None => Request::Query { scan, objects },
+            };
+            conn.send_request(&request).await?;
             Ok::<_, Error>(conn)
         };
         let conn = match tokio::time::timeout(options.request_timeout, send).await {

@@ -10,13 +10,13 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cluster::{DriveRef, Placement};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
-use proto::{ErrorKind, ObjectMeta, QueryObject, ReadItem, Response, ScanSpec};
+use proto::{AggregateSpec, ErrorKind, ObjectMeta, QueryObject, ReadItem, Response, ScanSpec};
 use pushdown::{ByteSource, Footer, ScanLimits, ScanObject};
 
 use crate::State;
@@ -78,9 +78,10 @@ pub(crate) fn serve(
     state: &Arc<State>,
     answer: &mut dyn Answer,
     scan: &ScanSpec,
+    aggregate: Option<&AggregateSpec>,
     objects: Vec<QueryObject>,
 ) -> std::io::Result<()> {
-    let result = serve_until_done(state, answer, scan, objects);
+    let result = serve_until_done(state, answer, scan, aggregate, objects);
     if let Err(e) = &result {
         tracing::info!(error = %e, "query stopped: the client went away");
     }
@@ -91,12 +92,20 @@ fn serve_until_done(
     state: &Arc<State>,
     answer: &mut dyn Answer,
     scan: &ScanSpec,
+    aggregate: Option<&AggregateSpec>,
     objects: Vec<QueryObject>,
 ) -> std::io::Result<()> {
-    // The turn first: a query waiting for one holds nothing (not even its parsed footers).
+    // The turn first: a query waiting for one holds nothing (not even its parsed footers),
+    // and says it is alive meanwhile.
     let queries = &state.queries;
     let runtime = queries.runtime();
-    let _turn = runtime.block_on(queries.turns.acquire()).expect("the semaphore is never closed");
+    let mut pulse = Pulse::new(queries.heartbeat);
+    let _turn = loop {
+        match runtime.block_on(async { tokio::time::timeout(pulse.left(), queries.turns.acquire()).await }) {
+            Ok(turn) => break turn.expect("the semaphore is never closed"),
+            Err(_) => pulse.beat_if_due(answer, &mut Vec::new())?,
+        }
+    };
     let (scan_objects, source) = match prepare(state, objects) {
         Ok(prepared) => prepared,
         Err((kind, message)) => return answer.response(&Response::Error { kind, message }),
@@ -108,7 +117,7 @@ fn serve_until_done(
     };
     let source = Arc::new(source);
     let dyn_source: Arc<dyn ByteSource> = source.clone();
-    let started = runtime.block_on(pushdown::scan(scan_objects, schema, dyn_source, scan, &queries.limits));
+    let started = runtime.block_on(pushdown::scan(scan_objects, schema, dyn_source, scan, aggregate, &queries.limits));
     let mut stream = match started {
         Ok(stream) => stream,
         Err(e) => return answer.response(&failure(&e)),
@@ -117,18 +126,11 @@ fn serve_until_done(
     let mut pending = Vec::new();
     let mut rows = 0u64;
     loop {
-        let next = match runtime.block_on(async { tokio::time::timeout(queries.heartbeat, stream.next()).await }) {
+        let next = match runtime.block_on(async { tokio::time::timeout(pulse.left(), stream.next()).await }) {
             Ok(Some(next)) => next,
             Ok(None) => break,
-            // Nothing to send for a while: what is pending goes out, or a heartbeat (an empty
-            // data frame), so the client knows the scan goes on, and a client that went away
-            // makes this write fail, which stops the scan.
-            Err(_) if pending.is_empty() => {
-                answer.response(&Response::QueryData { len: 0, crc: crc32c::crc32c(&[]) })?;
-                continue;
-            }
             Err(_) => {
-                send_data(answer, &mut pending)?;
+                pulse.beat_if_due(answer, &mut pending)?;
                 continue;
             }
         };
@@ -137,6 +139,8 @@ fn serve_until_done(
             Err(e) => return answer.response(&failure(&pushdown::Error::from_datafusion(e))),
         };
         rows += batch.num_rows() as u64;
+        // Batches that come steadily but write nothing (a count, a few rows) still beat.
+        pulse.beat_if_due(answer, &mut pending)?;
         if scan.count_only {
             continue;
         }
@@ -153,6 +157,7 @@ fn serve_until_done(
         pending.extend(encoder.take());
         if pending.len() >= DATA_FRAME_BYTES {
             send_data(answer, &mut pending)?;
+            pulse.wrote();
         }
     }
     if let Some(encoder) = encoder {
@@ -169,6 +174,43 @@ fn serve_until_done(
         local_bytes: source.local_bytes.load(Ordering::Relaxed),
         peer_bytes: source.peer_bytes.load(Ordering::Relaxed),
     })
+}
+
+/// When a query last wrote to its client. One that has written nothing for its interval (it
+/// waits for a turn, scans row groups that do not match, or counts) sends what it has pending,
+/// or a heartbeat (an empty data frame): the client knows the node is working, and a client
+/// that went away makes the write fail, which stops the query.
+struct Pulse {
+    interval: Duration,
+    last: Instant,
+}
+
+impl Pulse {
+    fn new(interval: Duration) -> Self {
+        Self { interval, last: Instant::now() }
+    }
+
+    /// How long until a heartbeat is due.
+    fn left(&self) -> Duration {
+        self.interval.saturating_sub(self.last.elapsed())
+    }
+
+    fn wrote(&mut self) {
+        self.last = Instant::now();
+    }
+
+    fn beat_if_due(&mut self, answer: &mut dyn Answer, pending: &mut Vec<u8>) -> std::io::Result<()> {
+        if self.last.elapsed() < self.interval {
+            return Ok(());
+        }
+        if pending.is_empty() {
+            answer.response(&Response::QueryData { len: 0, crc: crc32c::crc32c(&[]) })?;
+        } else {
+            send_data(answer, pending)?;
+        }
+        self.wrote();
+        Ok(())
+    }
 }
 
 fn send_data(answer: &mut dyn Answer, pending: &mut Vec<u8>) -> std::io::Result<()> {

@@ -639,33 +639,37 @@ pub enum Request {
     /// its peers; a chunk missing or corrupt there is rebuilt from k others of its stripe.
     /// Closing the connection cancels the query.
     Query { scan: ScanSpec, objects: Vec<QueryObject> },
+    /// A near-data query with a partial aggregate: as [`Request::Query`], but the node answers
+    /// one row per group of its own matching rows (the `aggregate`'s group columns, then its
+    /// aggregates), which the client combines with the other nodes' rows. `scan` names no
+    /// columns, count or limit. Appended within protocol version 6 as `Query` was: a node that
+    /// predates it fails to decode the request and closes the connection, and the client
+    /// evaluates that node's row groups itself.
+    AggregateQuery { scan: ScanSpec, aggregate: AggregateSpec, objects: Vec<QueryObject> },
 }
 
-/// What a node evaluates over its row groups: `SELECT columns FROM t WHERE filters LIMIT limit`,
-/// or, with `aggregate`, `SELECT group_by, aggregates FROM t WHERE filters GROUP BY group_by`.
+/// What a node evaluates over its row groups: `SELECT columns FROM t WHERE filters LIMIT limit`
+/// (with a [`Request::AggregateQuery`]'s aggregate: `SELECT group_by, aggregates FROM t WHERE
+/// filters GROUP BY group_by`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ScanSpec {
-    /// Columns to return, in order; empty with `count_only` or `aggregate`.
+    /// Columns to return, in order; empty with `count_only` or an aggregate.
     pub columns: Vec<String>,
     /// SQL boolean expressions over the columns, all of which a row must satisfy.
     pub filters: Vec<String>,
     /// At most this many rows (per node; the client applies the query's own limit). `None`
-    /// with `aggregate`.
+    /// with an aggregate.
     pub limit: Option<u64>,
     /// Return no rows, only how many match ([`Response::QueryDone`]'s `rows`).
     pub count_only: bool,
-    /// Aggregate the matching rows before returning them: one row per group of this node's
-    /// rows, which the client combines with the other nodes' (a partial aggregate). Appended
-    /// within protocol version 6: a node that predates it fails to decode the request and
-    /// closes the connection, and the client evaluates that node's row groups itself.
-    pub aggregate: Option<AggregateSpec>,
 }
 
-/// Aggregates and group columns per item of a partial aggregate ([`ScanSpec::aggregate`]).
+/// Group columns, and aggregates, of a partial aggregate ([`Request::AggregateQuery`]) at most.
 pub const AGGREGATE_ITEMS_MAX: usize = 256;
 
-/// A partial aggregate: the answer's columns are the `group_by` expressions, then one column
-/// per aggregate, each over the rows of this node that match the scan's filters.
+/// A partial aggregate ([`Request::AggregateQuery`]): the answer's columns are the `group_by`
+/// expressions, then one column per aggregate, each over the rows of this node that match the
+/// scan's filters.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AggregateSpec {
     /// SQL expressions over the table's columns (at most [`AGGREGATE_ITEMS_MAX`]).
@@ -904,11 +908,13 @@ impl Request {
                 }
                 Ok(())
             }
-            Request::Query { objects, .. } if objects.len() > BATCH_ITEMS_MAX => {
+            Request::Query { objects, .. } | Request::AggregateQuery { objects, .. }
+                if objects.len() > BATCH_ITEMS_MAX =>
+            {
                 Err(too_many("query objects", objects.len()))
             }
-            Request::Query { scan, objects } => {
-                if let Some(aggregate) = &scan.aggregate {
+            Request::Query { objects, .. } | Request::AggregateQuery { objects, .. } => {
+                if let Request::AggregateQuery { aggregate, .. } = self {
                     for (what, found) in
                         [("group columns", aggregate.group_by.len()), ("aggregates", aggregate.aggregates.len())]
                     {

@@ -64,6 +64,41 @@ fn requests_round_trip() {
     });
 }
 
+fn aggregate_query(group_by: usize, aggregates: usize) -> Request {
+    let partial = PartialAggregate { function: AggregateFunction::Sum, argument: Some("ke".into()) };
+    Request::AggregateQuery {
+        scan: ScanSpec { columns: vec![], filters: vec!["ke > 0.5".into()], limit: None, count_only: false },
+        aggregate: AggregateSpec { group_by: vec!["id % 2".into(); group_by], aggregates: vec![partial; aggregates] },
+        objects: vec![QueryObject {
+            drive: 0,
+            bucket: "b".into(),
+            key: "k".into(),
+            version: VersionId { unix_ns: 1, writer: 1 },
+            footer: vec![1, 2, 3],
+            row_groups: vec![0, 2],
+        }],
+    }
+}
+
+#[test]
+fn an_aggregate_query_round_trips_and_is_bounded() {
+    check_request_round_trip(aggregate_query(1, 3));
+    let at_limit = aggregate_query(AGGREGATE_ITEMS_MAX, AGGREGATE_ITEMS_MAX);
+    assert!(decode_request(&encode_body(&at_limit)).is_ok());
+    for over in [aggregate_query(AGGREGATE_ITEMS_MAX + 1, 1), aggregate_query(1, AGGREGATE_ITEMS_MAX + 1)] {
+        assert!(matches!(decode_request(&encode_body(&over)), Err(Error::TooManyItems { .. })));
+    }
+    // A plain query's encoding is what it was before aggregates existed: nodes that predate
+    // them still decode it, and they fail to decode an aggregate query instead of misreading it.
+    let plain = Request::Query {
+        scan: ScanSpec { columns: vec!["id".into()], filters: vec![], limit: Some(3), count_only: false },
+        objects: vec![],
+    };
+    let body = encode_body(&plain);
+    // After the variant: one column "id", no filters, limit Some(3), not count-only, no objects.
+    assert_eq!(body[1..], [1, 2, b'i', b'd', 0, 1, 3, 0, 0]);
+}
+
 #[test]
 fn limits_are_enforced_at_limit_plus_one() {
     let item = ReadItem { drive: 0, version: VersionId { unix_ns: 1, writer: 1 }, offset: 0, len: 1 };

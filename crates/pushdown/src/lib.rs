@@ -22,6 +22,7 @@ use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::common::DFSchema;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures_util::future::BoxFuture;
@@ -120,19 +121,33 @@ impl Default for ScanLimits {
 /// A session configured for scans and queries over Parquet row groups: filters pushed into
 /// the Parquet decoder, row-group statistics used for pruning, memory bounded by `limits`.
 pub fn session(limits: &ScanLimits) -> Result<SessionContext, Error> {
-    session_with(limits, true)
+    session_with(limits, Identifiers::Normalized, Spill::ToTempFiles)
 }
 
-/// [`session`], with SQL identifiers lowercased (`normalize`, as SQL has it for people's
-/// queries) or taken as written (filters a client's plan wrote: column names exact, `userId`
-/// included).
-fn session_with(limits: &ScanLimits, normalize: bool) -> Result<SessionContext, Error> {
+/// How a session reads SQL identifiers: lowercased (as SQL has it for people's queries) or as
+/// written (filters a client's plan wrote: column names exact, `userId` included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Identifiers {
+    Normalized,
+    AsWritten,
+}
+
+/// Whether operators past the memory limit may spill to temporary files (a client's sorts and
+/// joins) or fail (a scan on a storage node, whose disks are the store's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Spill {
+    ToTempFiles,
+    Never,
+}
+
+/// [`session`], with identifiers and spilling as given.
+fn session_with(limits: &ScanLimits, identifiers: Identifiers, spill: Spill) -> Result<SessionContext, Error> {
     let mut config = SessionConfig::new()
         .with_target_partitions(limits.partitions.max(1))
         .with_batch_size(limits.batch_rows.max(1))
         .with_information_schema(false);
     let options = config.options_mut();
-    options.sql_parser.enable_ident_normalization = normalize;
+    options.sql_parser.enable_ident_normalization = identifiers == Identifiers::Normalized;
     options.execution.parquet.pushdown_filters = true;
     options.execution.parquet.reorder_filters = true;
     // Page indexes and bloom filters are read from the object's bytes by the Parquet crate,
@@ -140,28 +155,33 @@ fn session_with(limits: &ScanLimits, normalize: bool) -> Result<SessionContext, 
     // first, see `Footer::parse`; these are not yet): off until that is bounded.
     options.execution.parquet.enable_page_index = false;
     options.execution.parquet.bloom_filter_on_read = false;
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(limits.memory_bytes, 1.0)
-        .build_arc()
-        .map_err(Error::from_datafusion)?;
+    let mut runtime = RuntimeEnvBuilder::new().with_memory_limit(limits.memory_bytes, 1.0);
+    if spill == Spill::Never {
+        let disabled = DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled);
+        runtime = runtime.with_disk_manager_builder(disabled);
+    }
+    let runtime = runtime.build_arc().map_err(Error::from_datafusion)?;
     Ok(SessionContext::new_with_config_rt(config, runtime))
 }
 
 /// Evaluates `spec` over the row groups of `objects` (whose footers must all describe
 /// `schema`) and returns the matching rows, a stream of `spec.columns` (or of no columns with
-/// `count_only`: batches whose row counts are the matches).
+/// `count_only`: batches whose row counts are the matches); with `aggregate`, one row per
+/// group of the matching rows ([`partial_schema`]'s columns). The engine never spills: a
+/// scan past its memory fails.
 pub async fn scan(
     objects: Vec<ScanObject>,
     schema: SchemaRef,
     source: Arc<dyn ByteSource>,
     spec: &ScanSpec,
+    aggregate: Option<&AggregateSpec>,
     limits: &ScanLimits,
 ) -> Result<SendableRecordBatchStream, Error> {
     if spec.count_only && !spec.columns.is_empty() {
         return Err(Error::BadQuery("a count-only scan returns no columns".into()));
     }
     // The filters come from a plan's SQL writer, with column names as the table has them.
-    let ctx = session_with(limits, false)?;
+    let ctx = session_with(limits, Identifiers::AsWritten, Spill::Never)?;
     let table = table::RowGroupTable::new(Arc::clone(&schema), objects, source, limits.partitions);
     ctx.register_table("t", Arc::new(table)).map_err(Error::from_datafusion)?;
     let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(Error::from_datafusion)?;
@@ -170,7 +190,7 @@ pub async fn scan(
         let expr = ctx.parse_sql_expr(filter, &df_schema).map_err(|e| bad_filter(filter, e))?;
         frame = frame.filter(expr).map_err(|e| bad_filter(filter, e))?;
     }
-    if let Some(aggregate) = &spec.aggregate {
+    if let Some(aggregate) = aggregate {
         if !spec.columns.is_empty() || spec.count_only || spec.limit.is_some() {
             return Err(Error::BadQuery("an aggregating scan names no columns, count or limit of its own".into()));
         }
@@ -189,7 +209,7 @@ pub async fn scan(
 /// (`g0`, `g1`, ...), then the aggregates (`p0`, `p1`, ...), every one nullable. A client
 /// plans with these; a node's answer has exactly these types, as it is built the same way.
 pub fn partial_schema(schema: &SchemaRef, aggregate: &AggregateSpec) -> Result<SchemaRef, Error> {
-    let ctx = session_with(&ScanLimits::default(), false)?;
+    let ctx = session_with(&ScanLimits::default(), Identifiers::AsWritten, Spill::Never)?;
     let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(Error::from_datafusion)?;
     let empty = datafusion::datasource::empty::EmptyTable::new(Arc::clone(schema));
     let frame = ctx.read_table(Arc::new(empty)).map_err(Error::from_datafusion)?;

@@ -57,6 +57,14 @@ fn footer_of(name: &str, file: &Bytes) -> Footer {
 }
 
 fn run(spec: ScanSpec, objects: Vec<(Bytes, Vec<usize>)>) -> Result<(Vec<RecordBatch>, u64), Error> {
+    run_aggregate(spec, None, objects)
+}
+
+fn run_aggregate(
+    spec: ScanSpec,
+    aggregate: Option<AggregateSpec>,
+    objects: Vec<(Bytes, Vec<usize>)>,
+) -> Result<(Vec<RecordBatch>, u64), Error> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async move {
         let footers: Vec<Arc<Footer>> =
@@ -76,7 +84,8 @@ fn run(spec: ScanSpec, objects: Vec<(Bytes, Vec<usize>)>) -> Result<(Vec<RecordB
             .collect();
         let source =
             Arc::new(MemSource { files: objects.iter().map(|(f, _)| f.clone()).collect(), ..Default::default() });
-        let stream = scan(scan_objects, schema, source.clone(), &spec, &ScanLimits::default()).await?;
+        let stream =
+            scan(scan_objects, schema, source.clone(), &spec, aggregate.as_ref(), &ScanLimits::default()).await?;
         let batches: Vec<RecordBatch> =
             stream.collect::<Vec<_>>().await.into_iter().collect::<Result<_, _>>().map_err(Error::from_datafusion)?;
         Ok((batches, source.read.load(Ordering::Relaxed)))
@@ -98,7 +107,6 @@ fn spec(columns: &[&str], filters: &[&str]) -> ScanSpec {
         filters: filters.iter().map(|f| f.to_string()).collect(),
         limit: None,
         count_only: false,
-        aggregate: None,
     }
 }
 
@@ -141,7 +149,7 @@ fn partial(function: AggregateFunction, argument: Option<&str>) -> PartialAggreg
 fn an_aggregating_scan_answers_one_row_per_group_of_its_row_groups() {
     let a = particles(0, 5000, 1000);
     let b = particles(5000, 5000, 1000);
-    let mut grouped = spec(&[], &["id >= 2000"]);
+    let grouped = spec(&[], &["id >= 2000"]);
     let aggregate = AggregateSpec {
         group_by: vec!["id % 2".into()],
         aggregates: vec![
@@ -152,10 +160,9 @@ fn an_aggregating_scan_answers_one_row_per_group_of_its_row_groups() {
             partial(AggregateFunction::Count, Some("CASE WHEN id < 3000 THEN id END")),
         ],
     };
-    grouped.aggregate = Some(aggregate);
     // Row groups 1..3 of a (ids 1000..4000, of which the filter keeps 2000..4000) and row
     // group 4 of b (ids 9000..10000): one table.
-    let (batches, _) = run(grouped, vec![(a, vec![1, 2, 3]), (b, vec![4])]).unwrap();
+    let (batches, _) = run_aggregate(grouped, Some(aggregate), vec![(a, vec![1, 2, 3]), (b, vec![4])]).unwrap();
     let mut rows = Vec::new();
     for batch in &batches {
         let column = |i: usize| batch.column(i).as_any().downcast_ref::<Int64Array>().unwrap().clone();
@@ -191,9 +198,7 @@ fn a_partial_schema_has_the_types_a_node_answers_with() {
         ],
     };
     let expected = partial_schema(&schema, &aggregate).unwrap();
-    let mut scan = spec(&[], &[]);
-    scan.aggregate = Some(aggregate);
-    let (batches, _) = run(scan, vec![(file, vec![0, 1])]).unwrap();
+    let (batches, _) = run_aggregate(spec(&[], &[]), Some(aggregate), vec![(file, vec![0, 1])]).unwrap();
     let types = |s: &SchemaRef| s.fields().iter().map(|f| f.data_type().clone()).collect::<Vec<_>>();
     assert_eq!(types(&batches[0].schema()), types(&expected));
     assert_eq!(types(&expected), [DataType::Boolean, DataType::Int64, DataType::Int64, DataType::Float64]);
@@ -202,21 +207,17 @@ fn a_partial_schema_has_the_types_a_node_answers_with() {
 #[test]
 fn an_aggregating_scan_refuses_columns_and_bad_expressions() {
     let file = particles(0, 2000, 1000);
-    let mut with_columns = spec(&["id"], &[]);
-    with_columns.aggregate = Some(AggregateSpec { group_by: vec![], aggregates: vec![] });
-    let refused = run(with_columns, vec![(file.clone(), vec![0])]).unwrap_err();
+    let empty = AggregateSpec { group_by: vec![], aggregates: vec![] };
+    let refused = run_aggregate(spec(&["id"], &[]), Some(empty), vec![(file.clone(), vec![0])]).unwrap_err();
     assert!(matches!(refused, Error::BadQuery(_)), "{refused}");
-    let mut unknown = spec(&[], &[]);
-    unknown.aggregate =
-        Some(AggregateSpec { group_by: vec![], aggregates: vec![partial(AggregateFunction::Sum, Some("nope"))] });
-    let refused = run(unknown, vec![(file.clone(), vec![0])]).unwrap_err();
+    let unknown = AggregateSpec { group_by: vec![], aggregates: vec![partial(AggregateFunction::Sum, Some("nope"))] };
+    let refused = run_aggregate(spec(&[], &[]), Some(unknown), vec![(file.clone(), vec![0])]).unwrap_err();
     assert!(matches!(&refused, Error::BadQuery(t) if t.contains("nope")), "{refused}");
-    let mut injected = spec(&[], &[]);
-    injected.aggregate = Some(AggregateSpec {
+    let injected = AggregateSpec {
         group_by: vec!["id) FROM t; DROP TABLE t --".into()],
         aggregates: vec![partial(AggregateFunction::Count, None)],
-    });
-    let refused = run(injected, vec![(file, vec![0])]).unwrap_err();
+    };
+    let refused = run_aggregate(spec(&[], &[]), Some(injected), vec![(file, vec![0])]).unwrap_err();
     assert!(matches!(refused, Error::BadQuery(_)), "{refused}");
 }
 
@@ -248,7 +249,7 @@ fn unreadable_bytes_are_unavailability_not_bad_data() {
             let objects =
                 vec![ScanObject { name: "b/o".into(), size: file.len() as u64, footer, row_groups: (0..10).collect() }];
             let source = Arc::new(MemSource { files: vec![half], ..Default::default() });
-            let stream = scan(objects, schema, source, &spec(&["id"], &[]), &ScanLimits::default()).await?;
+            let stream = scan(objects, schema, source, &spec(&["id"], &[]), None, &ScanLimits::default()).await?;
             let results: Vec<_> = stream.collect().await;
             results.into_iter().collect::<Result<Vec<_>, _>>().map_err(Error::from_datafusion)
         })

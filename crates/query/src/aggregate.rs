@@ -1,7 +1,7 @@
 //! Partial aggregates on the nodes. An aggregate straight over a table of Parquet objects
 //! whose functions combine over parts (`count`, `sum`, `min`, `max`, `avg`; no `DISTINCT`,
 //! `FILTER` or ordering) is rewritten so that every node aggregates the rows of its own row
-//! groups (`proto::AggregateSpec`) and the client only combines the nodes' partial rows:
+//! groups (`proto::Request::AggregateQuery`) and the client only combines the nodes' partial rows:
 //! counts and sums add up, minimums and maximums compare, an average is the sum of the sums
 //! over the sum of the counts. `SELECT count(*), avg(ke) FROM t WHERE ...` then moves one row
 //! per node instead of the `ke` column of every matching row.
@@ -103,8 +103,8 @@ fn pushed(aggregate: &Aggregate) -> DfResult<Option<LogicalPlan>> {
         return Ok(None);
     };
     let groups = spec.group_by.len();
-    let scan_spec = ScanSpec { columns: Vec::new(), filters, limit: None, count_only: false, aggregate: Some(spec) };
-    let partial = PartialAggregateTable { table, spec: scan_spec, schema };
+    let scan_spec = ScanSpec { columns: Vec::new(), filters, limit: None, count_only: false };
+    let partial = PartialAggregateTable { table, spec: scan_spec, aggregate: spec, schema };
     let source = provider_as_source(Arc::new(partial));
     let partial_scan = LogicalPlan::TableScan(TableScanBuilder::new(scan.table_name.clone(), source).build()?);
 
@@ -247,6 +247,7 @@ fn cast(expr: Expr, to: DataType) -> Expr {
 struct PartialAggregateTable {
     table: ObjectTable,
     spec: ScanSpec,
+    aggregate: AggregateSpec,
     schema: SchemaRef,
 }
 
@@ -267,6 +268,6 @@ impl TableProvider for PartialAggregateTable {
         _filters: &[Expr],
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.table.exec(self.spec.clone(), Arc::clone(&self.schema), projection, limit)
+        self.table.exec(self.spec.clone(), Some(self.aggregate.clone()), Arc::clone(&self.schema), projection, limit)
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use client::{Client, ErrorKind, ObjectInfo, QueryObject, ScanSpec};
+use client::{AggregateSpec, Client, ErrorKind, ObjectInfo, QueryObject, ScanSpec};
 use futures_util::StreamExt;
 use pushdown::datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use pushdown::datafusion::arrow::buffer::Buffer;
@@ -287,14 +287,9 @@ impl TableProvider for ObjectTable {
         let projected = Arc::new(self.schema.project(&indices)?);
         let columns: Vec<String> = projected.fields().iter().map(|f| f.name().clone()).collect();
         let sql_filters = filters_sql(filters)?;
-        let spec = ScanSpec {
-            count_only: columns.is_empty(),
-            columns,
-            filters: sql_filters,
-            limit: limit.map(|l| l as u64),
-            aggregate: None,
-        };
-        self.exec(spec, projected, None, limit)
+        let spec =
+            ScanSpec { count_only: columns.is_empty(), columns, filters: sql_filters, limit: limit.map(|l| l as u64) };
+        self.exec(spec, None, projected, None, limit)
     }
 }
 
@@ -309,12 +304,13 @@ impl ObjectTable {
         self.pushdown
     }
 
-    /// The plan that evaluates `spec` over every row group of the table, one partition per
-    /// node (and one for the client's own): each yields `schema` (what `spec` answers), of
-    /// which the plan passes on the `projection`.
+    /// The plan that evaluates `spec` (with `aggregate`, a partial aggregate) over every row
+    /// group of the table, one partition per node (and one for the client's own): each yields
+    /// `schema` (what `spec` answers), of which the plan passes on the `projection`.
     pub(crate) fn exec(
         &self,
         spec: ScanSpec,
+        aggregate: Option<AggregateSpec>,
         schema: SchemaRef,
         projection: Option<&Vec<usize>>,
         limit: Option<usize>,
@@ -334,6 +330,7 @@ impl ObjectTable {
                     table_schema: Arc::clone(&self.schema),
                     schema: Arc::clone(&schema),
                     spec: spec.clone(),
+                    aggregate: aggregate.clone(),
                     client: self.client.clone(),
                     limits: self.limits,
                     counters: Arc::clone(&self.counters),
@@ -357,6 +354,8 @@ struct Fragment {
     /// What the fragment yields: the projected columns.
     schema: SchemaRef,
     spec: ScanSpec,
+    /// A partial aggregate of the matching rows, answered instead of them.
+    aggregate: Option<AggregateSpec>,
     client: Client,
     limits: ScanLimits,
     counters: Arc<QueryCounters>,
@@ -433,7 +432,8 @@ impl Fragment {
         let mut batches_passed = false;
         for request in split_by_footer_bytes(objects) {
             self.counters.node_requests.fetch_add(1, Ordering::Relaxed);
-            let mut reply = match self.client.query_node(node, self.spec.clone(), request).await {
+            let sent = self.client.query_node(node, self.spec.clone(), self.aggregate.clone(), request).await;
+            let mut reply = match sent {
                 Ok(reply) => reply,
                 Err(e) => return Ok(Err(failure(e, batches_passed))),
             };
@@ -518,6 +518,7 @@ impl Fragment {
             Arc::clone(&self.table_schema),
             source,
             &self.spec,
+            self.aggregate.as_ref(),
             &self.limits,
         )
         .await

@@ -286,7 +286,9 @@ async fn records_schema(
         SelectInput::Json => JSON_SCHEMA_BYTES,
         _ => WINDOW_BYTES,
     };
-    let reader = ObjectReader::start(client.clone(), info.clone(), 0, Arc::new(AtomicU64::new(0)));
+    // Uncompressed, the head is the object's first bytes; compressed, it takes what it takes.
+    let to = (compression == Compression::None).then_some(head_len);
+    let reader = ObjectReader::start(client.clone(), info.clone(), 0, to, Arc::new(AtomicU64::new(0)));
     let object = name(info);
     let (mut head, ended) = tokio::task::spawn_blocking(move || {
         let mut records = decompressed(reader, compression);
@@ -376,11 +378,12 @@ struct ObjectReader {
 }
 
 impl ObjectReader {
-    /// Must be called inside the runtime; read from a blocking thread.
-    fn start(client: Client, info: ObjectInfo, from: u64, scanned: Arc<AtomicU64>) -> Self {
+    /// Bytes `from..to` (or to the object's end); must be called inside the runtime, and read
+    /// from a blocking thread.
+    fn start(client: Client, info: ObjectInfo, from: u64, to: Option<u64>, scanned: Arc<AtomicU64>) -> Self {
         let (tx, windows) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
-            let size = info.meta.size;
+            let size = to.map_or(info.meta.size, |to| to.min(info.meta.size));
             let mut at = from;
             while at < size {
                 let end = (at + WINDOW_BYTES).min(size);
@@ -503,7 +506,8 @@ impl PartitionStream for RecordPartition {
             let decoder = self.decoder(first == 0);
             // A record starts at `first` only if the byte before it ends a line: read from there.
             let from = first.saturating_sub(1);
-            let reader = ObjectReader::start(self.client.clone(), self.info.clone(), from, Arc::clone(&self.scanned));
+            let reader =
+                ObjectReader::start(self.client.clone(), self.info.clone(), from, None, Arc::clone(&self.scanned));
             // A scan range counts object bytes, so it applies to uncompressed input only.
             let cut = (self.compression == Compression::None).then(|| RangeCut::new(first, last));
             let compression = self.compression;
@@ -512,9 +516,13 @@ impl PartitionStream for RecordPartition {
             let decoded = Arc::clone(&self.decoded);
             tokio::task::spawn_blocking(move || {
                 let records = Records { bytes: decompressed(reader, compression), cut, decoded };
-                let result = decoder
-                    .map_err(|e| format!("{object}: {e}"))
-                    .and_then(|decoder| decode_records(records, decoder, csv, &tx))
+                // A panic in a decoder fails the select with an error, never ends it early as if
+                // the records had ended.
+                let decode = std::panic::AssertUnwindSafe(|| {
+                    decoder.map_err(|e| e.to_string()).and_then(|decoder| decode_records(records, decoder, csv, &tx))
+                });
+                let result = std::panic::catch_unwind(decode)
+                    .unwrap_or_else(|_| Err("the record decoder failed".to_owned()))
                     .map_err(|e| if e.is_empty() { e } else { format!("{object}: {e}") });
                 if let Err(message) = result
                     && !message.is_empty()

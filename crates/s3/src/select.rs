@@ -189,8 +189,13 @@ pub(crate) async fn select_object_content(
             "a Parquet object takes CompressionType NONE (its pages are compressed)",
         ));
     }
-    if source.scan_range.is_some() && (source.compression != Compression::None || !source.input.is_records()) {
-        return Err(invalid("InvalidRequest", "ScanRange applies to uncompressed CSV and JSON input only"));
+    // A JSON DOCUMENT's records may span lines, so a byte range cannot cut it into records.
+    let json_document = request.input_serialization.json.as_ref().and_then(|json| json.type_.as_ref());
+    let json_document = json_document.is_some_and(|t| t.as_str().eq_ignore_ascii_case("DOCUMENT"));
+    if source.scan_range.is_some()
+        && (source.compression != Compression::None || !source.input.is_records() || json_document)
+    {
+        return Err(invalid("InvalidRequest", "ScanRange applies to uncompressed CSV and JSON LINES input only"));
     }
     let output = output_of(&request.output_serialization)?;
     let progress = request.request_progress.as_ref().and_then(|p| p.enabled).unwrap_or(false);

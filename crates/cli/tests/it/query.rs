@@ -132,6 +132,40 @@ fn check_queries(cluster: &Cluster, pushdown: bool) -> Vec<Arc<QueryCounters>> {
     counters
 }
 
+#[test]
+fn aggregates_on_the_nodes_answer_as_the_client_alone_does() {
+    use query::arrow::util::pretty::pretty_format_batches;
+    let cluster = Cluster::start(Shape::default());
+    load(&cluster);
+    let shapes = [
+        // count of a column with nulls, count of rows, sum and average of an integer column
+        "SELECT count(name), count(*), sum(id), avg(id) FROM 'bkt/parts/' WHERE id < 30000",
+        // no matching row: a count of 0 and nulls
+        "SELECT count(*), count(name), sum(ke), min(name), avg(ke) FROM 'bkt/parts/' WHERE id > 1000000",
+        // no matching row, grouped: no group at all
+        "SELECT name, count(*) FROM 'bkt/parts/' WHERE id > 1000000 GROUP BY name",
+        // HAVING over the combined sums
+        "SELECT name, sum(id) AS s FROM 'bkt/parts/' GROUP BY name HAVING sum(id) > 20000000 ORDER BY name",
+        // an expression to group by, minimum of strings
+        "SELECT id % 3 AS r, max(name), min(ke), count(*) FROM 'bkt/parts/' WHERE name IS NOT NULL \
+         GROUP BY id % 3 ORDER BY r",
+        // not combinable over parts: stays in the client
+        "SELECT count(DISTINCT name), max(id) - min(id) FROM 'bkt/parts/'",
+    ];
+    for sql in shapes {
+        let (pushed, counters) = run(&cluster, sql, true);
+        let (local, _) = run(&cluster, sql, false);
+        let text = |batches: &[RecordBatch]| {
+            let text = pretty_format_batches(batches).unwrap().to_string();
+            let mut lines: Vec<&str> = text.lines().collect();
+            lines.sort_unstable();
+            lines.join("\n")
+        };
+        assert_eq!(text(&pushed), text(&local), "{sql}");
+        assert_eq!(counters.client_row_groups.load(Ordering::Relaxed), 0, "{sql}: evaluated on the nodes");
+    }
+}
+
 /// An aggregate per group whose functions all combine over parts.
 const GROUPED: &str = "SELECT name, count(*), avg(ke), min(id), max(id) FROM 'bkt/parts/' \
                        WHERE id < 50000 GROUP BY name ORDER BY name NULLS FIRST";
@@ -296,6 +330,12 @@ fn nodes_scanning_without_matches_send_heartbeats() {
     assert!(counters.node_requests.load(Ordering::Relaxed) > 0);
     assert_eq!(counters.client_row_groups.load(Ordering::Relaxed), 0, "the nodes answered");
     assert!(counters.heartbeats.load(Ordering::Relaxed) > 0, "no heartbeat while the nodes scanned");
+    // A count whose batches come steadily writes nothing until its end: it beats too.
+    let sql = "SELECT count(*) AS n FROM 'bkt/big.parquet' WHERE length(repeat(CAST(id AS VARCHAR), 100)) > 3";
+    let (batches, counters) = run(&cluster, sql, true);
+    assert_eq!(int_column(&batches, 0), vec![2_000_000]);
+    assert_eq!(counters.result_bytes.load(Ordering::Relaxed), 0, "a count moves no rows");
+    assert!(counters.heartbeats.load(Ordering::Relaxed) > 0, "no heartbeat while the nodes counted");
     // A bad interval is refused at start.
     let refused = cluster.cli_err(&[
         "node",
