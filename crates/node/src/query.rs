@@ -17,7 +17,7 @@ use cluster::{DriveRef, Placement};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use proto::{AggregateSpec, ErrorKind, ObjectMeta, QueryObject, ReadItem, Response, ScanSpec};
-use pushdown::{ByteSource, Footer, ScanLimits, ScanObject};
+use pushdown::{ByteSource, Footer, ScanLimits, ScanObject, Spill};
 
 use crate::State;
 use crate::peer::Peer;
@@ -48,7 +48,8 @@ impl Queries {
     /// `heartbeat` while it has nothing to send.
     pub(crate) fn new(memory_bytes: usize, heartbeat: Duration) -> Self {
         assert!(!heartbeat.is_zero(), "a heartbeat interval above zero");
-        let limits = ScanLimits { memory_bytes, ..ScanLimits::default() };
+        // A node's disks are the store's: a query past its memory fails, it never spills.
+        let limits = ScanLimits { memory_bytes, spill: Spill::Never, ..ScanLimits::default() };
         Self { runtime: OnceLock::new(), turns: tokio::sync::Semaphore::new(QUERIES_MAX), limits, heartbeat }
     }
 
@@ -100,12 +101,17 @@ fn serve_until_done(
     let queries = &state.queries;
     let runtime = queries.runtime();
     let mut pulse = Pulse::new(queries.heartbeat);
-    let _turn = loop {
-        match runtime.block_on(async { tokio::time::timeout(pulse.left(), queries.turns.acquire()).await }) {
-            Ok(turn) => break turn.expect("the semaphore is never closed"),
-            Err(_) => pulse.beat_if_due(answer, &mut Vec::new())?,
+    // One wait for the whole time, so the query keeps its place in the queue between beats.
+    let _turn = runtime.block_on(async {
+        let acquire = queries.turns.acquire();
+        tokio::pin!(acquire);
+        loop {
+            match tokio::time::timeout(pulse.left(), &mut acquire).await {
+                Ok(turn) => return Ok::<_, std::io::Error>(turn.expect("the semaphore is never closed")),
+                Err(_) => pulse.beat_if_due(answer, &mut Vec::new())?,
+            }
         }
-    };
+    })?;
     let (scan_objects, source) = match prepare(state, objects) {
         Ok(prepared) => prepared,
         Err((kind, message)) => return answer.response(&Response::Error { kind, message }),

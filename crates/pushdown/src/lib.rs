@@ -110,18 +110,20 @@ pub struct ScanLimits {
     pub partitions: usize,
     /// Rows per record batch.
     pub batch_rows: usize,
+    /// Whether operators past `memory_bytes` spill to temporary files or fail.
+    pub spill: Spill,
 }
 
 impl Default for ScanLimits {
     fn default() -> Self {
-        Self { memory_bytes: 256 << 20, partitions: 2, batch_rows: 8192 }
+        Self { memory_bytes: 256 << 20, partitions: 2, batch_rows: 8192, spill: Spill::ToTempFiles }
     }
 }
 
 /// A session configured for scans and queries over Parquet row groups: filters pushed into
 /// the Parquet decoder, row-group statistics used for pruning, memory bounded by `limits`.
 pub fn session(limits: &ScanLimits) -> Result<SessionContext, Error> {
-    session_with(limits, Identifiers::Normalized, Spill::ToTempFiles)
+    session_with(limits, Identifiers::Normalized)
 }
 
 /// How a session reads SQL identifiers: lowercased (as SQL has it for people's queries) or as
@@ -132,16 +134,16 @@ enum Identifiers {
     AsWritten,
 }
 
-/// Whether operators past the memory limit may spill to temporary files (a client's sorts and
-/// joins) or fail (a scan on a storage node, whose disks are the store's).
+/// Whether operators past the memory limit may spill to temporary files (a client's sorts,
+/// joins and large aggregates) or fail (a scan on a storage node, whose disks are the store's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Spill {
+pub enum Spill {
     ToTempFiles,
     Never,
 }
 
-/// [`session`], with identifiers and spilling as given.
-fn session_with(limits: &ScanLimits, identifiers: Identifiers, spill: Spill) -> Result<SessionContext, Error> {
+/// [`session`], with identifiers read as given.
+fn session_with(limits: &ScanLimits, identifiers: Identifiers) -> Result<SessionContext, Error> {
     let mut config = SessionConfig::new()
         .with_target_partitions(limits.partitions.max(1))
         .with_batch_size(limits.batch_rows.max(1))
@@ -156,7 +158,7 @@ fn session_with(limits: &ScanLimits, identifiers: Identifiers, spill: Spill) -> 
     options.execution.parquet.enable_page_index = false;
     options.execution.parquet.bloom_filter_on_read = false;
     let mut runtime = RuntimeEnvBuilder::new().with_memory_limit(limits.memory_bytes, 1.0);
-    if spill == Spill::Never {
+    if limits.spill == Spill::Never {
         let disabled = DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled);
         runtime = runtime.with_disk_manager_builder(disabled);
     }
@@ -167,8 +169,8 @@ fn session_with(limits: &ScanLimits, identifiers: Identifiers, spill: Spill) -> 
 /// Evaluates `spec` over the row groups of `objects` (whose footers must all describe
 /// `schema`) and returns the matching rows, a stream of `spec.columns` (or of no columns with
 /// `count_only`: batches whose row counts are the matches); with `aggregate`, one row per
-/// group of the matching rows ([`partial_schema`]'s columns). The engine never spills: a
-/// scan past its memory fails.
+/// group of the matching rows ([`partial_schema`]'s columns). Past its memory, a scan spills
+/// or fails as `limits.spill` says.
 pub async fn scan(
     objects: Vec<ScanObject>,
     schema: SchemaRef,
@@ -181,7 +183,7 @@ pub async fn scan(
         return Err(Error::BadQuery("a count-only scan returns no columns".into()));
     }
     // The filters come from a plan's SQL writer, with column names as the table has them.
-    let ctx = session_with(limits, Identifiers::AsWritten, Spill::Never)?;
+    let ctx = session_with(limits, Identifiers::AsWritten)?;
     let table = table::RowGroupTable::new(Arc::clone(&schema), objects, source, limits.partitions);
     ctx.register_table("t", Arc::new(table)).map_err(Error::from_datafusion)?;
     let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(Error::from_datafusion)?;
@@ -209,7 +211,8 @@ pub async fn scan(
 /// (`g0`, `g1`, ...), then the aggregates (`p0`, `p1`, ...), every one nullable. A client
 /// plans with these; a node's answer has exactly these types, as it is built the same way.
 pub fn partial_schema(schema: &SchemaRef, aggregate: &AggregateSpec) -> Result<SchemaRef, Error> {
-    let ctx = session_with(&ScanLimits::default(), Identifiers::AsWritten, Spill::Never)?;
+    let never = ScanLimits { spill: Spill::Never, ..ScanLimits::default() };
+    let ctx = session_with(&never, Identifiers::AsWritten)?;
     let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(Error::from_datafusion)?;
     let empty = datafusion::datasource::empty::EmptyTable::new(Arc::clone(schema));
     let frame = ctx.read_table(Arc::new(empty)).map_err(Error::from_datafusion)?;

@@ -375,6 +375,9 @@ struct RecordPartition {
 struct ObjectReader {
     windows: tokio::sync::mpsc::Receiver<Result<Bytes, String>>,
     current: Bytes,
+    /// Bytes the task has still to send: a task that stops short (it panicked, or its runtime
+    /// shut down) is an error, never an early end of the records.
+    left: u64,
 }
 
 impl ObjectReader {
@@ -382,8 +385,9 @@ impl ObjectReader {
     /// from a blocking thread.
     fn start(client: Client, info: ObjectInfo, from: u64, to: Option<u64>, scanned: Arc<AtomicU64>) -> Self {
         let (tx, windows) = tokio::sync::mpsc::channel(2);
+        let size = to.map_or(info.meta.size, |to| to.min(info.meta.size));
+        let left = size.saturating_sub(from);
         tokio::spawn(async move {
-            let size = to.map_or(info.meta.size, |to| to.min(info.meta.size));
             let mut at = from;
             while at < size {
                 let end = (at + WINDOW_BYTES).min(size);
@@ -397,7 +401,7 @@ impl ObjectReader {
                 at = end;
             }
         });
-        Self { windows, current: Bytes::new() }
+        Self { windows, current: Bytes::new(), left }
     }
 }
 
@@ -405,8 +409,14 @@ impl std::io::Read for ObjectReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         while self.current.is_empty() {
             match self.windows.blocking_recv() {
-                Some(Ok(window)) => self.current = window,
+                Some(Ok(window)) => {
+                    self.left = self.left.saturating_sub(window.len() as u64);
+                    self.current = window;
+                }
                 Some(Err(e)) => return Err(std::io::Error::other(e)),
+                None if self.left > 0 => {
+                    return Err(std::io::Error::other(format!("the object's last {} bytes never came", self.left)));
+                }
                 None => return Ok(0),
             }
         }
@@ -521,14 +531,15 @@ impl PartitionStream for RecordPartition {
                 let decode = std::panic::AssertUnwindSafe(|| {
                     decoder.map_err(|e| e.to_string()).and_then(|decoder| decode_records(records, decoder, csv, &tx))
                 });
-                let result = std::panic::catch_unwind(decode)
-                    .unwrap_or_else(|_| Err("the record decoder failed".to_owned()))
-                    .map_err(|e| if e.is_empty() { e } else { format!("{object}: {e}") });
-                if let Err(message) = result
-                    && !message.is_empty()
-                {
-                    let _ = tx.blocking_send(Err(DataFusionError::External(Box::new(Error::BadQuery(message)))));
-                }
+                let error = match std::panic::catch_unwind(decode) {
+                    Ok(Ok(())) => return,
+                    // The consumer went away: nobody to tell.
+                    Ok(Err(message)) if message.is_empty() => return,
+                    Ok(Err(message)) => Error::BadQuery(format!("{object}: {message}")),
+                    // A bug, not the request's fault.
+                    Err(_) => Error::Engine(format!("{object}: the record decoder failed")),
+                };
+                let _ = tx.blocking_send(Err(DataFusionError::External(Box::new(error))));
             });
         }
         let mut rx = rx;

@@ -166,6 +166,25 @@ fn aggregates_on_the_nodes_answer_as_the_client_alone_does() {
     }
 }
 
+#[test]
+fn an_aggregate_too_large_for_a_nodes_memory_is_answered_by_the_client() {
+    let mut cluster = Cluster::start(Shape::default());
+    for node in 0..6 {
+        cluster.set_node_args(node, &["--query-memory", "256KiB"]);
+        cluster.restart_node(node);
+    }
+    load(&cluster);
+    // One group per row: far more state than a node may hold. The nodes refuse (they never
+    // spill); the client, whose engine may, evaluates their row groups itself.
+    let sql = "SELECT id, count(*) AS n, max(name) FROM 'bkt/parts/' GROUP BY id";
+    let (batches, counters) = run(&cluster, sql, true);
+    let mut ids = int_column(&batches, 0);
+    ids.sort_unstable();
+    assert_eq!(ids, (0..3 * ROWS).collect::<Vec<_>>());
+    assert!(int_column(&batches, 1).iter().all(|&n| n == 1));
+    assert!(counters.client_row_groups.load(Ordering::Relaxed) > 0, "no node ran out of memory");
+}
+
 /// An aggregate per group whose functions all combine over parts.
 const GROUPED: &str = "SELECT name, count(*), avg(ke), min(id), max(id) FROM 'bkt/parts/' \
                        WHERE id < 50000 GROUP BY name ORDER BY name NULLS FIRST";
