@@ -168,11 +168,7 @@ fn aggregates_on_the_nodes_answer_as_the_client_alone_does() {
 
 #[test]
 fn an_aggregate_too_large_for_a_nodes_memory_is_answered_by_the_client() {
-    let mut cluster = Cluster::start(Shape::default());
-    for node in 0..6 {
-        cluster.set_node_args(node, &["--query-memory", "256KiB"]);
-        cluster.restart_node(node);
-    }
+    let cluster = cluster_whose_nodes_run_with(&["--query-memory", "256KiB"]);
     load(&cluster);
     // One group per row: far more state than a node may hold. The nodes refuse (they never
     // spill); the client, whose engine may, evaluates their row groups itself.
@@ -335,11 +331,7 @@ fn dropping_a_query_stops_it_on_the_nodes() {
 
 #[test]
 fn nodes_scanning_without_matches_send_heartbeats() {
-    let mut cluster = Cluster::start(Shape::default());
-    for node in 0..6 {
-        cluster.set_node_args(node, &["--query-heartbeat", "20ms"]);
-        cluster.restart_node(node);
-    }
+    let cluster = cluster_whose_nodes_run_with(&["--query-heartbeat", "20ms"]);
     put_big(&cluster);
     // A filter statistics cannot prune, slow to evaluate, that no row meets: nodes scan for a
     // while with nothing to send.
@@ -366,6 +358,16 @@ fn nodes_scanning_without_matches_send_heartbeats() {
         "1h",
     ]);
     assert!(refused.contains("query-heartbeat"), "{refused}");
+}
+
+/// A default cluster whose six nodes run with these extra `tessera node` arguments.
+fn cluster_whose_nodes_run_with(args: &[&str]) -> Cluster {
+    let mut cluster = Cluster::start(Shape::default());
+    for node in 0..6 {
+        cluster.set_node_args(node, args);
+        cluster.restart_node(node);
+    }
+    cluster
 }
 
 /// `bkt/big.parquet`: 2 million rows (id, ke = id) in row groups of 50,000.
