@@ -1493,7 +1493,7 @@ impl Drive {
     }
 
     fn decode_meta(&self, bytes: &[u8]) -> Result<ObjectMeta, Error> {
-        let meta: ObjectMeta = proto::decode_message(bytes, "stored object metadata")
+        let meta = ObjectMeta::decode_stored(bytes)
             .map_err(|source| Error::CorruptMeta { path: self.root.clone(), source })?;
         meta.validate().map_err(|source| Error::CorruptMeta { path: self.root.clone(), source })?;
         Ok(meta)

@@ -27,6 +27,7 @@ fn meta(key: &str, version: VersionId, size: u64) -> ObjectMeta {
         rotation: 0,
         crcs: vec![0; stripes * 3],
         parts: Vec::new(),
+        pads: Vec::new(),
     }
 }
 

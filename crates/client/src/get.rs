@@ -8,6 +8,16 @@ use crate::{Client, Error, FailedNode, ObjectInfo};
 /// Stripes planned and fetched together. Bounds the scratch memory of a degraded read to
 /// `WINDOW_STRIPES * m` chunks, and a node batch to `WINDOW_STRIPES` items per object.
 pub(crate) const WINDOW_STRIPES: u64 = 16;
+/// Object bytes one window covers at most: objects with chunks larger than the cluster's
+/// 1 MiB (the aligned layout's, up to 16 MiB) read fewer stripes at a time, so a degraded
+/// read's scratch stays as small.
+const WINDOW_DATA_BYTES_MAX: u64 = 64 << 20;
+
+/// Stripes per window of a read of `meta`'s chunks: `WINDOW_STRIPES`, fewer for large chunks.
+fn window_stripes(meta: &proto::ObjectMeta) -> u64 {
+    let stripe = u64::from(meta.k) * u64::from(meta.chunk_bytes);
+    (WINDOW_DATA_BYTES_MAX / stripe.max(1)).clamp(1, WINDOW_STRIPES)
+}
 /// Fetch rounds per window: the first asks for the data chunks (plus parity for nodes known to
 /// be down), later rounds ask for replacements of chunks that turned out missing or corrupt.
 const ROUNDS_MAX: usize = 3;
@@ -66,6 +76,9 @@ impl Dest<'_> {
 }
 
 pub(crate) async fn read_at(client: &Client, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
+    if !info.meta.pads.is_empty() {
+        return read_aligned_at(client, info, offset, buf).await;
+    }
     if info.meta.parts.is_empty() {
         return read_piece_at(client, info, offset, buf).await;
     }
@@ -117,9 +130,31 @@ async fn moved_piece(client: &Client, part: &proto::PartPiece) -> Option<ObjectI
     (found.meta.version == part.version).then_some(found)
 }
 
-/// Reads from one erasure-coded piece: a single-piece object or one part of a multipart one.
-async fn read_piece_at(client: &Client, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
+/// Reads from an object in the aligned layout: each stretch of object bytes between two pads
+/// is one read of the stored stream (the zeros between them are never read).
+async fn read_aligned_at(client: &Client, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
     let size = info.meta.size;
+    if offset > size || (offset == size && size > 0 && !buf.is_empty()) {
+        return Err(Error::RangeNotSatisfiable { offset, size });
+    }
+    let len = (buf.len() as u64).min(size - offset) as usize;
+    let mut done = 0usize;
+    for stored in info.meta.stored_ranges(offset..offset + len as u64) {
+        let part = (stored.end - stored.start) as usize;
+        if part > 0 {
+            let read = read_piece_at(client, info, stored.start, &mut buf[done..done + part]).await?;
+            assert_eq!(read, part, "a read inside the stored stream returns every byte");
+        }
+        done += part;
+    }
+    assert_eq!(done, len, "the stored ranges hold the whole range");
+    Ok(len)
+}
+
+/// Reads from one erasure-coded piece: a single-piece object or one part of a multipart one,
+/// at an offset of its stored stream (the object's own offset unless it has pads).
+async fn read_piece_at(client: &Client, info: &ObjectInfo, offset: u64, buf: &mut [u8]) -> Result<usize, Error> {
+    let size = info.meta.stored_size();
     if offset > size || (offset == size && size > 0 && !buf.is_empty()) {
         return Err(Error::RangeNotSatisfiable { offset, size });
     }
@@ -132,7 +167,7 @@ async fn read_piece_at(client: &Client, info: &ObjectInfo, offset: u64, buf: &mu
     let last = (offset + len as u64 - 1) / geometry.stripe_bytes();
     let mut window_start = first;
     while window_start <= last {
-        let window_end = (window_start + WINDOW_STRIPES).min(last + 1);
+        let window_end = (window_start + window_stripes(&info.meta)).min(last + 1);
         read_window(client, info, window_start..window_end, offset, &mut buf[..len]).await?;
         window_start = window_end;
     }
@@ -663,8 +698,8 @@ pub(crate) async fn read_many(
     let mut cursors = vec![(0u64, 0u64); reads.len()];
     for (idx, (info, offset, buf)) in reads.iter_mut().enumerate() {
         let size = info.meta.size;
-        if !info.meta.parts.is_empty() {
-            // Multipart objects read their pieces one by one.
+        if !info.meta.parts.is_empty() || !info.meta.pads.is_empty() {
+            // Multipart objects read their pieces one by one, aligned ones their stretches.
             results[idx] = Some(read_at(client, info, *offset, buf).await);
         } else if *offset > size || (*offset == size && size > 0 && !buf.is_empty()) {
             results[idx] = Some(Err(Error::RangeNotSatisfiable { offset: *offset, size }));
@@ -750,6 +785,7 @@ mod tests {
             rotation: placement.rotation as u8,
             crcs: Vec::new(),
             parts: Vec::new(),
+            pads: Vec::new(),
         };
         let drives = (0..6).map(|i| (format!("n{}", i + 1), 0)).collect();
         (client, ObjectInfo { meta, placement, drives, meta_positions: (0..6).collect() })

@@ -107,6 +107,20 @@ pub struct PutOptions {
     /// [`CommitCondition::IfAbsent`] makes the PUT fail with [`Error::PreconditionFailed`] if
     /// the key holds a live object when it commits (S3 `If-None-Match: *`), atomically.
     pub condition: CommitCondition,
+    /// Store the object in the aligned layout: these byte ranges each inside one data chunk.
+    pub align: Option<Alignment>,
+}
+
+/// Byte ranges of an object to store each inside one data chunk, on one drive: a Parquet
+/// file's row groups, so that the node holding a row group evaluates it from its own drive.
+/// The source must give exactly `size` bytes (else the PUT fails and nothing is written). The
+/// client picks the chunk size and where zeros are stored ([`proto::aligned_layout`]: at most
+/// 1% of the object); an object it cannot align within that is stored plain.
+#[derive(Clone, Debug, Default)]
+pub struct Alignment {
+    pub size: u64,
+    /// Sorted, disjoint, inside the object.
+    pub ranges: Vec<std::ops::Range<u64>>,
 }
 
 /// An object version as the client sees it: its metadata and where its chunks are.
@@ -582,6 +596,24 @@ impl Client {
             Ok(again) if again.meta.version != info.meta.version => Ok(again),
             Err(absent @ Error::NotFound { .. }) => Err(absent),
             _ => Err(error),
+        }
+    }
+
+    /// Stores `info`, the key's current version, again in the aligned layout `align` (a
+    /// Parquet object that a stock S3 client uploaded plain or in parts): a new version just
+    /// after it with the same bytes, ETag, metadata and modification time, which a concurrent
+    /// PUT or delete always supersedes. The old version stays readable until the drives retire
+    /// it (the pieces of a multipart one are deleted once the new version is acknowledged).
+    /// `None` when there is nothing to do (already aligned, a delete marker, no layout within
+    /// the padding budget).
+    pub async fn relayout(&self, info: &ObjectInfo, align: &Alignment) -> Result<Option<ObjectInfo>, Error> {
+        let client = self.current();
+        match put::relayout(&client, info, align).await? {
+            Some((info, replaced)) => {
+                multipart::delete_pieces(&self.current(), &replaced).await;
+                Ok(Some(info))
+            }
+            None => Ok(None),
         }
     }
 

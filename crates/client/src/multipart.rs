@@ -504,6 +504,7 @@ pub(crate) fn piece_info(client: &Client, object: &ObjectMeta, piece: &PartPiece
         rotation: piece.rotation,
         crcs: piece.crcs.clone(),
         parts: Vec::new(),
+        pads: Vec::new(),
     };
     let placement =
         cluster::Placement { set_idx: piece.set_idx as usize, rotation: usize::from(piece.rotation), n: meta.n() };

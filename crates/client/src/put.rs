@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use cluster::DriveRef;
 use md5::{Digest, Md5};
 use proto::{
-    CommitCondition, CommitOutcome, META_FORMAT_VERSION, ObjectMeta, Request, Response, StripeGeometry, VersionId,
+    CommitCondition, CommitOutcome, META_FORMAT_VERSION, ObjectMeta, Pad, Request, Response, StripeGeometry, VersionId,
 };
 use tokio::io::{AsyncRead, AsyncReadExt};
 
@@ -107,6 +107,8 @@ pub(crate) struct Committed {
 /// One stripe being filled or sent: k data chunks then m parity chunks, each `chunk_bytes` long.
 struct StripeBuffer {
     bytes: Vec<u8>,
+    /// The object's chunk size (the map's, or an aligned layout's).
+    chunk_bytes: usize,
     /// The k and n it was last cut and encoded for (`fill_stripe`).
     k: usize,
     n: usize,
@@ -157,21 +159,23 @@ pub(crate) async fn put_in(
     // stripe when every pool has the cluster's k+m; else the target's k+m must be known first.
     let uniform =
         only.is_none_or(|only| only == map.erasure) && map.pools.iter().all(|pool| pool.erasure == map.erasure);
-    let (mut target, current, filled) = if uniform {
+    let (mut target, current, filled, padding) = if uniform {
         let codec = client.codec(map.erasure.k, map.erasure.m)?;
-        let mut current = StripeBuffer::take(client, map.erasure.n() * map.chunk_bytes as usize);
+        let (chunk_bytes, mut padding) = Padding::plan(options.align.as_ref(), map.erasure.k, map.chunk_bytes);
+        let mut current = StripeBuffer::take(client, map.erasure.n(), chunk_bytes);
         let (target, filled) = tokio::join!(
             client.write_target(bucket, key, only),
-            fill_stripe(client, &codec, source, &mut current, &mut md5)
+            fill_stripe(client, &codec, source, &mut current, &mut md5, &mut padding)
         );
-        (target, current, filled)
+        (target, current, filled, padding)
     } else {
         let target = client.write_target(bucket, key, only).await?;
         let erasure = client.erasure_at(&target.1);
         let codec = client.codec(erasure.k, erasure.m)?;
-        let mut current = StripeBuffer::take(client, erasure.n() * map.chunk_bytes as usize);
-        let filled = fill_stripe(client, &codec, source, &mut current, &mut md5).await;
-        (Ok(target), current, filled)
+        let (chunk_bytes, mut padding) = Padding::plan(options.align.as_ref(), erasure.k, map.chunk_bytes);
+        let mut current = StripeBuffer::take(client, erasure.n(), chunk_bytes);
+        let filled = fill_stripe(client, &codec, source, &mut current, &mut md5, &mut padding).await;
+        (Ok(target), current, filled, padding)
     };
     let encoded_as = (current.k, current.n);
     let mut planner = client.clone();
@@ -206,7 +210,7 @@ pub(crate) async fn put_in(
         etag: None,
     };
     let target = Target { bucket, key, version, placement };
-    upload(client, &target, current, source, md5, &fields, options.condition).await
+    upload(client, &target, current, source, md5, padding, &fields, options.condition).await
 }
 
 /// Where an upload goes: the key, its version and its erasure set.
@@ -229,21 +233,22 @@ struct MetaFields {
 
 /// Sends `current` (the first stripe, filled already) and the rest of `source` to `target`'s
 /// set, then commits on W drives.
+#[allow(clippy::too_many_arguments)]
 async fn upload(
     client: &Client,
     target: &Target<'_>,
     mut current: StripeBuffer,
     source: &mut (dyn AsyncRead + Unpin + Send),
     mut md5: Md5,
+    mut padding: Padding,
     fields: &MetaFields,
     condition: CommitCondition,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
-    let map = Arc::clone(&client.topo.map);
     let erasure = client.erasure_at(&target.placement);
     let (k, n) = (erasure.k, erasure.n());
     assert_eq!((current.k, current.n), (k, n), "the first stripe is cut for the target's k+m");
     let codec = client.codec(erasure.k, erasure.m)?;
-    let chunk_bytes = map.chunk_bytes as usize;
+    let chunk_bytes = current.chunk_bytes;
     let (bucket, key, version, placement) = (target.bucket, target.key, target.version, target.placement);
     let mut crcs = Vec::new();
     let mut size = 0u64;
@@ -267,11 +272,11 @@ async fn upload(
                 size += current.data_len as u64;
                 break;
             }
-            let following = next.get_or_insert_with(|| StripeBuffer::take(client, n * chunk_bytes));
+            let following = next.get_or_insert_with(|| StripeBuffer::take(client, n, chunk_bytes));
             // Send this stripe while the next one is read and encoded: two stripes in flight.
             let (sent, filled) = tokio::join!(
                 fanout.send_stripe(&current, stripe_idx, offset, &placement),
-                fill_stripe(client, &codec, source, following, &mut md5)
+                fill_stripe(client, &codec, source, following, &mut md5, &mut padding)
             );
             sent?;
             filled?;
@@ -283,7 +288,7 @@ async fn upload(
             std::mem::swap(&mut current, following);
             stripe_idx += 1;
         }
-        Ok(())
+        padding.finish()
     }
     .await;
     current.give_back(client);
@@ -304,7 +309,7 @@ async fn upload(
             message: reason,
         });
     }
-    let meta = ObjectMeta {
+    let mut meta = ObjectMeta {
         format: META_FORMAT_VERSION,
         bucket: bucket.to_owned(),
         key: key.to_owned(),
@@ -318,14 +323,16 @@ async fn upload(
         modified_ms: fields.modified_ms,
         k: k as u8,
         m: erasure.m as u8,
-        chunk_bytes: map.chunk_bytes,
-        block_bytes: block_bytes(map.chunk_bytes),
+        chunk_bytes: chunk_bytes as u32,
+        block_bytes: block_bytes(chunk_bytes as u32),
         set_idx: placement.set_idx as u32,
         rotation: placement.rotation as u8,
         crcs,
         parts: Vec::new(),
+        pads: padding.pads,
     };
-    debug_assert_eq!(meta.geometry(), StripeGeometry::new(size, k, map.chunk_bytes));
+    meta.size = size - meta.pads.iter().map(|p| u64::from(p.len)).sum::<u64>();
+    debug_assert_eq!(meta.geometry(), StripeGeometry::new(size, k, chunk_bytes as u32));
     let committed = fanout.commit(&meta, condition).await?;
     let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
     Ok((ObjectInfo { meta, placement, drives, meta_positions: committed.positions }, committed.replaced_parts))
@@ -363,6 +370,31 @@ pub(crate) async fn copy_version(
     }
     let source = source.expect("a version with data is copied from a readable source");
     assert_eq!(source.meta.version, meta.version, "the copy reads the version it writes");
+    let erasure = map.pools[pool].erasure;
+    // An aligned version stays aligned where the stripes have as many data chunks.
+    let (chunk_bytes, padding) = if erasure.k == usize::from(meta.k) && !meta.pads.is_empty() {
+        (meta.chunk_bytes, Padding::new(meta.size, meta.pads.clone()))
+    } else {
+        (map.chunk_bytes, Padding::plain())
+    };
+    let (info, replaced) = rewrite(client, source, &target, chunk_bytes, padding).await?;
+    assert_eq!(info.meta.size, meta.size, "a copy has the size of its source");
+    let geometry = info.meta.geometry();
+    let written: u64 = (0..geometry.stripes).map(|stripe| geometry.chunk_len(stripe) as u64).sum();
+    Ok((info.meta, written * erasure.n() as u64, replaced))
+}
+
+/// Streams `source`'s bytes through a bounded pipe into an upload to `target` with chunks of
+/// `chunk_bytes` and `padding`, keeping the source's metadata; the commit is refused unless
+/// the bytes written have the source's MD5.
+async fn rewrite(
+    client: &Client,
+    source: &ObjectInfo,
+    target: &Target<'_>,
+    chunk_bytes: u32,
+    mut padding: Padding,
+) -> Result<(ObjectInfo, Vec<String>), Error> {
+    let meta = &source.meta;
     let fields = MetaFields {
         content_type: meta.content_type.clone(),
         user_meta: meta.user_meta.clone(),
@@ -370,7 +402,6 @@ pub(crate) async fn copy_version(
         modified_ms: meta.modified_ms,
         etag: Some(meta.etag.clone()),
     };
-    // The source version streams through a bounded pipe into the upload.
     let (mut writer, reader) = tokio::io::duplex(COPY_STEP_BYTES);
     let produce = async {
         let mut buf = vec![0u8; COPY_STEP_BYTES.min(usize::try_from(meta.size).unwrap_or(usize::MAX)).max(1)];
@@ -389,31 +420,60 @@ pub(crate) async fn copy_version(
     };
     // The reader is the upload's: it goes when the upload ends, so a failed upload ends the
     // producer's writes too instead of leaving them blocked on a full pipe.
-    let erasure = map.pools[pool].erasure;
-    let chunk_bytes = map.chunk_bytes as usize;
+    let erasure = client.erasure_at(&target.placement);
     let consume = async move {
         let mut reader = reader;
         let codec = client.codec(erasure.k, erasure.m)?;
-        let mut current = StripeBuffer::take(client, erasure.n() * chunk_bytes);
+        let mut current = StripeBuffer::take(client, erasure.n(), chunk_bytes as usize);
         let mut md5 = Md5::new();
-        if let Err(e) = fill_stripe(client, &codec, &mut reader, &mut current, &mut md5).await {
+        if let Err(e) = fill_stripe(client, &codec, &mut reader, &mut current, &mut md5, &mut padding).await {
             current.give_back(client);
             return Err(e);
         }
-        upload(client, &target, current, &mut reader, md5, &fields, CommitCondition::None).await
+        upload(client, target, current, &mut reader, md5, padding, &fields, CommitCondition::None).await
     };
     let (produced, uploaded) = tokio::join!(produce, consume);
     // A failed read ends the pipe early: the upload then has fewer bytes, its MD5 differs and
     // it fails; the read's error says more. An upload that failed first breaks the pipe.
-    let (info, replaced) = match (produced, uploaded) {
-        (_, Ok(done)) => done,
-        (Err(e), Err(_)) if !matches!(e, Error::Source(_)) => return Err(e),
-        (_, Err(e)) => return Err(e),
+    match (produced, uploaded) {
+        (_, Ok(done)) => Ok(done),
+        (Err(e), Err(_)) if !matches!(e, Error::Source(_)) => Err(e),
+        (_, Err(e)) => Err(e),
+    }
+}
+
+/// Writes `source` (the key's current version) again in the aligned layout `align`, as the
+/// version just after it: `(unix_ns, writer + 1)`, which sorts after the source and before
+/// any version a writer orders after it (those are at least 1 ns newer), with the same bytes,
+/// MD5, metadata and modification time. A concurrent PUT or delete therefore always wins, and
+/// a reader that picks either version reads the same bytes; the source stays readable until
+/// the drives retire it. `None` when there is nothing to do: a delete marker or empty object,
+/// an object already aligned, or one no layout aligns within the padding budget.
+pub(crate) async fn relayout(
+    client: &Client,
+    source: &ObjectInfo,
+    align: &crate::Alignment,
+) -> Result<Option<(ObjectInfo, Vec<String>)>, Error> {
+    let meta = &source.meta;
+    if meta.deleted || meta.size == 0 || !meta.pads.is_empty() || align.size != meta.size {
+        return Ok(None);
+    }
+    let Some(writer) = meta.version.writer.checked_add(1) else {
+        return Ok(None);
     };
-    assert_eq!(info.meta.size, meta.size, "a copy has the size of its source");
-    let geometry = info.meta.geometry();
-    let written: u64 = (0..geometry.stripes).map(|stripe| geometry.chunk_len(stripe) as u64).sum();
-    Ok((info.meta, written * erasure.n() as u64, replaced))
+    let version = VersionId { unix_ns: meta.version.unix_ns, writer };
+    let map = Arc::clone(&client.topo.map);
+    let Some(pool) = map.pool_of_set(source.placement.set_idx) else {
+        return Ok(None);
+    };
+    let placement = map.placement_in(pool, &meta.bucket, &meta.key);
+    let erasure = client.erasure_at(&placement);
+    let (chunk_bytes, padding) = Padding::plan(Some(align), erasure.k, map.chunk_bytes);
+    if padding.pads.is_empty() {
+        return Ok(None);
+    }
+    let target = Target { bucket: &meta.bucket, key: &meta.key, version, placement };
+    rewrite(client, source, &target, chunk_bytes as u32, padding).await.map(Some)
 }
 
 /// Commits a delete marker: a newer version with no data.
@@ -482,19 +542,98 @@ pub(crate) fn empty_meta(
         rotation: placement.rotation as u8,
         crcs: Vec::new(),
         parts: Vec::new(),
+        pads: Vec::new(),
+    }
+}
+
+/// Where an upload's stored stream gets the zeros of its aligned layout: the pads still to
+/// write, in order, and how many object bytes the source gave so far. No pads: the plain layout.
+struct Padding {
+    pads: Vec<Pad>,
+    /// The pad being written (or next).
+    next: usize,
+    /// Zeros of `pads[next]` written so far.
+    written: u64,
+    /// Object bytes read from the source.
+    read: u64,
+    /// The object's size the layout was planned for.
+    planned: Option<u64>,
+}
+
+impl Padding {
+    fn plain() -> Self {
+        Self { pads: Vec::new(), next: 0, written: 0, read: 0, planned: None }
+    }
+
+    fn new(size: u64, pads: Vec<Pad>) -> Self {
+        Self { pads, next: 0, written: 0, read: 0, planned: Some(size) }
+    }
+
+    /// The chunk size and padding of an upload of `align`'s object into stripes of `k` data
+    /// chunks: an aligned layout when one fits the budget, else the plain one.
+    fn plan(align: Option<&crate::Alignment>, k: usize, chunk_bytes: u32) -> (usize, Self) {
+        let layout = align.and_then(|a| proto::aligned_layout(a.size, k, chunk_bytes, &a.ranges).map(|l| (a.size, l)));
+        match layout {
+            Some((size, layout)) => (layout.chunk_bytes as usize, Self::new(size, layout.pads)),
+            None => (chunk_bytes as usize, Self::plain()),
+        }
+    }
+
+    /// Zeros due before the next object byte.
+    fn zeros_due(&self) -> u64 {
+        match self.pads.get(self.next) {
+            Some(pad) if pad.at == self.read => u64::from(pad.len) - self.written,
+            _ => 0,
+        }
+    }
+
+    fn wrote_zeros(&mut self, zeros: u64) {
+        self.written += zeros;
+        if self.written == u64::from(self.pads[self.next].len) {
+            self.next += 1;
+            self.written = 0;
+        }
+    }
+
+    /// Object bytes the source may give before the next pad (`None`: no pad is left).
+    fn bytes_before_pad(&self) -> Option<u64> {
+        self.pads.get(self.next).map(|pad| pad.at - self.read)
+    }
+
+    /// Fails an aligned upload whose source did not have the size its layout was planned for.
+    fn finish(&self) -> Result<(), Error> {
+        match self.planned {
+            Some(planned) if planned != self.read || self.next != self.pads.len() => {
+                Err(Error::Source(std::io::Error::other(format!(
+                    "the source gave {} bytes, its aligned layout was planned for {planned}: it changed during the upload",
+                    self.read
+                ))))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
 impl StripeBuffer {
     /// A stripe buffer from the client's pool (or a new one): reusing them spares each PUT the
     /// page faults of fresh multi-MiB allocations.
-    fn take(client: &Client, bytes: usize) -> Self {
-        let pooled = client.inner.stripe_buffers.lock().expect("stripe pool lock poisoned").pop();
+    /// Stripes of `n` chunks of the map's chunk size come from the client's pool; an aligned
+    /// layout's other sizes are allocated and freed.
+    fn take(client: &Client, n: usize, chunk_bytes: usize) -> Self {
+        let bytes = n * chunk_bytes;
+        let pooled = if chunk_bytes == client.topo.map.chunk_bytes as usize {
+            client.inner.stripe_buffers.lock().expect("stripe pool lock poisoned").pop()
+        } else {
+            None
+        };
         let bytes = pooled.filter(|b| b.len() == bytes).unwrap_or_else(|| vec![0u8; bytes]);
-        Self { bytes, k: 0, n: 0, data_len: 0, chunk_len: 0, crcs: Vec::new(), blocks_per_chunk: 0 }
+        Self { bytes, chunk_bytes, k: 0, n: 0, data_len: 0, chunk_len: 0, crcs: Vec::new(), blocks_per_chunk: 0 }
     }
 
     fn give_back(self, client: &Client) {
+        if self.chunk_bytes != client.topo.map.chunk_bytes as usize {
+            return;
+        }
         let mut pool = client.inner.stripe_buffers.lock().expect("stripe pool lock poisoned");
         if pool.len() < crate::STRIPE_BUFFERS_POOLED_MAX {
             pool.push(self.bytes);
@@ -511,33 +650,59 @@ impl StripeBuffer {
     }
 }
 
-/// Reads up to one stripe of object bytes, zero-pads the last data chunk, encodes parity and
-/// checksums every chunk. `data_len == 0` means the source has ended.
+/// Reads up to one stripe of the stored stream (object bytes, and the zeros of an aligned
+/// layout's pads where `padding` puts them), zero-pads the last data chunk, encodes parity and
+/// checksums every chunk; `md5` sees the object's bytes only. `data_len == 0` means the
+/// source has ended.
 async fn fill_stripe(
-    client: &Client,
+    _client: &Client,
     codec: &ec::Codec,
     source: &mut (dyn AsyncRead + Unpin + Send),
     stripe: &mut StripeBuffer,
     md5: &mut Md5,
+    padding: &mut Padding,
 ) -> Result<(), Error> {
     let (k, n) = (codec.k(), codec.n());
-    assert!(stripe.bytes.len() >= n * client.topo.map.chunk_bytes as usize, "a stripe buffer holds n chunks");
+    let chunk_bytes = stripe.chunk_bytes;
+    assert!(stripe.bytes.len() >= n * chunk_bytes, "a stripe buffer holds n chunks");
     (stripe.k, stripe.n) = (k, n);
-    let capacity = k * client.topo.map.chunk_bytes as usize;
+    let capacity = k * chunk_bytes;
     let mut filled = 0;
-    while filled < capacity {
-        let read = source.read(&mut stripe.bytes[filled..capacity]).await.map_err(Error::Source)?;
-        if read == 0 {
-            break;
+    if padding.pads.is_empty() {
+        while filled < capacity {
+            let read = source.read(&mut stripe.bytes[filled..capacity]).await.map_err(Error::Source)?;
+            if read == 0 {
+                break;
+            }
+            filled += read;
         }
-        filled += read;
+        padding.read += filled as u64;
+        md5.update(&stripe.bytes[..filled]);
+    } else {
+        while filled < capacity {
+            let zeros = padding.zeros_due().min((capacity - filled) as u64) as usize;
+            if zeros > 0 {
+                stripe.bytes[filled..filled + zeros].fill(0);
+                filled += zeros;
+                padding.wrote_zeros(zeros as u64);
+                continue;
+            }
+            let limit =
+                padding.bytes_before_pad().map_or(capacity, |b| filled + b.min((capacity - filled) as u64) as usize);
+            let read = source.read(&mut stripe.bytes[filled..limit]).await.map_err(Error::Source)?;
+            if read == 0 {
+                break;
+            }
+            md5.update(&stripe.bytes[filled..filled + read]);
+            filled += read;
+            padding.read += read as u64;
+        }
     }
     stripe.data_len = filled;
     stripe.crcs.clear();
     if filled == 0 {
         return Ok(());
     }
-    md5.update(&stripe.bytes[..filled]);
     let chunk_len = filled.div_ceil(k);
     stripe.chunk_len = chunk_len;
     // Chunks of a short stripe are packed at chunk_len spacing; zero the data padding (parity
@@ -547,7 +712,7 @@ async fn fill_stripe(
     let data: Vec<&[u8]> = data.chunks(chunk_len).collect();
     let mut parity: Vec<&mut [u8]> = parity.chunks_mut(chunk_len).collect();
     codec.encode(&data, &mut parity)?;
-    let block = block_bytes(client.topo.map.chunk_bytes) as usize;
+    let block = block_bytes(chunk_bytes as u32) as usize;
     stripe.blocks_per_chunk = chunk_len.div_ceil(block);
     for chunk_idx in 0..n {
         let chunk = &stripe.bytes[chunk_idx * chunk_len..(chunk_idx + 1) * chunk_len];
@@ -687,8 +852,7 @@ impl<'a> Fanout<'a> {
     ) -> Result<(), Error> {
         let timeout = self.client.inner.options.request_timeout;
         let (bucket, version) = (self.bucket, self.version);
-        let target =
-            ChunkTarget { bucket, version, offset, block_bytes: block_bytes(self.client.topo.map.chunk_bytes) };
+        let target = ChunkTarget { bucket, version, offset, block_bytes: block_bytes(stripe.chunk_bytes as u32) };
         let target = &target;
         let sends = self.conns.iter_mut().zip(&self.drives).enumerate().map(|(position, (conn, drive))| {
             let chunk_idx = placement.chunk_at(stripe_idx, position);

@@ -176,6 +176,7 @@ impl ObjectInfo {
             return None;
         }
         let geometry = self.meta.geometry();
+        let offset = self.meta.stored_offset(offset);
         let stripe = offset / geometry.stripe_bytes();
         let chunk_len = geometry.chunk_len(stripe) as u64;
         let chunk = ((offset - geometry.stripe_offset(stripe)) / chunk_len) as usize;

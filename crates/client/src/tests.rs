@@ -21,6 +21,7 @@ fn meta(version: u64) -> ObjectMeta {
         rotation: 0,
         crcs: Vec::new(),
         parts: Vec::new(),
+        pads: Vec::new(),
     }
 }
 

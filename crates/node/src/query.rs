@@ -364,21 +364,24 @@ impl SourceInner {
         let geometry = meta.geometry();
         let block = u64::from(meta.block_bytes);
         let mut out = Vec::with_capacity((range.end - range.start) as usize);
-        let mut at = range.start;
-        while at < range.end {
-            let stripe = at / geometry.stripe_bytes();
-            let in_stripe = at - geometry.stripe_offset(stripe);
-            let chunk_len = geometry.chunk_len(stripe) as u64;
-            let chunk = (in_stripe / chunk_len) as usize;
-            let offset = in_stripe % chunk_len;
-            let take = (range.end - at).min(chunk_len - offset);
-            // Whole checksum blocks, so the bytes can be verified.
-            let start = offset / block * block;
-            let end = (offset + take).div_ceil(block).saturating_mul(block).min(chunk_len);
-            let piece = self.chunk_range(layout, stripe, chunk, start..end, counters)?;
-            let from = (offset - start) as usize;
-            out.extend_from_slice(&piece[from..from + take as usize]);
-            at += take;
+        // An aligned object's bytes lie in stretches of its stored stream, between pads.
+        for stored in meta.stored_ranges(range) {
+            let mut at = stored.start;
+            while at < stored.end {
+                let stripe = at / geometry.stripe_bytes();
+                let in_stripe = at - geometry.stripe_offset(stripe);
+                let chunk_len = geometry.chunk_len(stripe) as u64;
+                let chunk = (in_stripe / chunk_len) as usize;
+                let offset = in_stripe % chunk_len;
+                let take = (stored.end - at).min(chunk_len - offset);
+                // Whole checksum blocks, so the bytes can be verified.
+                let start = offset / block * block;
+                let end = (offset + take).div_ceil(block).saturating_mul(block).min(chunk_len);
+                let piece = self.chunk_range(layout, stripe, chunk, start..end, counters)?;
+                let from = (offset - start) as usize;
+                out.extend_from_slice(&piece[from..from + take as usize]);
+                at += take;
+            }
         }
         Ok(Bytes::from(out))
     }

@@ -31,10 +31,12 @@
 //! stream.write_all(&body)?;
 //! ```
 
+mod layout;
 mod meta;
 mod names;
 
-pub use meta::{META_FORMAT_VERSION, ObjectMeta, PartPiece, StripeGeometry};
+pub use layout::{ALIGN_CHUNK_STEP, ALIGN_PAD_BASIS_POINTS_MAX, AlignedLayout, aligned_count, aligned_layout};
+pub use meta::{META_FORMAT_VERSION, ObjectMeta, PADS_MAX, Pad, PartPiece, StripeGeometry};
 pub use names::{KEY_BYTES_MAX, NameError, validate_bucket, validate_key};
 
 use hmac::{Hmac, Mac};
@@ -46,9 +48,9 @@ use sha2::Sha256;
 /// version 3 drive replacement, per-key "unavailable" and truncation flags, scrub and rebuild
 /// status; version 4 the cluster id and map version in the handshake, stale-map refusals and
 /// map updates; version 5 drive space (`Request::Space`); version 6 moving keys off a pool
-/// (`Request::Evict`). postcard encodes enum variants by
+/// (`Request::Evict`); version 7 the aligned layout (`ObjectMeta::pads`, metadata format 2). postcard encodes enum variants by
 /// index and structs by position: any change to a message bumps this.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 /// First four bytes of every frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"TSR1";
 /// Bytes of a frame header.

@@ -5,8 +5,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::{CHUNK_BYTES_MAX, Error, VersionId};
 
-/// Version of the [`ObjectMeta`] record; readers refuse others.
-pub const META_FORMAT_VERSION: u16 = 1;
+/// Version of the [`ObjectMeta`] record. Version 2 added [`ObjectMeta::pads`]; a version 1
+/// record (stored by an older build) is still read ([`ObjectMeta::decode_stored`]); readers
+/// refuse others.
+pub const META_FORMAT_VERSION: u16 = 2;
+
+/// Most pads one record may carry (one per row group of an aligned object, and one at the end).
+pub const PADS_MAX: usize = 1 << 16;
 
 /// One object version: identity, size, erasure layout and a CRC32C per chunk.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -41,6 +46,44 @@ pub struct ObjectMeta {
     /// A multipart object: its parts in order, each an erasure-coded piece of its own (written
     /// by UploadPart, never copied). Empty for a single-piece object.
     pub parts: Vec<PartPiece>,
+    /// The aligned layout (format 2): zero bytes stored before some object offsets, so that
+    /// chosen byte ranges (Parquet row groups) each lie inside one data chunk. The stored
+    /// stream, which stripes and checksums cover, is the object's bytes with these zeros
+    /// inserted; empty for the plain layout (and for multipart objects). See
+    /// [`crate::aligned_layout`].
+    pub pads: Vec<Pad>,
+}
+
+/// `len` zero bytes stored before object byte `at` (`at == size`: after the last byte).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Pad {
+    pub at: u64,
+    pub len: u32,
+}
+
+/// The record as format 1 stored it: [`ObjectMeta`] without `pads`. postcard encodes structs
+/// by position, so a record written before pads existed decodes only as this.
+#[derive(Deserialize)]
+struct ObjectMetaV1 {
+    format: u16,
+    bucket: String,
+    key: String,
+    version: VersionId,
+    deleted: bool,
+    size: u64,
+    etag: String,
+    content_type: String,
+    user_meta: Vec<(String, String)>,
+    headers: Vec<(String, String)>,
+    modified_ms: u64,
+    k: u8,
+    m: u8,
+    chunk_bytes: u32,
+    set_idx: u32,
+    rotation: u8,
+    block_bytes: u32,
+    crcs: Vec<u32>,
+    parts: Vec<PartPiece>,
 }
 
 /// One part of a multipart object: where its piece is and how to verify it. The piece has the
@@ -60,6 +103,76 @@ pub struct PartPiece {
 }
 
 impl ObjectMeta {
+    /// Decodes a record read from a drive: the current format, or format 1 (no pads: the plain
+    /// layout), which comes back as the current format.
+    pub fn decode_stored(bytes: &[u8]) -> Result<Self, Error> {
+        const WHAT: &str = "stored object metadata";
+        let (format, _) =
+            postcard::take_from_bytes::<u16>(bytes).map_err(|source| Error::Decode { what: WHAT, source })?;
+        if format != 1 {
+            return crate::decode_message(bytes, WHAT);
+        }
+        let old: ObjectMetaV1 = crate::decode_message(bytes, WHAT)?;
+        assert_eq!(old.format, 1);
+        Ok(Self {
+            format: META_FORMAT_VERSION,
+            bucket: old.bucket,
+            key: old.key,
+            version: old.version,
+            deleted: old.deleted,
+            size: old.size,
+            etag: old.etag,
+            content_type: old.content_type,
+            user_meta: old.user_meta,
+            headers: old.headers,
+            modified_ms: old.modified_ms,
+            k: old.k,
+            m: old.m,
+            chunk_bytes: old.chunk_bytes,
+            set_idx: old.set_idx,
+            rotation: old.rotation,
+            block_bytes: old.block_bytes,
+            crcs: old.crcs,
+            parts: old.parts,
+            pads: Vec::new(),
+        })
+    }
+
+    /// Bytes of the stored stream: the object's bytes and its pads.
+    pub fn stored_size(&self) -> u64 {
+        self.size + self.pads.iter().map(|p| u64::from(p.len)).sum::<u64>()
+    }
+
+    /// Where object byte `offset` lies in the stored stream (`offset == size`: its end).
+    pub fn stored_offset(&self, offset: u64) -> u64 {
+        offset + self.pads.iter().take_while(|p| p.at <= offset).map(|p| u64::from(p.len)).sum::<u64>()
+    }
+
+    /// The stored ranges that hold object bytes `range`, in order: one per stretch between
+    /// pads. Their lengths add up to the range's.
+    pub fn stored_ranges(&self, range: std::ops::Range<u64>) -> Vec<std::ops::Range<u64>> {
+        assert!(range.start <= range.end && range.end <= self.size, "a range inside the object");
+        let mut out = Vec::new();
+        let mut at = range.start;
+        let mut shift = 0u64;
+        for pad in &self.pads {
+            if pad.at <= at {
+                shift += u64::from(pad.len);
+                continue;
+            }
+            if pad.at >= range.end {
+                break;
+            }
+            out.push(at + shift..pad.at + shift);
+            at = pad.at;
+            shift += u64::from(pad.len);
+        }
+        if at < range.end || out.is_empty() {
+            out.push(at + shift..range.end + shift);
+        }
+        out
+    }
+
     /// Chunks per stripe.
     pub fn n(&self) -> usize {
         usize::from(self.k) + usize::from(self.m)
@@ -88,9 +201,9 @@ impl ObjectMeta {
         if self.has_data_file() || !self.parts.is_empty() { usize::from(self.k) } else { marker_quorum }
     }
 
-    /// The stripe geometry implied by size, k and chunk size.
+    /// The stripe geometry of the stored stream (size with pads, k and chunk size).
     pub fn geometry(&self) -> StripeGeometry {
-        StripeGeometry::new(self.size, usize::from(self.k), self.chunk_bytes)
+        StripeGeometry::new(self.stored_size(), usize::from(self.k), self.chunk_bytes)
     }
 
     /// Checksum blocks in each chunk of stripe `stripe_idx` (the last block may be short).
@@ -132,8 +245,9 @@ impl ObjectMeta {
         if self.block_bytes == 0 || self.block_bytes > self.chunk_bytes {
             return invalid(format!("block_bytes {} not in 1..=chunk_bytes", self.block_bytes));
         }
+        self.validate_pads()?;
         let single_piece = !self.deleted && self.parts.is_empty();
-        let expected = if single_piece { self.checksums_for(self.size) } else { 0 };
+        let expected = if single_piece { self.checksums_for(self.stored_size()) } else { 0 };
         if self.crcs.len() as u128 != expected {
             return invalid(format!("{} checksums, the layout needs {expected}", self.crcs.len()));
         }
@@ -146,6 +260,32 @@ impl ObjectMeta {
         }
         if !self.parts.is_empty() && total != self.size {
             return invalid(format!("parts hold {total} bytes, the object {}", self.size));
+        }
+        Ok(())
+    }
+
+    /// Pads belong to a version with a data file, lie in strictly increasing order inside the
+    /// object, are not empty, and add up to less than a full stripe per pad.
+    fn validate_pads(&self) -> Result<(), Error> {
+        if self.pads.is_empty() {
+            return Ok(());
+        }
+        let invalid = |reason: String| Err(Error::Invalid { what: "object metadata", reason });
+        if !self.has_data_file() {
+            return invalid("pads on a version without a data file".into());
+        }
+        if self.pads.len() > PADS_MAX {
+            return invalid(format!("{} pads (at most {PADS_MAX})", self.pads.len()));
+        }
+        let mut previous: Option<u64> = None;
+        for pad in &self.pads {
+            if pad.len == 0 || pad.len > self.chunk_bytes.saturating_mul(u32::from(self.k)) || pad.at > self.size {
+                return invalid(format!("pad of {} bytes at {}", pad.len, pad.at));
+            }
+            if previous.is_some_and(|p| p >= pad.at) {
+                return invalid(format!("pads out of order at {}", pad.at));
+            }
+            previous = Some(pad.at);
         }
         Ok(())
     }

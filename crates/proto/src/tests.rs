@@ -23,6 +23,7 @@ fn meta(size: u64, k: u8, m: u8, chunk_bytes: u32) -> ObjectMeta {
         rotation: 1,
         crcs: vec![0; geometry.stripes as usize * usize::from(k + m)],
         parts: Vec::new(),
+        pads: Vec::new(),
     }
 }
 
@@ -343,4 +344,177 @@ fn positions_outside_any_set_are_refused() {
     assert!(decode_request(&encode_body(&finalize(vec![0, 5]))).is_ok());
     assert!(matches!(decode_request(&encode_body(&finalize(vec![cluster::N_MAX as u32]))), Err(Error::Invalid { .. })));
     assert!(matches!(decode_request(&encode_body(&finalize(vec![1; cluster::N_MAX + 1]))), Err(Error::Invalid { .. })));
+}
+
+/// A format 1 record: the current fields without `pads`, in order (postcard is positional).
+#[derive(Serialize)]
+struct MetaV1<'a> {
+    format: u16,
+    bucket: &'a str,
+    key: &'a str,
+    version: VersionId,
+    deleted: bool,
+    size: u64,
+    etag: &'a str,
+    content_type: &'a str,
+    user_meta: &'a [(String, String)],
+    headers: &'a [(String, String)],
+    modified_ms: u64,
+    k: u8,
+    m: u8,
+    chunk_bytes: u32,
+    set_idx: u32,
+    rotation: u8,
+    block_bytes: u32,
+    crcs: &'a [u32],
+    parts: &'a [PartPiece],
+}
+
+#[test]
+fn format_1_records_stay_readable_as_the_plain_layout() {
+    let current = meta(100_000, 4, 2, 8192);
+    let old = MetaV1 {
+        format: 1,
+        bucket: &current.bucket,
+        key: &current.key,
+        version: current.version,
+        deleted: false,
+        size: current.size,
+        etag: &current.etag,
+        content_type: &current.content_type,
+        user_meta: &current.user_meta,
+        headers: &current.headers,
+        modified_ms: current.modified_ms,
+        k: current.k,
+        m: current.m,
+        chunk_bytes: current.chunk_bytes,
+        set_idx: current.set_idx,
+        rotation: current.rotation,
+        block_bytes: current.block_bytes,
+        crcs: &current.crcs,
+        parts: &current.parts,
+    };
+    let bytes = postcard::to_allocvec(&old).unwrap();
+    let decoded = ObjectMeta::decode_stored(&bytes).unwrap();
+    assert_eq!(decoded, current);
+    assert!(decoded.validate().is_ok());
+    // The current format round-trips; a format 1 record is not a current one on the wire.
+    let stored = postcard::to_allocvec(&current).unwrap();
+    assert_eq!(ObjectMeta::decode_stored(&stored).unwrap(), current);
+    assert!(decode_message::<ObjectMeta>(&bytes, "meta").is_err());
+    assert!(ObjectMeta::decode_stored(&bytes[..bytes.len() - 1]).is_err());
+}
+
+/// A record of the stored stream `pads` make of `size` object bytes.
+fn padded_meta(size: u64, k: u8, chunk_bytes: u32, pads: Vec<Pad>) -> ObjectMeta {
+    let mut record = meta(size, k, 2, chunk_bytes);
+    record.pads = pads;
+    let geometry = record.geometry();
+    record.crcs = vec![0; geometry.stripes as usize * record.n()];
+    record
+}
+
+#[test]
+fn stored_ranges_skip_the_pads() {
+    let record =
+        padded_meta(100, 2, 4096, vec![Pad { at: 10, len: 5 }, Pad { at: 30, len: 7 }, Pad { at: 100, len: 9 }]);
+    assert!(record.validate().is_ok());
+    assert_eq!(record.stored_size(), 121);
+    assert_eq!(record.stored_offset(0), 0);
+    assert_eq!(record.stored_offset(10), 15);
+    assert_eq!(record.stored_offset(29), 34);
+    assert_eq!(record.stored_offset(30), 42);
+    assert_eq!(record.stored_offset(100), 121);
+    assert_eq!(record.stored_ranges(0..100), vec![0..10, 15..35, 42..112]);
+    assert_eq!(record.stored_ranges(10..30), vec![15..35]);
+    assert_eq!(record.stored_ranges(5..12), vec![5..10, 15..17]);
+    assert_eq!(record.stored_ranges(40..40), vec![52..52]);
+    assert_eq!(record.stored_ranges(99..100), vec![111..112]);
+}
+
+#[test]
+fn bad_pads_are_refused() {
+    let check = |pads: Vec<Pad>| padded_meta(100, 2, 4096, pads).validate();
+    assert!(check(vec![Pad { at: 10, len: 0 }]).is_err(), "an empty pad");
+    assert!(check(vec![Pad { at: 101, len: 1 }]).is_err(), "past the end");
+    assert!(check(vec![Pad { at: 10, len: 1 }, Pad { at: 10, len: 1 }]).is_err(), "twice at one offset");
+    assert!(check(vec![Pad { at: 20, len: 1 }, Pad { at: 10, len: 1 }]).is_err(), "out of order");
+    assert!(check(vec![Pad { at: 10, len: 2 * 4096 + 1 }]).is_err(), "longer than a stripe");
+    assert!(check(vec![Pad { at: 100, len: 2 * 4096 }]).is_ok());
+    let mut marker = padded_meta(100, 2, 4096, vec![Pad { at: 10, len: 1 }]);
+    marker.deleted = true;
+    marker.crcs.clear();
+    assert!(marker.validate().is_err(), "pads on a delete marker");
+    // The checksums must cover the stored stream, pads included.
+    let mut short = padded_meta(8000, 2, 4096, vec![Pad { at: 8000, len: 4096 }]);
+    short.crcs.truncate(short.crcs.len() - 1);
+    assert!(short.validate().is_err());
+}
+
+#[test]
+fn row_groups_of_the_benchmark_shape_align_under_one_percent() {
+    // 12 row groups of ~11.7 MB (a 6.25M-row particle file, 512Ki rows per group) at 4+2.
+    let mut ranges = Vec::new();
+    let mut at = 4u64;
+    for g in 0..12u64 {
+        let len = if g == 11 { 10_800_000 } else { 11_700_000 + g * 3_000 };
+        ranges.push(at..at + len);
+        at += len;
+    }
+    let size = at + 9_000;
+    let layout = aligned_layout(size, 4, 1 << 20, &ranges).expect("aligns");
+    assert_eq!(layout.aligned, 12);
+    assert!(layout.pad_bytes() * 100 <= size, "{} bytes of pads", layout.pad_bytes());
+    assert_eq!(layout.chunk_bytes % ALIGN_CHUNK_STEP, 0);
+    // A small file stays plain: a stripe of padding would cost more than the budget.
+    assert_eq!(aligned_layout(3_000_000, 4, 1 << 20, &[4..1_000_000, 1_000_000..2_999_000]), None);
+    // Ranges out of order or outside the object are not a layout's input.
+    assert_eq!(aligned_layout(size, 4, 1 << 20, &[ranges[1].clone(), ranges[0].clone()]), None);
+    assert_eq!(aligned_layout(100, 4, 1 << 20, &[0..50, 60..200]), None);
+}
+
+proptest! {
+    #[test]
+    fn aligned_layouts_hold_their_promises(
+        lens in proptest::collection::vec(1u64..3_000_000, 1..40),
+        gap in 0u64..5_000,
+        k in 1usize..7,
+        chunk_pow in 16u32..22,
+    ) {
+        let mut ranges = Vec::new();
+        let mut at = 4u64;
+        for len in &lens {
+            ranges.push(at..at + len);
+            at += len + gap;
+        }
+        let size = at + 1_000;
+        let chunk_min = 1u32 << chunk_pow;
+        if let Some(layout) = aligned_layout(size, k, chunk_min, &ranges) {
+            prop_assert!(layout.pad_bytes() <= size / 10_000 * ALIGN_PAD_BASIS_POINTS_MAX);
+            prop_assert!(layout.chunk_bytes >= chunk_min.min(CHUNK_BYTES_MAX as u32));
+            prop_assert!(layout.chunk_bytes as usize <= CHUNK_BYTES_MAX);
+            prop_assert!(layout.aligned >= 1 && layout.aligned <= ranges.len());
+            let record = padded_meta(size, k as u8, layout.chunk_bytes, layout.pads.clone());
+            prop_assert!(record.validate().is_ok());
+            // Count again from the record: each aligned range's stored bytes lie in one chunk.
+            let geometry = record.geometry();
+            let mut counted = 0;
+            for r in &ranges {
+                let stored = record.stored_ranges(r.clone());
+                let (first, last) = (stored[0].start, stored.last().unwrap().end - 1);
+                let chunk = |o: u64| {
+                    let s = o / geometry.stripe_bytes();
+                    (s, (o - geometry.stripe_offset(s)) / geometry.chunk_len(s) as u64)
+                };
+                if stored.len() == 1 && chunk(first) == chunk(last) {
+                    counted += 1;
+                }
+            }
+            prop_assert_eq!(counted, layout.aligned);
+            // The stretches of the whole object add up to it and never overlap a pad.
+            let whole = record.stored_ranges(0..size);
+            prop_assert_eq!(whole.iter().map(|r| r.end - r.start).sum::<u64>(), size);
+            prop_assert!(whole.windows(2).all(|w| w[0].end < w[1].start));
+        }
+    }
 }

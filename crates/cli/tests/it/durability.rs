@@ -52,6 +52,7 @@ fn hand_meta(map: &cluster::ClusterMap, bucket: &str, key: &str, version: Versio
         rotation: placement.rotation as u8,
         crcs: vec![0; blocks * (k + m)],
         parts: Vec::new(),
+        pads: Vec::new(),
     }
 }
 
