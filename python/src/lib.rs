@@ -100,6 +100,21 @@ impl ObjectInfo {
     fn size(&self) -> u64 {
         self.inner.meta.size
     }
+    /// Bytes of the stream the chunks hold: the size, plus the zeros of an aligned layout.
+    #[getter]
+    fn stored_size(&self) -> u64 {
+        self.inner.meta.stored_size()
+    }
+    /// Bytes per chunk (the cluster's, or the aligned layout's).
+    #[getter]
+    fn chunk_bytes(&self) -> u32 {
+        self.inner.meta.chunk_bytes
+    }
+    /// "aligned" (each Parquet row group inside one chunk) or "plain".
+    #[getter]
+    fn layout(&self) -> &'static str {
+        if self.inner.meta.pads.is_empty() { "plain" } else { "aligned" }
+    }
     #[getter]
     fn etag(&self) -> &str {
         &self.inner.meta.etag
@@ -292,8 +307,10 @@ impl RawClient {
         }
     }
 
-    /// Writes `data` (any bytes-like object) as `bucket/key`, without copying it.
-    #[pyo3(signature = (bucket, key, data, content_type, user_meta))]
+    /// Writes `data` (any bytes-like object) as `bucket/key`, without copying it; a Parquet
+    /// file in the aligned layout when `align`.
+    #[pyo3(signature = (bucket, key, data, content_type, user_meta, align=true))]
+    #[allow(clippy::too_many_arguments)]
     fn put(
         &self,
         py: Python<'_>,
@@ -302,10 +319,14 @@ impl RawClient {
         data: &Bound<'_, PyAny>,
         content_type: Option<String>,
         user_meta: Vec<(String, String)>,
+        align: bool,
     ) -> PyResult<ObjectInfo> {
         let source = Readable::get(data)?;
         let bytes = source.as_slice();
-        let options = put_options(content_type, user_meta);
+        let mut options = put_options(content_type, user_meta);
+        if align {
+            options.align = py.detach(|| ::query::layout::parquet_alignment_of(bytes));
+        }
         let info = self.block(py, |c| async move { c.put_bytes(&bucket, &key, bytes, &options).await })?;
         Ok(info.into())
     }

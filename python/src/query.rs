@@ -113,6 +113,7 @@ impl QueryCursor {
         dict.set_item("node_requests", c.node_requests.load(Ordering::Relaxed))?;
         dict.set_item("result_bytes", c.result_bytes.load(Ordering::Relaxed))?;
         dict.set_item("node_read_bytes", c.node_read_bytes.load(Ordering::Relaxed))?;
+        dict.set_item("node_peer_bytes", c.node_peer_bytes.load(Ordering::Relaxed))?;
         dict.set_item("client_row_groups", c.client_row_groups.load(Ordering::Relaxed))?;
         dict.set_item("client_read_bytes", c.client_read_bytes.load(Ordering::Relaxed))?;
         dict.set_item("bytes_to_client", c.bytes_to_client())?;

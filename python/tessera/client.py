@@ -155,14 +155,19 @@ class Client:
 
     # Writes --------------------------------------------------------------------------------
 
-    def put(self, bucket: str, key: str, data: Any, *, content_type: str | None = None, metadata: dict | None = None) -> ObjectInfo:
+    def put(self, bucket: str, key: str, data: Any, *, content_type: str | None = None, metadata: dict | None = None,
+            align: bool = True) -> ObjectInfo:
         """Writes ``data`` as ``bucket/key``: bytes or any buffer (no copy), or a binary file
-        object (streamed with bounded memory). Returns the new object's ``ObjectInfo``."""
+        object (streamed with bounded memory). Returns the new object's ``ObjectInfo``.
+
+        Bytes holding a Parquet file are stored in the aligned layout (each row group inside
+        one chunk, at most 1% more stored bytes) so that queries read every row group on the
+        node that holds it; ``align=False`` stores them plain. A file object streams plain."""
         if hasattr(data, "read") and not isinstance(data, (bytes, bytearray, memoryview)):
             return self._put_stream(bucket, key, data, content_type, metadata)
         if isinstance(data, str):
             raise TypeError("put() needs bytes or a binary file, not str (encode it first)")
-        return self._raw.put(bucket, key, data, content_type, _meta(metadata))
+        return self._raw.put(bucket, key, data, content_type, _meta(metadata), align)
 
     def _put_stream(self, bucket: str, key: str, source: BinaryIO, content_type, metadata) -> ObjectInfo:
         writer = self._raw.writer(bucket, key, content_type, _meta(metadata))

@@ -91,3 +91,29 @@ def test_bad_queries_raise_query_error(client, particles):
         client.query(f"SELECT * FROM '{bucket}/not-parquet.csv'")
     with pytest.raises((tessera.NoSuchBucket, tessera.NotFound)):
         client.query("SELECT * FROM 'no-such-bucket-here/x.parquet'")
+
+
+def test_parquet_bytes_are_stored_aligned_and_query_the_same(client):
+    bucket = "query-aligned"
+    client.make_bucket(bucket)
+    ids = pa.array(range(16 * 65_536), pa.int64())
+    table = pa.table({"id": ids, "ke": pc.divide(pc.cast(ids, pa.float64()), 1000.0)})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=65_536, use_dictionary=False, compression="none")
+    data = sink.getvalue()
+    aligned = client.put(bucket, "a/t.parquet", data)
+    plain = client.put(bucket, "p/t.parquet", data, align=False)
+    assert (aligned.layout, plain.layout) == ("aligned", "plain")
+    assert aligned.size == plain.size == plain.stored_size == len(data)
+    # Row groups each inside one chunk cost at most 1% more stored bytes.
+    assert aligned.size < aligned.stored_size <= aligned.size * 101 // 100
+    assert client.get(bucket, "a/t.parquet") == data
+    assert client.get(bucket, "a/t.parquet", range=(1_000_000, 3_000_000)) == data[1_000_000:3_000_000]
+    sql = "SELECT count(*) AS n, sum(id) AS s, max(ke) AS top FROM '{}' WHERE ke > 700.5"
+    got = client.query(sql.format(f"{bucket}/a/"))
+    assert got.equals(client.query(sql.format(f"{bucket}/p/")))
+    expected = table.filter(pc.greater(table["ke"], 700.5))
+    assert got.column("n").to_pylist() == [expected.num_rows]
+    assert got.column("s").to_pylist() == [pc.sum(expected["id"]).as_py()]
+    # Bytes that are not Parquet are stored plain, whatever align says.
+    assert client.put(bucket, "x.bin", b"PAR1" + b"\0" * 100).layout == "plain"

@@ -93,6 +93,11 @@ pub(crate) struct GatewayArgs {
     multipart_expiry: Duration,
     #[arg(long, default_value = "1h", value_parser = positive_duration)]
     multipart_check_interval: Duration,
+    /// Object bytes per second the gateway rewrites in the background to store uploaded
+    /// Parquet objects (`*.parquet`) in the aligned layout, each row group inside one chunk, so
+    /// that queries read every row group on one node; 0 turns it off.
+    #[arg(long, default_value = "64MiB", value_parser = crate::size::parse_bytes)]
+    relayout_rate: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -488,7 +493,8 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let client = client::Client::new(map, client::ClientOptions::default()).context("create the cluster client")?;
         let sigv2 = if args.allow_sigv2 { s3::SigV2::Allowed } else { s3::SigV2::Refused };
-        let config = s3::GatewayConfig { listen: args.listen, access_key, secret_key, sigv2 };
+        let config =
+            s3::GatewayConfig { listen: args.listen, access_key, secret_key, sigv2, relayout_rate: args.relayout_rate };
         tokio::spawn(expire_uploads(client.clone(), args.multipart_expiry, args.multipart_check_interval));
         let gateway = s3::Gateway::bind(client, config).await.context("start the S3 gateway")?;
         tracing::info!("S3 gateway listening on http://{}", gateway.local_addr()?);

@@ -11,6 +11,7 @@ mod object_cmd;
 mod pool_cmd;
 mod pool_move;
 mod query_cmd;
+mod relayout_cmd;
 mod repair_cmd;
 mod s3_load;
 mod size;
@@ -72,6 +73,9 @@ enum Command {
     Pool(pool_cmd::PoolArgs),
     /// Run SQL over Parquet objects, with filters and projections evaluated on the storage nodes.
     Query(query_cmd::QueryArgs),
+    /// Store the Parquet objects of BUCKET[/PREFIX] in the aligned layout (each row group inside
+    /// one chunk, so queries read it on one node), at a paced rate; objects stay readable.
+    Relayout(relayout_cmd::RelayoutArgs),
 }
 
 fn main() -> ExitCode {
@@ -129,6 +133,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Map(args) => map_cmd::run(&args),
         Command::Pool(args) => pool_cmd::run(&args),
         Command::Query(args) => query_cmd::run(&args),
+        Command::Relayout(args) => relayout_cmd::run(&args),
     }
 }
 

@@ -44,6 +44,11 @@ pub(crate) struct PutArgs {
     /// Content-Type stored with the object.
     #[arg(long)]
     content_type: Option<String>,
+    /// Store a Parquet file in the plain layout: by default each of its row groups is stored
+    /// inside one chunk (the aligned layout, at most 1% more bytes), so a query's node reads
+    /// it from its own drive.
+    #[arg(long)]
+    no_align: bool,
     #[command(flatten)]
     config: ConfigArg,
 }
@@ -165,13 +170,22 @@ impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
 async fn put(args: &PutArgs) -> anyhow::Result<()> {
     let (bucket, key) = split_path(&args.path)?;
     let client = connect(&args.config)?;
-    let options = PutOptions { content_type: args.content_type.clone(), ..PutOptions::default() };
+    let mut options = PutOptions { content_type: args.content_type.clone(), ..PutOptions::default() };
     let info = if args.file == Path::new("-") {
         let mut source = tokio::io::stdin();
         client.put(bucket, key, &mut source, &options).await?
     } else {
         let file = tokio::fs::File::open(&args.file).await.with_context(|| format!("open {}", args.file.display()))?;
         let size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+        if !args.no_align {
+            let std_file = file.try_clone().await.with_context(|| format!("open {}", args.file.display()))?;
+            let std_file = std_file.into_std().await;
+            options.align = query::layout::parquet_alignment(size, &mut |offset, len| {
+                let mut buf = vec![0u8; len];
+                std::os::unix::fs::FileExt::read_exact_at(&std_file, &mut buf, offset)?;
+                Ok(buf)
+            });
+        }
         let bar = progress_bar(size, "put");
         let mut source = Counted { inner: file, bar: bar.clone() };
         let info = client.put(bucket, key, &mut source, &options).await?;
@@ -313,6 +327,17 @@ async fn stat(args: &ObjectArgs) -> anyhow::Result<()> {
         geometry.stripes
     );
     println!("erasure set:  {} (rotation {})", meta.set_idx, meta.rotation);
+    if meta.pads.is_empty() {
+        println!("layout:       plain");
+    } else {
+        let padding = meta.stored_size() - meta.size;
+        println!(
+            "layout:       aligned ({} pads, {} of zeros stored, {:.2}% of the object)",
+            meta.pads.len(),
+            format_bytes(padding),
+            padding as f64 * 100.0 / meta.size as f64
+        );
+    }
     println!("chunks:");
     print!("{}", client::describe_layout(&info));
     Ok(())

@@ -114,10 +114,11 @@ pub(crate) fn run(args: &QueryArgs) -> anyhow::Result<()> {
         if args.stats {
             let c = &started.counters;
             eprintln!(
-                "{rows} rows; {} node requests; {} result bytes from nodes; nodes read {} bytes; client read {} bytes for {} row groups; {} heartbeats",
+                "{rows} rows; {} node requests; {} result bytes from nodes; nodes read {} bytes ({} from peers); client read {} bytes for {} row groups; {} heartbeats",
                 c.node_requests.load(Ordering::Relaxed),
                 c.result_bytes.load(Ordering::Relaxed),
                 c.node_read_bytes.load(Ordering::Relaxed),
+                c.node_peer_bytes.load(Ordering::Relaxed),
                 c.client_read_bytes.load(Ordering::Relaxed),
                 c.client_row_groups.load(Ordering::Relaxed),
                 c.heartbeats.load(Ordering::Relaxed),

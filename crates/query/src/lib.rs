@@ -12,6 +12,7 @@
 //! its degraded read.
 
 mod aggregate;
+pub mod layout;
 mod plan;
 pub mod select;
 mod source;
@@ -92,6 +93,9 @@ pub struct QueryCounters {
     pub result_bytes: AtomicU64,
     /// Bytes nodes read from their drives and peers to answer.
     pub node_read_bytes: AtomicU64,
+    /// Of those, the bytes nodes read from their peers (row groups that cross chunks of
+    /// other drives, ranges rebuilt from a stripe).
+    pub node_peer_bytes: AtomicU64,
     /// Row groups the client evaluated itself, and the object bytes it read for them.
     pub client_row_groups: AtomicU64,
     pub client_read_bytes: AtomicU64,

@@ -475,6 +475,7 @@ impl Fragment {
             self.counters.heartbeats.fetch_add(reply.heartbeats(), Ordering::Relaxed);
             let stats = reply.stats().unwrap_or_default();
             self.counters.node_read_bytes.fetch_add(stats.local_bytes + stats.peer_bytes, Ordering::Relaxed);
+            self.counters.node_peer_bytes.fetch_add(stats.peer_bytes, Ordering::Relaxed);
             if self.spec.count_only && stats.rows > 0 {
                 let options = RecordBatchOptions::new().with_row_count(Some(stats.rows as usize));
                 let batch = RecordBatch::try_new_with_options(Arc::new(Schema::empty()), vec![], &options)

@@ -1,0 +1,131 @@
+//! `tessera relayout BUCKET[/PREFIX]`: stores the Parquet objects that stock S3 clients uploaded
+//! (plain, or in parts) again in the aligned layout, each row group inside one chunk, at a
+//! paced byte rate. Each object stays readable throughout: the aligned copy is a new version
+//! just after it ([`client::Client::relayout`]), and a PUT or delete that comes meanwhile wins.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::ConfigArg;
+use crate::object_cmd::connect;
+use crate::size::{format_bytes, parse_bytes};
+
+/// Keys per listing request.
+const LIST_PAGE: u32 = 1000;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct RelayoutArgs {
+    /// BUCKET or BUCKET/PREFIX: every Parquet object under it.
+    path: String,
+    /// Object bytes rewritten per second, at most (e.g. 50MiB); 0 for no limit.
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    rate: u64,
+    /// Only say what would be rewritten.
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    config: ConfigArg,
+}
+
+/// What happened to the objects of one run.
+#[derive(Default)]
+struct Tally {
+    relaid: u64,
+    aligned_already: u64,
+    not_parquet: u64,
+    not_alignable: u64,
+    changed: u64,
+    bytes: u64,
+    padding: u64,
+}
+
+pub(crate) fn run(args: &RelayoutArgs) -> anyhow::Result<()> {
+    crate::init_logging("warn");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(relayout(args))
+}
+
+async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
+    let client = connect(&args.config)?;
+    let (bucket, prefix) = args.path.split_once('/').unwrap_or((args.path.as_str(), ""));
+    let started = Instant::now();
+    let mut tally = Tally::default();
+    let mut start_after = String::new();
+    loop {
+        let page = client.list(bucket, prefix, &start_after, LIST_PAGE).await?;
+        for entry in &page.entries {
+            let info = match client.head(bucket, &entry.key).await {
+                Ok(info) => info,
+                Err(client::Error::NotFound { .. }) => {
+                    tally.changed += 1;
+                    continue;
+                }
+                Err(e) => return Err(e).with_context(|| format!("head {bucket}/{}", entry.key)),
+            };
+            if !info.meta.pads.is_empty() {
+                tally.aligned_already += 1;
+                continue;
+            }
+            let align = query::layout::object_alignment(&client, &info)
+                .await
+                .with_context(|| format!("read the footer of {bucket}/{}", entry.key))?;
+            let Some(align) = align else {
+                tally.not_parquet += 1;
+                continue;
+            };
+            if args.dry_run {
+                println!("would relayout {bucket}/{} ({})", entry.key, format_bytes(info.meta.size));
+                tally.relaid += 1;
+                continue;
+            }
+            let relaid =
+                client.relayout(&info, &align).await.with_context(|| format!("relayout {bucket}/{}", entry.key))?;
+            let Some(relaid) = relaid else {
+                tally.not_alignable += 1;
+                continue;
+            };
+            let padding = relaid.meta.stored_size() - relaid.meta.size;
+            println!(
+                "relaid {bucket}/{}: {} row groups, chunks of {}, {} of padding ({:.2}%)",
+                entry.key,
+                align.ranges.len(),
+                format_bytes(u64::from(relaid.meta.chunk_bytes)),
+                format_bytes(padding),
+                padding as f64 * 100.0 / relaid.meta.size as f64
+            );
+            tally.relaid += 1;
+            tally.bytes += relaid.meta.size;
+            tally.padding += padding;
+            pace(started, tally.bytes, args.rate).await;
+        }
+        match page.next_start_after {
+            Some(next) => start_after = next,
+            None => break,
+        }
+    }
+    client.settle().await;
+    let verb = if args.dry_run { "to relayout" } else { "relaid" };
+    println!(
+        "{} {verb} ({}, {} of padding); {} aligned already; {} not Parquet; {} not alignable within the padding budget; {} gone meanwhile",
+        tally.relaid,
+        format_bytes(tally.bytes),
+        format_bytes(tally.padding),
+        tally.aligned_already,
+        tally.not_parquet,
+        tally.not_alignable,
+        tally.changed
+    );
+    Ok(())
+}
+
+/// Sleeps until `bytes` written since `started` are within `rate` bytes per second.
+async fn pace(started: Instant, bytes: u64, rate: u64) {
+    if rate == 0 {
+        return;
+    }
+    let due = Duration::from_secs_f64(bytes as f64 / rate as f64);
+    if let Some(wait) = due.checked_sub(started.elapsed()) {
+        tokio::time::sleep(wait).await;
+    }
+}

@@ -1,0 +1,77 @@
+//! The aligned layout's input for Parquet objects: the byte ranges of a file's row groups,
+//! which a PUT through the smart client stores each inside one data chunk
+//! ([`client::Alignment`]), so the node that holds a row group reads it from its own drive.
+
+use bytes::Bytes;
+use pushdown::Footer;
+
+/// Bytes read from a file's end for its footer at first (a second read when it is larger).
+const TAIL_GUESS_BYTES: u64 = 64 << 10;
+
+/// The alignment for a Parquet file of `size` bytes (its row groups), reading its footer with
+/// `read(offset, len)`. `None` when the file is not Parquet, its footer is damaged or too
+/// large, or the reads fail: such a file is stored plain.
+pub fn parquet_alignment(
+    size: u64,
+    read: &mut dyn FnMut(u64, usize) -> std::io::Result<Vec<u8>>,
+) -> Option<client::Alignment> {
+    if size < 12 {
+        return None;
+    }
+    let guess = size.min(TAIL_GUESS_BYTES);
+    let mut tail = read(size - guess, guess as usize).ok()?;
+    if tail.len() as u64 != guess {
+        return None;
+    }
+    let needed = Footer::tail_len("object", &tail[tail.len() - 8..], size).ok()?;
+    if needed > guess {
+        tail = read(size - needed, needed as usize).ok()?;
+    }
+    from_tail(size, &read(0, 4).ok()?, &tail)
+}
+
+/// The alignment of a Parquet object already stored (its footer read through `client`);
+/// `None` when it is not Parquet or its footer is damaged.
+pub async fn object_alignment(
+    client: &client::Client,
+    info: &client::ObjectInfo,
+) -> Result<Option<client::Alignment>, client::Error> {
+    let size = info.meta.size;
+    if size < 12 {
+        return Ok(None);
+    }
+    let mut head = [0u8; 4];
+    client.read_at(info, 0, &mut head).await?;
+    let guess = size.min(TAIL_GUESS_BYTES);
+    let mut tail = vec![0u8; guess as usize];
+    client.read_at(info, size - guess, &mut tail).await?;
+    let Ok(needed) = Footer::tail_len("object", &tail[tail.len() - 8..], size) else {
+        return Ok(None);
+    };
+    if needed > guess {
+        tail = vec![0u8; needed as usize];
+        client.read_at(info, size - needed, &mut tail).await?;
+    }
+    Ok(from_tail(size, &head, &tail))
+}
+
+/// The row groups of a Parquet file of `size` bytes from its first 4 bytes and a tail that
+/// holds its whole footer.
+fn from_tail(size: u64, head: &[u8], tail: &[u8]) -> Option<client::Alignment> {
+    if head != b"PAR1" || tail.len() < 8 {
+        return None;
+    }
+    let needed = Footer::tail_len("object", &tail[tail.len() - 8..], size).ok()?;
+    let metadata = tail.get(tail.len().checked_sub(needed as usize)?..tail.len() - 8)?.to_vec();
+    let footer = Footer::parse("object", Bytes::from(metadata), size).ok()?;
+    let ranges: Vec<_> = (0..footer.row_groups()).filter_map(|g| footer.row_group_range(g)).collect();
+    Some(client::Alignment { size, ranges })
+}
+
+/// [`parquet_alignment`] of a file held in memory.
+pub fn parquet_alignment_of(bytes: &[u8]) -> Option<client::Alignment> {
+    parquet_alignment(bytes.len() as u64, &mut |offset, len| {
+        let start = usize::try_from(offset).map_err(std::io::Error::other)?;
+        Ok(bytes.get(start..start + len).map(<[u8]>::to_vec).unwrap_or_default())
+    })
+}
