@@ -18,6 +18,8 @@
 //!     listen: "127.0.0.1:9000".parse()?,
 //!     access_key: "AKIA...".into(),
 //!     secret_key: "...".into(),
+//!     sigv2: s3::SigV2::Refused,
+//!     relayout_rate: 64 << 20,
 //! }).await?;
 //! gateway.serve(std::future::pending()).await?;
 //! ```
@@ -30,6 +32,7 @@ mod host;
 mod list;
 mod multipart;
 mod object;
+mod relayout;
 mod select;
 mod server;
 
@@ -49,6 +52,9 @@ pub struct GatewayConfig {
     pub secret_key: String,
     /// Whether requests signed with Signature Version 2 are served.
     pub sigv2: SigV2,
+    /// Object bytes per second the background re-layout of uploaded Parquet objects rewrites
+    /// (each row group into one chunk); 0 turns it off.
+    pub relayout_rate: u64,
 }
 
 /// The gateway's policy for Signature Version 2 (HMAC-SHA1, no payload hash, no scope).
@@ -68,6 +74,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("access_key", &self.access_key)
             .field("secret_key", &"<redacted>")
             .field("sigv2", &self.sigv2)
+            .field("relayout_rate", &self.relayout_rate)
             .finish()
     }
 }
@@ -146,6 +153,16 @@ fn validate_credentials(access_key: &str, secret_key: &str) -> Result<(), Error>
 #[derive(Clone, Debug)]
 struct Tessera {
     client: client::Client,
+    relayer: Option<relayout::Relayer>,
+}
+
+impl Tessera {
+    /// Offers an uploaded key to the background re-layout, if it runs.
+    fn uploaded(&self, bucket: &str, key: &str) {
+        if let Some(relayer) = &self.relayer {
+            relayer.offer(bucket, key);
+        }
+    }
 }
 
 #[cfg(test)]

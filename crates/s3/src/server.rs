@@ -24,7 +24,8 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 const XML_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 pub(crate) fn build_service(client: client::Client, config: &GatewayConfig) -> S3Service {
-    let mut builder = S3ServiceBuilder::new(Tessera { client });
+    let relayer = crate::relayout::Relayer::start(client.clone(), config.relayout_rate);
+    let mut builder = S3ServiceBuilder::new(Tessera { client, relayer });
     builder.set_auth(RootAuth { access_key: config.access_key.clone(), secret_key: config.secret_key.clone() });
     builder.set_host(crate::host::LocalHost::new(config.listen.port()));
     let mut s3_config = s3s::config::S3Config::default();
@@ -276,7 +277,10 @@ impl S3 for Tessera {
     }
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
-        crate::object::put_object(&self.client, req).await
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        let response = crate::object::put_object(&self.client, req).await?;
+        self.uploaded(&bucket, &key);
+        Ok(response)
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
@@ -343,7 +347,10 @@ impl S3 for Tessera {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        crate::multipart::complete_multipart_upload(&self.client, req).await
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        let response = crate::multipart::complete_multipart_upload(&self.client, req).await?;
+        self.uploaded(&bucket, &key);
+        Ok(response)
     }
 
     async fn abort_multipart_upload(

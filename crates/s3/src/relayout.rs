@@ -1,0 +1,94 @@
+//! Background re-layout of Parquet objects uploaded through the gateway. Stock S3 clients
+//! (aws-cli, boto3, s3fs, DuckDB's `COPY ... TO 's3://...'`) send a Parquet file's footer last,
+//! often in parts, so the gateway cannot lay its row groups out while it writes. After a PUT or
+//! CompleteMultipartUpload of a Parquet object (a `.parquet` key or a Parquet content type), it
+//! queues the key; one task at a time stores the key's current version again in the aligned
+//! layout ([`client::Client::relayout`]: a new version just after it, same bytes, which any
+//! later write supersedes), paced to a byte rate. The queue lives in memory and is bounded: a
+//! gateway that stops (or a full queue) leaves objects plain, still correct, and
+//! `tessera relayout` catches up.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+/// Keys waiting for a re-layout; past it, offers are dropped (and logged).
+const QUEUE_MAX: usize = 1024;
+
+/// The handle the S3 handlers offer uploaded keys to.
+#[derive(Clone, Debug)]
+pub(crate) struct Relayer {
+    queue: mpsc::Sender<(String, String)>,
+}
+
+impl Relayer {
+    /// Starts the task on the current runtime; `None` when `rate` is 0 (re-layout off).
+    pub(crate) fn start(client: client::Client, rate: u64) -> Option<Self> {
+        if rate == 0 {
+            return None;
+        }
+        let (queue, keys) = mpsc::channel(QUEUE_MAX);
+        tokio::spawn(work(client, keys, rate));
+        Some(Self { queue })
+    }
+
+    /// Queues `bucket/key` if its name says Parquet (the task checks the bytes too).
+    pub(crate) fn offer(&self, bucket: &str, key: &str) {
+        if !key.to_ascii_lowercase().ends_with(".parquet") {
+            return;
+        }
+        if self.queue.try_send((bucket.to_owned(), key.to_owned())).is_err() {
+            tracing::warn!(
+                bucket,
+                key,
+                "the re-layout queue is full: the object stays plain (tessera relayout aligns it)"
+            );
+        }
+    }
+}
+
+async fn work(client: client::Client, mut keys: mpsc::Receiver<(String, String)>, rate: u64) {
+    let started = Instant::now();
+    let mut written = 0u64;
+    while let Some((bucket, key)) = keys.recv().await {
+        match relayout_one(&client, &bucket, &key).await {
+            Ok(Some(bytes)) => {
+                written += bytes;
+                let due = Duration::from_secs_f64(written as f64 / rate as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(bucket = %bucket, key = %key, error = %e, "re-layout failed: the object stays plain")
+            }
+        }
+    }
+}
+
+/// Re-lays the key's current version; the object bytes rewritten, or `None` if nothing was.
+async fn relayout_one(client: &client::Client, bucket: &str, key: &str) -> Result<Option<u64>, client::Error> {
+    let info = match client.head(bucket, key).await {
+        Ok(info) => info,
+        Err(client::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if !info.meta.pads.is_empty() {
+        return Ok(None);
+    }
+    let Some(align) = query::layout::object_alignment(client, &info).await? else {
+        return Ok(None);
+    };
+    let relaid = client.relayout(&info, &align).await?;
+    if let Some(relaid) = &relaid {
+        tracing::info!(
+            bucket,
+            key,
+            bytes = relaid.meta.size,
+            padding = relaid.meta.stored_size() - relaid.meta.size,
+            "stored a Parquet object in the aligned layout"
+        );
+    }
+    Ok(relaid.map(|r| r.meta.size))
+}
