@@ -208,6 +208,7 @@ pub(crate) async fn put_in(
         headers: options.headers.clone(),
         modified_ms: unix_ms(),
         etag: None,
+        recorded_etag: None,
     };
     let target = Target { bucket, key, version, placement };
     upload(client, &target, current, source, md5, padding, &fields, options.condition).await
@@ -229,6 +230,9 @@ struct MetaFields {
     modified_ms: u64,
     /// The MD5 the bytes must have (a copy of a version): the commit is refused otherwise.
     etag: Option<String>,
+    /// The ETag to record instead of the bytes' MD5: a multipart object's (MD5 of its parts'
+    /// MD5s), when a re-layout keeps it (the reader checked every part's MD5).
+    recorded_etag: Option<String>,
 }
 
 /// Sends `current` (the first stripe, filled already) and the rest of `source` to `target`'s
@@ -316,7 +320,7 @@ async fn upload(
         version: fanout.version,
         deleted: false,
         size,
-        etag,
+        etag: fields.recorded_etag.clone().unwrap_or(etag),
         content_type: fields.content_type.clone(),
         user_meta: fields.user_meta.clone(),
         headers: fields.headers.clone(),
@@ -395,23 +399,28 @@ async fn rewrite(
     mut padding: Padding,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
     let meta = &source.meta;
+    let multipart = !meta.parts.is_empty();
     let fields = MetaFields {
         content_type: meta.content_type.clone(),
         user_meta: meta.user_meta.clone(),
         headers: meta.headers.clone(),
         modified_ms: meta.modified_ms,
-        etag: Some(meta.etag.clone()),
+        etag: (!multipart).then(|| meta.etag.clone()),
+        recorded_etag: multipart.then(|| meta.etag.clone()),
     };
     let (mut writer, reader) = tokio::io::duplex(COPY_STEP_BYTES);
     let produce = async {
         let mut buf = vec![0u8; COPY_STEP_BYTES.min(usize::try_from(meta.size).unwrap_or(usize::MAX)).max(1)];
         let mut offset = 0u64;
+        let mut parts = PartCheck::new(&meta.parts);
         while offset < meta.size {
             let want = buf.len().min(usize::try_from(meta.size - offset).unwrap_or(usize::MAX));
             let read = client.read_at(source, offset, &mut buf[..want]).await?;
             if read == 0 {
                 break;
             }
+            // Checked before the bytes go on: the upload cannot complete without them.
+            parts.update(&buf[..read])?;
             tokio::io::AsyncWriteExt::write_all(&mut writer, &buf[..read]).await.map_err(Error::Source)?;
             offset += read as u64;
         }
@@ -439,6 +448,49 @@ async fn rewrite(
         (_, Ok(done)) => Ok(done),
         (Err(e), Err(_)) if !matches!(e, Error::Source(_)) => Err(e),
         (_, Err(e)) => Err(e),
+    }
+}
+
+/// The MD5 of each part of a multipart object, checked against its record as the bytes pass.
+struct PartCheck<'a> {
+    parts: &'a [proto::PartPiece],
+    /// The part being hashed, and its bytes hashed so far.
+    idx: usize,
+    done: u64,
+    md5: Md5,
+}
+
+impl<'a> PartCheck<'a> {
+    fn new(parts: &'a [proto::PartPiece]) -> Self {
+        Self { parts, idx: 0, done: 0, md5: Md5::new() }
+    }
+
+    /// Hashes the object's next bytes; fails at the end of a part whose MD5 differs.
+    fn update(&mut self, mut bytes: &[u8]) -> Result<(), Error> {
+        while !bytes.is_empty() {
+            let Some(part) = self.parts.get(self.idx) else {
+                return Ok(());
+            };
+            let take = (part.size - self.done).min(bytes.len() as u64) as usize;
+            self.md5.update(&bytes[..take]);
+            self.done += take as u64;
+            bytes = &bytes[take..];
+            if self.done == part.size {
+                let md5 = hex::encode(std::mem::take(&mut self.md5).finalize());
+                if md5 != part.etag {
+                    return Err(Error::Node {
+                        node: "(re-layout source)".into(),
+                        kind: proto::ErrorKind::ChecksumMismatch,
+                        message: format!(
+                            "part {} reads back with MD5 {md5}, its record says {}",
+                            part.number, part.etag
+                        ),
+                    });
+                }
+                (self.idx, self.done) = (self.idx + 1, 0);
+            }
+        }
+        Ok(())
     }
 }
 

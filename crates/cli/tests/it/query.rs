@@ -539,3 +539,47 @@ fn aligned_row_groups_are_read_by_the_node_that_holds_them() {
     let client = cluster.client();
     assert_eq!(block_on(client.get("bkt", "aligned/t.parquet")).unwrap(), bytes);
 }
+
+#[test]
+fn relayout_aligns_parquet_objects_stored_plain_and_keeps_their_bytes() {
+    let cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let bytes = equal_groups();
+    let file = write_file(cluster.dir.path(), "equal.parquet", &bytes);
+    cluster.cli_ok(&["put", "--no-align", file.to_str().unwrap(), "bkt/r/t.parquet"]);
+    let text = write_file(cluster.dir.path(), "notes.txt", b"not parquet");
+    cluster.cli_ok(&["put", text.to_str().unwrap(), "bkt/r/notes.txt"]);
+    let client = cluster.client();
+    let before = block_on(client.head("bkt", "r/t.parquet")).unwrap();
+    assert!(before.meta.pads.is_empty());
+
+    let dry = cluster.cli_ok(&["relayout", "bkt/r/", "--dry-run"]);
+    assert!(dry.contains("would relayout bkt/r/t.parquet"), "{dry}");
+    assert!(block_on(client.head("bkt", "r/t.parquet")).unwrap().meta.pads.is_empty(), "a dry run wrote");
+
+    let out = cluster.cli_ok(&["relayout", "bkt/r/"]);
+    assert!(out.contains("relaid bkt/r/t.parquet: 16 row groups"), "{out}");
+    assert!(out.contains("1 not Parquet"), "{out}");
+    let after = block_on(client.head("bkt", "r/t.parquet")).unwrap();
+    assert!(!after.meta.pads.is_empty());
+    // The version just after the plain one, with its ETag, metadata and modification time.
+    assert_eq!(after.meta.version.unix_ns, before.meta.version.unix_ns);
+    assert_eq!(after.meta.version.writer, before.meta.version.writer + 1);
+    assert_eq!(
+        (&after.meta.etag, &after.meta.content_type, after.meta.modified_ms),
+        (&before.meta.etag, &before.meta.content_type, before.meta.modified_ms)
+    );
+    assert_eq!(block_on(client.get("bkt", "r/t.parquet")).unwrap(), bytes);
+    // The plain version stays readable by version until the drives retire it.
+    let mut old = vec![0u8; bytes.len()];
+    assert_eq!(block_on(client.read_at(&before, 0, &mut old)).unwrap(), bytes.len());
+    assert_eq!(old, bytes);
+    let (_, counters) = run(&cluster, "SELECT count(*), sum(id) FROM 'bkt/r/t.parquet' WHERE ke > 900.5", true);
+    assert_eq!(counters.node_peer_bytes.load(Ordering::Relaxed), 0);
+
+    // A second run finds nothing to do; a write after the re-layout wins over it.
+    let again = cluster.cli_ok(&["relayout", "bkt/r/"]);
+    assert!(again.contains("0 relaid") && again.contains("1 aligned already"), "{again}");
+    cluster.cli_ok(&["put", text.to_str().unwrap(), "bkt/r/t.parquet"]);
+    assert_eq!(block_on(client.get("bkt", "r/t.parquet")).unwrap(), b"not parquet");
+}
