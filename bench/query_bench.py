@@ -3,7 +3,10 @@
 A particle table (id int64; x, y, z, ke float32), ROWS rows in FILES Parquet objects, queried
 with `SELECT * FROM t WHERE ke > X` at ~1% and ~0.01% selectivity and one aggregate, by:
 
-- tessera-pushdown: Python `client.query` (filters and projections on the storage nodes),
+- tessera-pushdown: Python `client.query` (filters and projections on the storage nodes) over
+  objects `tessera put` stored in the aligned layout (each row group inside one chunk),
+- tessera-pushdown-plain: the same over copies stored plain (`tessera put --no-align`: row
+  groups cross chunks, so nodes read most of a row group from their peers),
 - tessera-client: the same with `pushdown=False` (the client reads and evaluates every row group),
 - duckdb-tessera: DuckDB reading the objects over httpfs from Tessera's S3 gateway,
 - duckdb-minio: the same from MinIO (6 processes, EC:2; with --minio, built once, ~5 min),
@@ -116,7 +119,9 @@ def make_dataset(directory: str, rows: int, files: int) -> list[str]:
             "ke": pa.array(rng.random(n, dtype=np.float32)),
         })
         path = os.path.join(directory, f"part-{i:03d}.parquet")
-        pq.write_table(table, path, row_group_size=1 << 20)
+        # 512Ki rows (~12 MB) per row group: a row group fits one chunk (at most 16 MiB), so
+        # the aligned layout can store each inside one chunk on one node.
+        pq.write_table(table, path, row_group_size=1 << 19)
         paths.append(path)
     return paths
 
@@ -203,10 +208,19 @@ def one_run(system: str, sql: str, target: str) -> None:
         print(json.dumps({"seconds": seconds, "rows": rows}))
         return
     if system.startswith("tessera"):
+        import pyarrow.ipc
         import tessera
+        import tessera.client
         client = tessera.connect(target)
+        prefix = "plain" if system == "tessera-pushdown-plain" else "particles"
         start = time.perf_counter()
-        table = client.query(sql.format(t="'bench/particles/'"), pushdown=system == "tessera-pushdown")
+        # The cursor under client.query, for its counters (bytes the nodes read from peers).
+        cursor = client._raw.query(sql.format(t=f"'bench/{prefix}/'"), system != "tessera-client", 512 << 20)
+        table = pyarrow.ipc.open_stream(tessera.client._CursorStream(cursor)).read_all()
+        seconds = time.perf_counter() - start
+        rows = table.column(0)[0].as_py() if AGGREGATE in sql else table.num_rows
+        print(json.dumps({"seconds": seconds, "rows": rows, "peer_bytes": cursor.stats()["node_peer_bytes"]}))
+        return
     else:
         con = duckdb_connection(target)
         start = time.perf_counter()
@@ -237,9 +251,10 @@ def duckdb_connection(url: str):
     return con
 
 
-def measure(system: str, sql: str, target: str) -> tuple[float, int, int] | None:
-    """Seconds, bytes to the client and rows of one query; `None` when the system refused it
-    (MinIO's S3 Select does not take every query)."""
+def measure(system: str, sql: str, target: str) -> tuple[float, int, int, int] | None:
+    """Seconds, bytes to the client, rows and bytes nodes read from their peers (Tessera's
+    legs) of one query; `None` when the system refused it (MinIO's S3 Select does not take
+    every query)."""
     before = host_tx_bytes()
     out = run("ip", "netns", "exec", NS, sys.executable, os.path.abspath(__file__), "--one", system, sql, target,
               check=False)
@@ -250,7 +265,36 @@ def measure(system: str, sql: str, target: str) -> tuple[float, int, int] | None
             return None
         raise SystemExit(f"{system} failed on {sql!r}:\n{out.stderr}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    return result["seconds"], moved, result["rows"]
+    # Peer bytes are counted by the Python client's legs; S3 Select's are not (float nan).
+    peer = result.get("peer_bytes", 0 if system in ("duckdb-tessera", "duckdb-minio") else float("nan"))
+    return result["seconds"], moved, result["rows"], peer
+
+
+def chunk_bytes_stored(size: int, k: int, m: int, chunk: int) -> int:
+    """Bytes of data and parity chunks a stream of `size` bytes takes in stripes of k chunks of
+    `chunk` bytes (the last stripe's chunks are a k-th of what is left)."""
+    stripe = k * chunk
+    full, rest = divmod(size, stripe)
+    return (full * chunk + -(-rest // k)) * (k + m)
+
+
+def stored_bytes(config: str) -> dict:
+    """Inside the client namespace: chunk bytes the dataset takes in each layout, read from the
+    objects' metadata."""
+    import tessera
+
+    client = tessera.connect(config)
+    totals = {"aligned": 0, "plain": 0, "objects": []}
+    for prefix, layout in (("particles/", "aligned"), ("plain/", "plain")):
+        for entry in client.list("bench", prefix):
+            info = client.head("bench", entry.key)
+            stored = chunk_bytes_stored(info.stored_size, info.k, info.m, info.chunk_bytes)
+            totals[layout] += stored
+            if layout == "aligned":
+                totals["objects"].append({"key": entry.key, "layout": info.layout, "size": info.size,
+                                          "stored_size": info.stored_size, "chunk_bytes": info.chunk_bytes})
+    totals["overhead_percent"] = (totals["aligned"] / totals["plain"] - 1) * 100
+    return totals
 
 
 def upload(target: str, *paths: str) -> None:
@@ -274,7 +318,11 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--one", nargs=3, metavar=("SYSTEM", "SQL", "TARGET"), help=argparse.SUPPRESS)
     parser.add_argument("--upload", nargs="+", metavar=("TARGET", "PATH"), help=argparse.SUPPRESS)
+    parser.add_argument("--storage", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.storage:
+        print(json.dumps(stored_bytes(args.storage)))
+        return
     if args.one:
         one_run(*args.one)
         return
@@ -292,9 +340,12 @@ def main() -> None:
         config, tessera_s3 = start_tessera(work)
         run(*in_client(cm.TESSERA, "mb", "bench", "--config", config))
         for path in paths:
-            run(*in_client(cm.TESSERA, "put", path, f"bench/particles/{os.path.basename(path)}", "--config", config))
-        systems = {"tessera-pushdown": config, "tessera-client": config, "duckdb-tessera": tessera_s3,
-                   "tessera-select": tessera_s3}
+            name = os.path.basename(path)
+            run(*in_client(cm.TESSERA, "put", path, f"bench/particles/{name}", "--config", config))
+            run(*in_client(cm.TESSERA, "put", "--no-align", path, f"bench/plain/{name}", "--config", config))
+        storage = json.loads(run(*in_client(sys.executable, os.path.abspath(__file__), "--storage", config)).stdout)
+        systems = {"tessera-pushdown": config, "tessera-pushdown-plain": config, "tessera-client": config,
+                   "duckdb-tessera": tessera_s3, "tessera-select": tessera_s3}
         if args.minio:
             minio = start_minio(work)
             run(*in_client(sys.executable, os.path.abspath(__file__), "--upload", minio, *paths))
@@ -317,8 +368,10 @@ def main() -> None:
     link = "1 Gbit/s" if args.shaped else "unshaped"
     print(f"\n{args.rows:,} rows, {total_bytes / 1e6:.0f} MB Parquet in {args.files} objects, {link} link; "
           f"median of {args.rounds}")
-    print(f"{'query':<16}{'system':<18}{'rows':>10}{'seconds':>9}{'MB to client':>14}{'speed vs duckdb-tessera':>25}"
-          f"{'fewer bytes':>13}")
+    print(f"stored bytes (data and parity): aligned {storage['aligned'] / 1e6:.1f} MB, plain "
+          f"{storage['plain'] / 1e6:.1f} MB: +{storage['overhead_percent']:.3f}% for the aligned layout")
+    print(f"{'query':<16}{'system':<24}{'rows':>10}{'seconds':>9}{'MB to client':>14}{'speed vs duckdb-tessera':>25}"
+          f"{'fewer bytes':>13}{'MB from peers':>14}")
     for name in QUERIES:
         base = results[(name, "duckdb-tessera")]
         base_s = statistics.median(r[0] for r in base)
@@ -331,14 +384,16 @@ def main() -> None:
                 continue
             s = statistics.median(r[0] for r in runs)
             b = statistics.median(r[1] for r in runs)
+            peer = statistics.median(r[3] for r in runs)
             report.append({"query": q, "system": system, "rows": counts[system], "seconds": s, "bytes": b,
+                           "node_peer_bytes": None if peer != peer else peer,
                            "speedup_vs_duckdb_tessera": base_s / s, "fewer_bytes_vs_duckdb_tessera": base_b / max(b, 1)})
-            print(f"{q:<16}{system:<18}{counts[system]:>10,}{s:>9.2f}{b / 1e6:>14.1f}{base_s / s:>24.2f}x"
-                  f"{base_b / max(b, 1):>12.1f}x")
+            print(f"{q:<16}{system:<24}{counts[system]:>10,}{s:>9.2f}{b / 1e6:>14.1f}{base_s / s:>24.2f}x"
+                  f"{base_b / max(b, 1):>12.1f}x{peer / 1e6:>14.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": args.rows, "files": args.files, "parquet_bytes": total_bytes, "link": link,
-                       "results": report}, f, indent=1)
+                       "storage": storage, "results": report}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -180,3 +180,30 @@ def test_gateway_stores_uploaded_parquet_aligned(cluster, make_client, tmp_path)
     theirs = _duckdb([path], sql)
     assert _rows(ours, True) == _rows(theirs, True)
     assert "(0 from peers)" in stats and "client read 0 bytes" in stats, stats
+
+
+def test_pyarrow_writes_through_its_s3_filesystem_are_re_laid_too(cluster, tmp_path):
+    """pyarrow's own S3 filesystem (the AWS SDK for C++: footer last, multipart above 5 MB)."""
+    from urllib.parse import urlparse
+
+    import pyarrow.fs as pafs
+
+    arrow_fs = pafs.S3FileSystem(
+        access_key=cluster.access_key, secret_key=cluster.secret_key,
+        endpoint_override=urlparse(cluster.endpoint).netloc, scheme="http", region="us-east-1",
+        allow_bucket_creation=True,
+    )
+    bucket = "e2e-relayout-arrow"
+    arrow_fs.create_dir(bucket)
+    ids = pa.array(range(16 * 65_536), pa.int64())
+    table = pa.table({"id": ids, "ke": pc.divide(pc.cast(ids, pa.float64()), 1000.0)})
+    pq.write_table(table, f"{bucket}/w/t.parquet", filesystem=arrow_fs, row_group_size=65_536,
+                   use_dictionary=False, compression="none")
+    deadline = time.monotonic() + 120
+    while "layout:       aligned" not in (stat := _stat(cluster, f"{bucket}/w/t.parquet")):
+        assert time.monotonic() < deadline, f"not re-laid within 120 s:\n{stat}"
+        time.sleep(0.5)
+    assert pq.read_table(f"{bucket}/w/t.parquet", filesystem=arrow_fs).equals(table)
+    ours, stats = _tessera(cluster, f"SELECT count(*) AS n FROM '{bucket}/w/' WHERE ke > 1000.5")
+    assert ours.column(0).to_pylist() == [16 * 65_536 - 1_000_501]
+    assert "(0 from peers)" in stats, stats
