@@ -107,7 +107,7 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
     client.settle().await;
     let verb = if args.dry_run { "to relayout" } else { "relaid" };
     println!(
-        "{} {verb} ({}, {} of padding); {} aligned already; {} not Parquet; {} not alignable within the padding budget; {} gone meanwhile",
+        "{} {verb} ({}, {} of padding); {} aligned already; {} not Parquet; {} skipped (no layout within the padding budget, a pool being drained, or another re-layout of it running); {} gone meanwhile",
         tally.relaid,
         format_bytes(tally.bytes),
         format_bytes(tally.padding),

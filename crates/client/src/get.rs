@@ -726,7 +726,7 @@ pub(crate) async fn read_many(
             if stripes >= ROUND_STRIPES_MAX || bytes >= ROUND_BYTES_MAX {
                 break;
             }
-            let window_end = (next + WINDOW_STRIPES).min(end).min(next + ROUND_STRIPES_MAX - stripes);
+            let window_end = (next + window_stripes(&info.meta)).min(end).min(next + ROUND_STRIPES_MAX - stripes);
             let n = info.meta.n() as u64;
             stripes += window_end - next;
             bytes += (window_end - next) * n * u64::from(info.meta.chunk_bytes);

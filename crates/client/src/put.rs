@@ -399,14 +399,17 @@ async fn rewrite(
     mut padding: Padding,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
     let meta = &source.meta;
-    let multipart = !meta.parts.is_empty();
+    // A multipart ETag (MD5 of the parts' MD5s, "-N") is kept as it is: a multipart source has
+    // each part checked below; a version re-laid from one (whose parts are gone) has only its
+    // block checksums, which every read checks.
+    let plain_md5 = !meta.etag.contains('-');
     let fields = MetaFields {
         content_type: meta.content_type.clone(),
         user_meta: meta.user_meta.clone(),
         headers: meta.headers.clone(),
         modified_ms: meta.modified_ms,
-        etag: (!multipart).then(|| meta.etag.clone()),
-        recorded_etag: multipart.then(|| meta.etag.clone()),
+        etag: plain_md5.then(|| meta.etag.clone()),
+        recorded_etag: (!plain_md5).then(|| meta.etag.clone()),
     };
     let (mut writer, reader) = tokio::io::duplex(COPY_STEP_BYTES);
     let produce = async {
@@ -494,13 +497,18 @@ impl<'a> PartCheck<'a> {
     }
 }
 
+/// A re-layout lock older than this (its holder died) may be taken over.
+const RELAYOUT_LOCK_STALE_MS: u64 = 6 * 3600 * 1000;
+
 /// Writes `source` (the key's current version) again in the aligned layout `align`, as the
 /// version just after it: `(unix_ns, writer + 1)`, which sorts after the source and before
 /// any version a writer orders after it (those are at least 1 ns newer), with the same bytes,
 /// MD5, metadata and modification time. A concurrent PUT or delete therefore always wins, and
 /// a reader that picks either version reads the same bytes; the source stays readable until
-/// the drives retire it. `None` when there is nothing to do: a delete marker or empty object,
-/// an object already aligned, or one no layout aligns within the padding budget.
+/// the drives retire it. Every re-layout of one version would write that same version id, so
+/// one at a time holds a lock ([`relayout_lock`]). `None` when there is nothing to do: a delete
+/// marker or empty object, an object already aligned, one no layout aligns within the padding
+/// budget, one in a pool that takes no writes, or one another re-layout holds.
 pub(crate) async fn relayout(
     client: &Client,
     source: &ObjectInfo,
@@ -515,7 +523,7 @@ pub(crate) async fn relayout(
     };
     let version = VersionId { unix_ns: meta.version.unix_ns, writer };
     let map = Arc::clone(&client.topo.map);
-    let Some(pool) = map.pool_of_set(source.placement.set_idx) else {
+    let Some(pool) = map.pool_of_set(source.placement.set_idx).filter(|p| map.pools[*p].is_active()) else {
         return Ok(None);
     };
     let placement = map.placement_in(pool, &meta.bucket, &meta.key);
@@ -524,8 +532,60 @@ pub(crate) async fn relayout(
     if padding.pads.is_empty() {
         return Ok(None);
     }
-    let target = Target { bucket: &meta.bucket, key: &meta.key, version, placement };
-    rewrite(client, source, &target, chunk_bytes as u32, padding).await.map(Some)
+    let lock = relayout_lock(meta);
+    if !take_relayout_lock(client, &lock).await? {
+        tracing::info!(bucket = %meta.bucket, key = %meta.key, "another re-layout of this version is running");
+        return Ok(None);
+    }
+    // Under the lock: a re-layout that finished before it was taken made its version current.
+    let result = match client.head_inner(&meta.bucket, &meta.key).await {
+        Ok(now) if now.meta.version == meta.version => {
+            let target = Target { bucket: &meta.bucket, key: &meta.key, version, placement };
+            rewrite(client, source, &target, chunk_bytes as u32, padding).await.map(Some)
+        }
+        Ok(_) | Err(Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = delete(client, crate::MULTIPART_BUCKET, &lock).await {
+        tracing::warn!(lock, error = %e, "could not release a re-layout lock; it goes stale in 6 hours");
+    }
+    result
+}
+
+/// The internal key that a re-layout of `meta`'s version holds while it runs: two re-layouts
+/// of one version would write the same version id (one's abort or rollback would remove the
+/// other's files), so the second one, finding the lock live, does nothing.
+fn relayout_lock(meta: &ObjectMeta) -> String {
+    let key = hex::encode(Md5::digest(meta.key.as_bytes()));
+    format!("r/{}/{key}/{}", meta.bucket, meta.version.to_hex())
+}
+
+/// Creates `lock` if no live object holds it (an `IfAbsent` commit: of concurrent takers one
+/// wins), taking over one older than `RELAYOUT_LOCK_STALE_MS`. Whether this caller holds it.
+async fn take_relayout_lock(client: &Client, lock: &str) -> Result<bool, Error> {
+    let bucket = crate::MULTIPART_BUCKET;
+    client.bucket_call(&Request::BucketCreate { bucket: bucket.into() }, bucket).await?;
+    for attempt in 0..2 {
+        let options = PutOptions { condition: CommitCondition::IfAbsent, ..Default::default() };
+        let mut body: &[u8] = b"re-layout";
+        match put(client, bucket, lock, &mut body, &options).await {
+            Ok(_) => return Ok(true),
+            Err(Error::PreconditionFailed { .. }) if attempt == 0 => {
+                let held = match client.head_inner(bucket, lock).await {
+                    Ok(info) => info,
+                    Err(Error::NotFound { .. }) => continue,
+                    Err(e) => return Err(e),
+                };
+                if unix_ms().saturating_sub(held.meta.modified_ms) < RELAYOUT_LOCK_STALE_MS {
+                    return Ok(false);
+                }
+                delete(client, bucket, lock).await?;
+            }
+            Err(Error::PreconditionFailed { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
 }
 
 /// Commits a delete marker: a newer version with no data.

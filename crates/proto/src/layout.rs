@@ -4,7 +4,8 @@
 //! [`ObjectMeta::pads`](crate::ObjectMeta::pads).
 //!
 //! The rule: try chunk sizes that hold 1, 2, 3, ... of the largest range (rounded up to whole
-//! 4 KiB, at least the cluster's chunk size, at most `CHUNK_BYTES_MAX`); with each, walk the
+//! 4 KiB, at least the cluster's chunk size, at most `CHUNK_BYTES_MAX` and 64 MiB per stripe's
+//! data); with each, walk the
 //! ranges in order and pad to the next chunk when a range would cross the end of the chunk it
 //! starts in. The last stripe of an erasure-coded stream is short (its chunks are a k-th of
 //! what is left), so either pad the stream to a whole stripe, or leave the ranges of the last
@@ -23,6 +24,9 @@ pub const ALIGN_PAD_BASIS_POINTS_MAX: u64 = 100;
 pub const ALIGN_CHUNK_STEP: u32 = 4 << 10;
 /// Chunk sizes tried (holding 1, 2, ... of the largest range).
 const CANDIDATES_MAX: u64 = 16;
+/// Most object bytes in one stripe of an aligned object (k chunks): a writer holds two
+/// stripes (with parity) in memory, a reader's window is one stripe.
+pub const ALIGN_STRIPE_DATA_BYTES_MAX: u64 = 64 << 20;
 
 /// An aligned layout for one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,13 +58,15 @@ pub fn aligned_layout(size: u64, k: usize, chunk_min: u32, ranges: &[Range<u64>]
     let budget = size / 10_000 * ALIGN_PAD_BASIS_POINTS_MAX;
     let largest = ranges.iter().map(|r| r.end - r.start).max().expect("not empty");
     let step = u64::from(ALIGN_CHUNK_STEP);
+    // The largest chunk: the protocol's, and one that keeps a stripe's data within bounds.
+    let chunk_max = (CHUNK_BYTES_MAX as u64).min(ALIGN_STRIPE_DATA_BYTES_MAX / k as u64 / step * step).max(step);
     let mut best: Option<AlignedLayout> = None;
     let mut previous = 0u64;
     for holds in 1..=CANDIDATES_MAX {
         let chunk = (holds.saturating_mul(largest).div_ceil(step) * step).max(u64::from(chunk_min));
-        let chunk = chunk.min(CHUNK_BYTES_MAX as u64);
+        let chunk = chunk.min(chunk_max);
         if chunk == previous {
-            if chunk == CHUNK_BYTES_MAX as u64 {
+            if chunk == chunk_max {
                 break;
             }
             continue;
@@ -69,7 +75,8 @@ pub fn aligned_layout(size: u64, k: usize, chunk_min: u32, ranges: &[Range<u64>]
         let chunk = chunk as u32;
         for layout in candidates(size, k, chunk, ranges) {
             let pad = layout.pad_bytes();
-            if layout.aligned == 0 || pad > budget {
+            // Without pads an object is read as plain: a layout must pad to count as aligned.
+            if layout.aligned == 0 || layout.pads.is_empty() || pad > budget {
                 continue;
             }
             let better = best.as_ref().is_none_or(|b| {

@@ -277,6 +277,10 @@ impl ObjectMeta {
         if self.pads.len() > PADS_MAX {
             return invalid(format!("{} pads (at most {PADS_MAX})", self.pads.len()));
         }
+        let total = self.pads.iter().try_fold(self.size, |total, pad| total.checked_add(u64::from(pad.len)));
+        if total.is_none() {
+            return invalid(format!("{} bytes and their pads overflow", self.size));
+        }
         let mut previous: Option<u64> = None;
         for pad in &self.pads {
             if pad.len == 0 || pad.len > self.chunk_bytes.saturating_mul(u32::from(self.k)) || pad.at > self.size {

@@ -441,6 +441,9 @@ fn bad_pads_are_refused() {
     assert!(check(vec![Pad { at: 20, len: 1 }, Pad { at: 10, len: 1 }]).is_err(), "out of order");
     assert!(check(vec![Pad { at: 10, len: 2 * 4096 + 1 }]).is_err(), "longer than a stripe");
     assert!(check(vec![Pad { at: 100, len: 2 * 4096 }]).is_ok());
+    let mut huge = padded_meta(100, 2, 4096, vec![Pad { at: 100, len: 4096 }]);
+    huge.size = u64::MAX - 10;
+    assert!(huge.validate().is_err(), "a size whose pads overflow");
     let mut marker = padded_meta(100, 2, 4096, vec![Pad { at: 10, len: 1 }]);
     marker.deleted = true;
     marker.crcs.clear();
@@ -493,6 +496,8 @@ proptest! {
             prop_assert!(layout.pad_bytes() <= size / 10_000 * ALIGN_PAD_BASIS_POINTS_MAX);
             prop_assert!(layout.chunk_bytes >= chunk_min.min(CHUNK_BYTES_MAX as u32));
             prop_assert!(layout.chunk_bytes as usize <= CHUNK_BYTES_MAX);
+            prop_assert!(u64::from(layout.chunk_bytes) * k as u64 <= ALIGN_STRIPE_DATA_BYTES_MAX.max(k as u64 * 4096));
+            prop_assert!(!layout.pads.is_empty());
             prop_assert!(layout.aligned >= 1 && layout.aligned <= ranges.len());
             let record = padded_meta(size, k as u8, layout.chunk_bytes, layout.pads.clone());
             prop_assert!(record.validate().is_ok());

@@ -41,6 +41,25 @@ fn fill(cluster: &Cluster) -> (Expected, String) {
         let two = client.put_part("bkt", "mp", &id, 2, &mut second.as_slice()).await.unwrap();
         client.complete_multipart("bkt", "mp", &id, &[(1, one.etag), (2, two.etag)]).await.unwrap();
         expected.insert("mp".to_owned(), Some([first, second].concat()));
+        // An aligned Parquet object, and a multipart one re-laid aligned (its ETag "-4", no
+        // parts left): copies keep their bytes, and their layout where k stays.
+        let table = crate::query::equal_groups();
+        let align = query::layout::parquet_alignment_of(&table).unwrap();
+        let options = client::PutOptions { align: Some(align.clone()), ..Default::default() };
+        let aligned = client.put_bytes("bkt", "aligned.parquet", &table, &options).await.unwrap();
+        assert!(!aligned.meta.pads.is_empty());
+        expected.insert("aligned.parquet".to_owned(), Some(table.clone()));
+        let id = client.create_multipart("bkt", "relaid.parquet", &Default::default()).await.unwrap();
+        let mut etags = Vec::new();
+        for (i, part) in table.chunks(5 << 20).enumerate() {
+            let n = i as u32 + 1;
+            etags.push((n, client.put_part("bkt", "relaid.parquet", &id, n, &mut &part[..]).await.unwrap().etag));
+        }
+        let multipart = client.complete_multipart("bkt", "relaid.parquet", &id, &etags).await.unwrap();
+        let relaid = client.relayout(&multipart, &align).await.unwrap().expect("re-laid");
+        assert_eq!(relaid.meta.etag, multipart.meta.etag);
+        assert!(relaid.meta.parts.is_empty() && !relaid.meta.pads.is_empty());
+        expected.insert("relaid.parquet".to_owned(), Some(table));
         let pending = client.create_multipart("bkt", "pending", &Default::default()).await.unwrap();
         client.put_part("bkt", "pending", &pending, 1, &mut payload(2_000, 92).as_slice()).await.unwrap();
         pending

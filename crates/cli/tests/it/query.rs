@@ -447,7 +447,7 @@ fn filters_keep_their_literal_types_on_the_nodes() {
 
 /// 16 row groups of 65,536 rows (id, ke = id / 1000), plain encoding without compression: every
 /// group has the same size (~1 MiB), 16.8 MB in all.
-fn equal_groups() -> Vec<u8> {
+pub(crate) fn equal_groups() -> Vec<u8> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("ke", DataType::Float64, false),
@@ -582,4 +582,26 @@ fn relayout_aligns_parquet_objects_stored_plain_and_keeps_their_bytes() {
     assert!(again.contains("0 relaid") && again.contains("1 aligned already"), "{again}");
     cluster.cli_ok(&["put", text.to_str().unwrap(), "bkt/r/t.parquet"]);
     assert_eq!(block_on(client.get("bkt", "r/t.parquet")).unwrap(), b"not parquet");
+}
+
+#[test]
+fn concurrent_relayouts_of_one_version_write_it_once() {
+    let cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let bytes = equal_groups();
+    let file = write_file(cluster.dir.path(), "equal.parquet", &bytes);
+    cluster.cli_ok(&["put", "--no-align", file.to_str().unwrap(), "bkt/c/t.parquet"]);
+    let client = cluster.client();
+    let info = block_on(client.head("bkt", "c/t.parquet")).unwrap();
+    let align = query::layout::parquet_alignment_of(&bytes).unwrap();
+    // Every re-layout of one version writes the same version id: one at a time holds the
+    // version's lock, and one that comes after finds the version replaced.
+    let (a, b) = block_on(async { tokio::join!(client.relayout(&info, &align), client.relayout(&info, &align)) });
+    let done = [a.unwrap(), b.unwrap()];
+    assert_eq!(done.iter().filter(|d| d.is_some()).count(), 1, "exactly one re-layout wrote");
+    let again = block_on(client.relayout(&info, &align)).unwrap();
+    assert!(again.is_none(), "a re-layout of a replaced version wrote");
+    let now = block_on(client.head("bkt", "c/t.parquet")).unwrap();
+    assert!(!now.meta.pads.is_empty());
+    assert_eq!(block_on(client.get("bkt", "c/t.parquet")).unwrap(), bytes);
 }
