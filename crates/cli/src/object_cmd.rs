@@ -18,7 +18,7 @@ const GET_STEP_BYTES: usize = 64 << 20;
 /// Objects smaller than this get no progress bar.
 const PROGRESS_MIN_BYTES: u64 = 8 << 20;
 /// Keys per listing request.
-const LIST_PAGE: u32 = 1000;
+pub(crate) const LIST_PAGE: u32 = 1000;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct BucketArgs {

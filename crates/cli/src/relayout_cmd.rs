@@ -8,11 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::ConfigArg;
-use crate::object_cmd::connect;
+use crate::object_cmd::{LIST_PAGE, connect};
 use crate::size::{format_bytes, parse_bytes};
-
-/// Keys per listing request.
-const LIST_PAGE: u32 = 1000;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct RelayoutArgs {

@@ -165,7 +165,7 @@ pub(crate) async fn put_in(
         let mut current = StripeBuffer::take(client, map.erasure.n(), chunk_bytes);
         let (target, filled) = tokio::join!(
             client.write_target(bucket, key, only),
-            fill_stripe(client, &codec, source, &mut current, &mut md5, &mut padding)
+            fill_stripe(&codec, source, &mut current, &mut md5, &mut padding)
         );
         (target, current, filled, padding)
     } else {
@@ -174,7 +174,7 @@ pub(crate) async fn put_in(
         let codec = client.codec(erasure.k, erasure.m)?;
         let (chunk_bytes, mut padding) = Padding::plan(options.align.as_ref(), erasure.k, map.chunk_bytes);
         let mut current = StripeBuffer::take(client, erasure.n(), chunk_bytes);
-        let filled = fill_stripe(client, &codec, source, &mut current, &mut md5, &mut padding).await;
+        let filled = fill_stripe(&codec, source, &mut current, &mut md5, &mut padding).await;
         (Ok(target), current, filled, padding)
     };
     let encoded_as = (current.k, current.n);
@@ -280,7 +280,7 @@ async fn upload(
             // Send this stripe while the next one is read and encoded: two stripes in flight.
             let (sent, filled) = tokio::join!(
                 fanout.send_stripe(&current, stripe_idx, offset, &placement),
-                fill_stripe(client, &codec, source, following, &mut md5, &mut padding)
+                fill_stripe(&codec, source, following, &mut md5, &mut padding)
             );
             sent?;
             filled?;
@@ -438,7 +438,7 @@ async fn rewrite(
         let codec = client.codec(erasure.k, erasure.m)?;
         let mut current = StripeBuffer::take(client, erasure.n(), chunk_bytes as usize);
         let mut md5 = Md5::new();
-        if let Err(e) = fill_stripe(client, &codec, &mut reader, &mut current, &mut md5, &mut padding).await {
+        if let Err(e) = fill_stripe(&codec, &mut reader, &mut current, &mut md5, &mut padding).await {
             current.give_back(client);
             return Err(e);
         }
@@ -767,7 +767,6 @@ impl StripeBuffer {
 /// checksums every chunk; `md5` sees the object's bytes only. `data_len == 0` means the
 /// source has ended.
 async fn fill_stripe(
-    _client: &Client,
     codec: &ec::Codec,
     source: &mut (dyn AsyncRead + Unpin + Send),
     stripe: &mut StripeBuffer,

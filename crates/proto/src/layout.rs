@@ -131,7 +131,7 @@ fn finish(size: u64, k: usize, chunk: u32, pads: Vec<Pad>, ranges: &[Range<u64>]
 }
 
 /// How many of `ranges` lie inside one data chunk of the stream `pads` make of the object.
-pub fn aligned_count(size: u64, k: usize, chunk: u32, pads: &[Pad], ranges: &[Range<u64>]) -> usize {
+fn aligned_count(size: u64, k: usize, chunk: u32, pads: &[Pad], ranges: &[Range<u64>]) -> usize {
     let stored = size + pads.iter().map(|p| u64::from(p.len)).sum::<u64>();
     let geometry = StripeGeometry::new(stored, k, chunk);
     let mut count = 0;

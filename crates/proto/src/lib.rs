@@ -36,8 +36,7 @@ mod meta;
 mod names;
 
 pub use layout::{
-    ALIGN_CHUNK_STEP, ALIGN_PAD_BASIS_POINTS_MAX, ALIGN_STRIPE_DATA_BYTES_MAX, AlignedLayout, aligned_count,
-    aligned_layout,
+    ALIGN_CHUNK_STEP, ALIGN_PAD_BASIS_POINTS_MAX, ALIGN_STRIPE_DATA_BYTES_MAX, AlignedLayout, aligned_layout,
 };
 pub use meta::{META_FORMAT_VERSION, ObjectMeta, PADS_MAX, Pad, PartPiece, StripeGeometry};
 pub use names::{KEY_BYTES_MAX, NameError, validate_bucket, validate_key};

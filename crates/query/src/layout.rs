@@ -5,8 +5,7 @@
 use bytes::Bytes;
 use pushdown::Footer;
 
-/// Bytes read from a file's end for its footer at first (a second read when it is larger).
-const TAIL_GUESS_BYTES: u64 = 64 << 10;
+use crate::plan::FOOTER_GUESS_BYTES;
 
 /// The alignment for a Parquet file of `size` bytes (its row groups), reading its footer with
 /// `read(offset, len)`. `None` when the file is not Parquet, its footer is damaged or too
@@ -18,7 +17,7 @@ pub fn parquet_alignment(
     if size < 12 {
         return None;
     }
-    let guess = size.min(TAIL_GUESS_BYTES);
+    let guess = size.min(FOOTER_GUESS_BYTES);
     let mut tail = read(size - guess, guess as usize).ok()?;
     if tail.len() as u64 != guess {
         return None;
@@ -42,17 +41,19 @@ pub async fn object_alignment(
     }
     let mut head = [0u8; 4];
     client.read_at(info, 0, &mut head).await?;
-    let guess = size.min(TAIL_GUESS_BYTES);
-    let mut tail = vec![0u8; guess as usize];
-    client.read_at(info, size - guess, &mut tail).await?;
-    let Ok(needed) = Footer::tail_len("object", &tail[tail.len() - 8..], size) else {
+    if &head != b"PAR1" {
         return Ok(None);
-    };
-    if needed > guess {
-        tail = vec![0u8; needed as usize];
-        client.read_at(info, size - needed, &mut tail).await?;
     }
-    Ok(from_tail(size, &head, &tail))
+    match crate::plan::read_footer(client, "object", info).await {
+        Ok(footer) => Ok(Some(row_groups(size, &footer))),
+        Err(crate::Error::Client(e)) => Err(e),
+        Err(_) => Ok(None),
+    }
+}
+
+fn row_groups(size: u64, footer: &Footer) -> client::Alignment {
+    let ranges = (0..footer.row_groups()).filter_map(|g| footer.row_group_range(g)).collect();
+    client::Alignment { size, ranges }
 }
 
 /// The row groups of a Parquet file of `size` bytes from its first 4 bytes and a tail that
@@ -64,8 +65,7 @@ fn from_tail(size: u64, head: &[u8], tail: &[u8]) -> Option<client::Alignment> {
     let needed = Footer::tail_len("object", &tail[tail.len() - 8..], size).ok()?;
     let metadata = tail.get(tail.len().checked_sub(needed as usize)?..tail.len() - 8)?.to_vec();
     let footer = Footer::parse("object", Bytes::from(metadata), size).ok()?;
-    let ranges: Vec<_> = (0..footer.row_groups()).filter_map(|g| footer.row_group_range(g)).collect();
-    Some(client::Alignment { size, ranges })
+    Some(row_groups(size, &footer))
 }
 
 /// [`parquet_alignment`] of a file held in memory.

@@ -31,7 +31,7 @@ use crate::{Error, QueryCounters, QueryOptions};
 /// Objects one table may have at most.
 pub(crate) const TABLE_OBJECTS_MAX: usize = 10_000;
 /// Bytes read from an object's end in one go for its footer (most footers fit).
-const FOOTER_GUESS_BYTES: u64 = 64 << 10;
+pub(crate) const FOOTER_GUESS_BYTES: u64 = 64 << 10;
 /// Result batches buffered per node between the network and the engine.
 const NODE_BATCHES_BUFFERED: usize = 4;
 
@@ -226,7 +226,7 @@ async fn list_all(client: &Client, bucket: &str, prefix: &str) -> Result<Vec<Str
 
 /// Reads and parses an object's Parquet footer: one read of its last 64 KiB, a second when
 /// the footer is larger.
-async fn read_footer(client: &Client, name: &str, info: &ObjectInfo) -> Result<Footer, Error> {
+pub(crate) async fn read_footer(client: &Client, name: &str, info: &ObjectInfo) -> Result<Footer, Error> {
     let size = info.meta.size;
     if size < 12 {
         return Err(Error::BadQuery(format!("{name} is not a Parquet file ({size} bytes)")));
