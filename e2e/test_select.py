@@ -230,6 +230,32 @@ def test_scan_ranges_select_the_records_that_start_inside_them(s3, bucket):
     ]
 
 
+def test_a_large_csv_or_json_object_is_selected_by_the_nodes_that_hold_it(s3, bucket):
+    # Several MiB: several chunks on several nodes, each taking the records that start in its
+    # chunks (records come in no particular order across chunks, as S3 Select over Parquet).
+    rows = 300_000
+    ke = [(i * 7919) % 1000 for i in range(rows)]
+    body = b"id,ke,tag\n" + b"".join(b"%d,%d,t%d\n" % (i, ke[i], i % 5) for i in range(rows))
+    lines = "".join(json.dumps({"id": i, "ke": ke[i], "tag": f"t{i % 5}"}) + "\n" for i in range(rows)).encode()
+    s3.put_object(Bucket=bucket, Key="large.csv", Body=body)
+    s3.put_object(Bucket=bucket, Key="large.json", Body=lines)
+    hot = [i for i in range(rows) if ke[i] > 995]
+    t3 = [i for i in range(rows) if i % 5 == 3]
+    for key, data, input_serialization, cast in [
+        ("large.csv", body, {"CSV": {"FileHeaderInfo": "USE"}}, "CAST(ke AS INT)"),
+        ("large.json", lines, {"JSON": {"Type": "LINES"}}, "ke"),
+    ]:
+        out, stats = _select(s3, bucket, key, f"SELECT id FROM S3Object WHERE {cast} > 995", input_serialization)
+        assert sorted(int(x) for x in out.split()) == hot, key
+        assert stats["BytesScanned"] >= len(data), (key, stats)
+        out, _ = _select(s3, bucket, key, "SELECT count(*), sum(CAST(id AS BIGINT)) FROM S3Object WHERE tag = 't3'",
+                         input_serialization)
+        assert out.strip() == f"{len(t3)},{sum(t3)}", key
+        out, _ = _select(s3, bucket, key, "SELECT id FROM S3Object LIMIT 7", input_serialization)
+        ids = [int(x) for x in out.split()]
+        assert len(ids) == 7 and len(set(ids)) == 7 and all(0 <= i < rows for i in ids), (key, ids)
+
+
 def test_progress_events_when_asked_for(s3, bucket):
     body = b"".join(b"%d,%d\n" % (i, i * i) for i in range(200_000))
     s3.put_object(Bucket=bucket, Key="squares.csv", Body=body)

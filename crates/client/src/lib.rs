@@ -52,7 +52,8 @@ pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo,
 pub use proto::QUERY_FOOTER_BYTES_MAX;
 pub use proto::{
     AggregateFunction, AggregateSpec, BucketEntry, CommitCondition, DriveRepairStatus, DriveSpace, ErrorKind,
-    ListEntry, PartialAggregate, QueryObject, RepairAction, RepairStatus, ScanSpec, ScrubStatus,
+    ListEntry, PartialAggregate, QueryObject, RECORD_SPLITS_MAX, RecordObject, RecordSplit, RepairAction, RepairStatus,
+    ScanSpec, ScrubStatus,
 };
 pub use query::{QUERY_SILENCE_MAX, QueryReply, QueryStats};
 pub use relocate::{MoveKind, Moved, PoolListing};

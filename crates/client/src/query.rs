@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use proto::{AggregateSpec, QueryObject, Request, Response, ScanSpec};
+use proto::{AggregateSpec, QueryObject, RecordFormat, RecordObject, Request, Response, ScanSpec};
 
 use crate::conn::Conn;
 use crate::{Client, Error, ObjectInfo};
@@ -126,6 +126,29 @@ impl Client {
         aggregate: Option<AggregateSpec>,
         objects: Vec<QueryObject>,
     ) -> Result<QueryReply, Error> {
+        let request = match aggregate {
+            Some(aggregate) => Request::AggregateQuery { scan, aggregate, objects },
+            None => Request::Query { scan, objects },
+        };
+        self.send_query(node, request).await
+    }
+
+    /// Sends a near-data query over records to node `node`: `scan` (with `aggregate`, a partial
+    /// aggregate) over the records of `objects` that start in their splits, decoded as `format`
+    /// says into a table of `schema` (an Arrow IPC stream of the schema alone).
+    pub async fn query_node_records(
+        &self,
+        node: &str,
+        scan: ScanSpec,
+        aggregate: Option<AggregateSpec>,
+        format: RecordFormat,
+        schema: Vec<u8>,
+        objects: Vec<RecordObject>,
+    ) -> Result<QueryReply, Error> {
+        self.send_query(node, Request::RecordQuery { scan, aggregate, format, schema, objects }).await
+    }
+
+    async fn send_query(&self, node: &str, request: Request) -> Result<QueryReply, Error> {
         let node_idx = self
             .topo
             .map
@@ -135,10 +158,6 @@ impl Client {
         let options = &self.inner.options;
         let send = async {
             let mut conn = pool.get(options.connect_timeout, options.down_backoff).await?;
-            let request = match aggregate {
-                Some(aggregate) => Request::AggregateQuery { scan, aggregate, objects },
-                None => Request::Query { scan, objects },
-            };
             conn.send_request(&request).await?;
             Ok::<_, Error>(conn)
         };

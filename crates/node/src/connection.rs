@@ -227,10 +227,19 @@ fn serve_requests(
         }
         match request {
             Request::Read { items } => serve_read(session, state, &items)?,
-            Request::Query { scan, objects } => crate::query::serve(state, session, &scan, None, objects)?,
-            Request::AggregateQuery { scan, aggregate, objects } => {
-                crate::query::serve(state, session, &scan, Some(&aggregate), objects)?
+            Request::Query { scan, objects } => {
+                crate::query::serve(state, session, &scan, None, crate::query::Target::RowGroups(objects))?
             }
+            Request::AggregateQuery { scan, aggregate, objects } => {
+                crate::query::serve(state, session, &scan, Some(&aggregate), crate::query::Target::RowGroups(objects))?
+            }
+            Request::RecordQuery { scan, aggregate, format, schema, objects } => crate::query::serve(
+                state,
+                session,
+                &scan,
+                aggregate.as_ref(),
+                crate::query::Target::Records { format, schema, objects },
+            )?,
             Request::ChunkWrite { drive, bucket, version, offset, len, block_bytes, crcs } => {
                 // `len` was checked against CHUNK_BYTES_MAX by decode_request, and `crcs`
                 // against `len` and `block_bytes`.
@@ -375,7 +384,11 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
         Request::DriveReplace { drive } => {
             with_drive(state, drive, |_| crate::rebuild::replace(state, drive as usize).map(|()| Response::Ok))
         }
-        Request::Read { .. } | Request::ChunkWrite { .. } | Request::Query { .. } | Request::AggregateQuery { .. } => {
+        Request::Read { .. }
+        | Request::ChunkWrite { .. }
+        | Request::Query { .. }
+        | Request::AggregateQuery { .. }
+        | Request::RecordQuery { .. } => {
             unreachable!("data requests are served by serve_requests")
         }
     }

@@ -1,7 +1,8 @@
-//! Near-data query on a node ([`proto::Request::Query`]): evaluates a client's scan over the
-//! row groups it was given with the `pushdown` engine and streams the matching rows back as
-//! Arrow IPC. The bytes of a row group are read from this node's drives where its chunks are
-//! here, and from the peers that hold the rest (a row group may cross chunk boundaries); a
+//! Near-data query on a node ([`proto::Request::Query`], [`proto::Request::RecordQuery`]):
+//! evaluates a client's scan over the row groups, or record splits, it was given with the
+//! `pushdown` engine and streams the matching rows back as Arrow IPC. The bytes are read from
+//! this node's drives where its chunks are here, and from the peers that hold the rest (a row
+//! group may cross chunk boundaries, a split's last record ends in the next chunk); a
 //! chunk range missing or corrupt anywhere is rebuilt from k other chunks of its stripe, so
 //! the rows are exact with up to m chunks lost. That rebuild is not on the GET path: a client
 //! reading an object still decodes for itself.
@@ -16,8 +17,12 @@ use bytes::Bytes;
 use cluster::{DriveRef, Placement};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
-use proto::{AggregateSpec, ErrorKind, ObjectMeta, QueryObject, ReadItem, Response, ScanSpec};
-use pushdown::{ByteSource, Footer, ScanLimits, ScanObject, Spill};
+use proto::{
+    AggregateSpec, ErrorKind, ObjectMeta, QueryObject, ReadItem, RecordFormat, RecordObject, Response, ScanSpec,
+    VersionId,
+};
+use pushdown::datafusion::arrow::datatypes::SchemaRef;
+use pushdown::{ByteSource, Footer, ScanLimits, ScanObject, Spill, SplitObject};
 
 use crate::State;
 use crate::peer::Peer;
@@ -80,13 +85,19 @@ pub(crate) fn serve(
     answer: &mut dyn Answer,
     scan: &ScanSpec,
     aggregate: Option<&AggregateSpec>,
-    objects: Vec<QueryObject>,
+    target: Target,
 ) -> std::io::Result<()> {
-    let result = serve_until_done(state, answer, scan, aggregate, objects);
+    let result = serve_until_done(state, answer, scan, aggregate, target);
     if let Err(e) = &result {
         tracing::info!(error = %e, "query stopped: the client went away");
     }
     result
+}
+
+/// What a query scans: row groups of Parquet objects, or splits of CSV or JSON-lines ones.
+pub(crate) enum Target {
+    RowGroups(Vec<QueryObject>),
+    Records { format: RecordFormat, schema: Vec<u8>, objects: Vec<RecordObject> },
 }
 
 fn serve_until_done(
@@ -94,7 +105,7 @@ fn serve_until_done(
     answer: &mut dyn Answer,
     scan: &ScanSpec,
     aggregate: Option<&AggregateSpec>,
-    objects: Vec<QueryObject>,
+    target: Target,
 ) -> std::io::Result<()> {
     // The turn first: a query waiting for one holds nothing (not even its parsed footers),
     // and says it is alive meanwhile.
@@ -112,18 +123,34 @@ fn serve_until_done(
             }
         }
     })?;
-    let (scan_objects, source) = match prepare(state, objects) {
+    let (prepared, source) = match prepare(state, target) {
         Ok(prepared) => prepared,
         Err((kind, message)) => return answer.response(&Response::Error { kind, message }),
     };
-    let footers: Vec<(&str, &Footer)> = scan_objects.iter().map(|o| (o.name.as_str(), o.footer.as_ref())).collect();
-    let schema = match pushdown::table_schema(&footers) {
-        Ok(schema) => schema,
-        Err(e) => return answer.response(&Response::Error { kind: ErrorKind::BadQuery, message: e.to_string() }),
-    };
     let source = Arc::new(source);
     let dyn_source: Arc<dyn ByteSource> = source.clone();
-    let started = runtime.block_on(pushdown::scan(scan_objects, schema, dyn_source, scan, aggregate, &queries.limits));
+    let started = match prepared {
+        Prepared::RowGroups(scan_objects) => {
+            let footers: Vec<(&str, &Footer)> =
+                scan_objects.iter().map(|o| (o.name.as_str(), o.footer.as_ref())).collect();
+            let schema = match pushdown::table_schema(&footers) {
+                Ok(schema) => schema,
+                Err(e) => {
+                    return answer.response(&Response::Error { kind: ErrorKind::BadQuery, message: e.to_string() });
+                }
+            };
+            runtime.block_on(pushdown::scan(scan_objects, schema, dyn_source, scan, aggregate, &queries.limits))
+        }
+        Prepared::Records { format, schema, objects } => runtime.block_on(pushdown::scan_records(
+            objects,
+            schema,
+            &format,
+            dyn_source,
+            scan,
+            aggregate,
+            &queries.limits,
+        )),
+    };
     let mut stream = match started {
         Ok(stream) => stream,
         Err(e) => return answer.response(&failure(&e)),
@@ -238,27 +265,29 @@ fn failure(error: &pushdown::Error) -> Response {
     Response::Error { kind, message: error.to_string() }
 }
 
-/// Checks the request against what this node holds: every version on the drive named, its
-/// footer sound, its row groups inside it.
-fn prepare(
-    state: &Arc<State>,
-    objects: Vec<QueryObject>,
-) -> Result<(Vec<ScanObject>, NodeSource), (ErrorKind, String)> {
+/// A request checked against what this node holds.
+enum Prepared {
+    RowGroups(Vec<ScanObject>),
+    Records { format: RecordFormat, schema: SchemaRef, objects: Vec<SplitObject> },
+}
+
+/// Checks the request against what this node holds: every version on the drive named; a
+/// Parquet object's footer sound and its row groups inside it; a record object's splits
+/// inside it.
+fn prepare(state: &Arc<State>, target: Target) -> Result<(Prepared, NodeSource), (ErrorKind, String)> {
     let map = state.map.get();
-    let mut scan_objects = Vec::with_capacity(objects.len());
-    let mut layouts = Vec::with_capacity(objects.len());
-    for object in objects {
-        let name = format!("{}/{}", object.bucket, object.key);
-        let drive = state
+    let mut layouts = Vec::new();
+    let mut locate = |drive: u32, bucket: &str, key: &str, version: VersionId| {
+        let name = format!("{bucket}/{key}");
+        let on = state
             .drives
-            .get(object.drive as usize)
-            .ok_or_else(|| (ErrorKind::NoSuchDrive, format!("node {} has no drive {}", state.node_id, object.drive)))?;
-        let versions =
-            drive.get_versions(&object.bucket, &object.key).map_err(|e| (ErrorKind::Io, format!("{name}: {e}")))?;
-        let meta = versions.all().find(|m| m.version == object.version).cloned().ok_or_else(|| {
+            .get(drive as usize)
+            .ok_or_else(|| (ErrorKind::NoSuchDrive, format!("node {} has no drive {drive}", state.node_id)))?;
+        let versions = on.get_versions(bucket, key).map_err(|e| (ErrorKind::Io, format!("{name}: {e}")))?;
+        let meta = versions.all().find(|m| m.version == version).cloned().ok_or_else(|| {
             (
                 ErrorKind::Unavailable,
-                format!("drive {} of node {} does not hold that version of {name}", object.drive, state.node_id),
+                format!("drive {drive} of node {} does not hold that version of {name}", state.node_id),
             )
         })?;
         if !meta.has_data_file() {
@@ -269,34 +298,57 @@ fn prepare(
             .get(meta.set_idx as usize)
             .filter(|set| set.drives.len() == meta.n())
             .ok_or_else(|| (ErrorKind::Io, format!("{name}: its set {} is not in the map", meta.set_idx)))?;
-        let footer = Footer::parse(&name, Bytes::from(object.footer), meta.size)
-            .map_err(|e| (ErrorKind::BadQuery, e.to_string()))?;
-        let row_groups: Vec<usize> = object.row_groups.iter().map(|g| *g as usize).collect();
-        if let Some(bad) = row_groups.iter().find(|g| **g >= footer.row_groups()) {
-            return Err((ErrorKind::BadQuery, format!("{name} has no row group {bad}")));
-        }
-        // Each row group once: a repeated one would be scanned, and its rows returned, twice.
-        if row_groups.windows(2).any(|pair| pair[0] >= pair[1]) {
-            return Err((ErrorKind::BadQuery, format!("{name}: row groups must be listed once each, in order")));
-        }
+        let size = meta.size;
         layouts.push(Layout {
             placement: Placement { set_idx: meta.set_idx as usize, rotation: usize::from(meta.rotation), n: meta.n() },
             drives: set.drives.clone(),
             meta,
         });
-        scan_objects.push(ScanObject {
-            name,
-            size: layouts.last().expect("pushed").meta.size,
-            footer: Arc::new(footer),
-            row_groups,
-        });
-    }
+        Ok::<_, (ErrorKind, String)>((name, size))
+    };
+    let prepared = match target {
+        Target::RowGroups(objects) => {
+            let mut scan_objects = Vec::with_capacity(objects.len());
+            for object in objects {
+                let (name, size) = locate(object.drive, &object.bucket, &object.key, object.version)?;
+                let footer = Footer::parse(&name, Bytes::from(object.footer), size)
+                    .map_err(|e| (ErrorKind::BadQuery, e.to_string()))?;
+                let row_groups: Vec<usize> = object.row_groups.iter().map(|g| *g as usize).collect();
+                if let Some(bad) = row_groups.iter().find(|g| **g >= footer.row_groups()) {
+                    return Err((ErrorKind::BadQuery, format!("{name} has no row group {bad}")));
+                }
+                // Each row group once: a repeated one would be scanned, and its rows returned, twice.
+                if row_groups.windows(2).any(|pair| pair[0] >= pair[1]) {
+                    return Err((
+                        ErrorKind::BadQuery,
+                        format!("{name}: row groups must be listed once each, in order"),
+                    ));
+                }
+                scan_objects.push(ScanObject { name, size, footer: Arc::new(footer), row_groups });
+            }
+            Prepared::RowGroups(scan_objects)
+        }
+        Target::Records { format, schema, objects } => {
+            let schema =
+                pushdown::records::schema_from_bytes(&schema).map_err(|e| (ErrorKind::BadQuery, e.to_string()))?;
+            let mut split_objects = Vec::with_capacity(objects.len());
+            for object in objects {
+                let (name, size) = locate(object.drive, &object.bucket, &object.key, object.version)?;
+                // Order and overlap were checked when the request was decoded.
+                if let Some(bad) = object.splits.iter().find(|s| s.last >= size) {
+                    return Err((ErrorKind::BadQuery, format!("{name} ({size} bytes) has no byte {}", bad.last)));
+                }
+                split_objects.push(SplitObject { name, size, splits: object.splits });
+            }
+            Prepared::Records { format, schema, objects: split_objects }
+        }
+    };
     let source = NodeSource {
         inner: Arc::new(SourceInner { state: Arc::clone(state), objects: layouts, peers: Mutex::new(HashMap::new()) }),
         local_bytes: Arc::new(AtomicU64::new(0)),
         peer_bytes: Arc::new(AtomicU64::new(0)),
     };
-    Ok((scan_objects, source))
+    Ok((prepared, source))
 }
 
 /// Where an object's chunks are.

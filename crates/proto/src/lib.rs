@@ -650,6 +650,66 @@ pub enum Request {
     /// predates it fails to decode the request and closes the connection, and the client
     /// evaluates that node's row groups itself.
     AggregateQuery { scan: ScanSpec, aggregate: AggregateSpec, objects: Vec<QueryObject> },
+    /// A near-data query over CSV or JSON-lines objects: as [`Request::Query`] (with
+    /// `aggregate`, as [`Request::AggregateQuery`]), over the records that start in each
+    /// object's listed splits, decoded as `format` says into a table of `schema` (an Arrow IPC
+    /// stream holding only its schema, at most [`RECORD_SCHEMA_BYTES_MAX`]). The node reads a
+    /// split from its own drives and the last record's tail from the neighbouring chunk, as
+    /// input splits do. Appended within protocol version 7 as `AggregateQuery` was: a node
+    /// that predates it fails to decode the request, and the client evaluates its splits.
+    RecordQuery {
+        scan: ScanSpec,
+        aggregate: Option<AggregateSpec>,
+        format: RecordFormat,
+        schema: Vec<u8>,
+        objects: Vec<RecordObject>,
+    },
+}
+
+/// Bytes of a [`Request::RecordQuery`]'s schema at most.
+pub const RECORD_SCHEMA_BYTES_MAX: usize = 1 << 20;
+/// Splits one [`Request::RecordQuery`] lists at most (over all its objects).
+pub const RECORD_SPLITS_MAX: usize = 1 << 16;
+
+/// How a [`Request::RecordQuery`]'s objects write their records: one per line.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum RecordFormat {
+    Csv(CsvFormat),
+    /// One JSON object per line.
+    JsonLines,
+}
+
+/// CSV records: every column a string; an empty field is an empty string (S3 Select's rules).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CsvFormat {
+    /// The object's first line is a header, not a record.
+    pub header: bool,
+    pub delimiter: u8,
+    pub quote: u8,
+    /// Inside a quoted field, this byte makes the next one literal (`None`: a doubled quote).
+    pub escape: Option<u8>,
+    /// Lines starting with this byte are skipped.
+    pub comment: Option<u8>,
+}
+
+/// The records of an object whose first byte lies in `first..=last` (each read to its line
+/// break, past `last` if it must be).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RecordSplit {
+    pub first: u64,
+    pub last: u64,
+}
+
+/// One object of a [`Request::RecordQuery`]: which version and which of its records.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RecordObject {
+    /// A drive of this node that holds the version's metadata.
+    pub drive: u32,
+    pub bucket: String,
+    pub key: String,
+    pub version: VersionId,
+    /// In order, not overlapping.
+    pub splits: Vec<RecordSplit>,
 }
 
 /// What a node evaluates over its row groups: `SELECT columns FROM t WHERE filters LIMIT limit`
@@ -933,6 +993,46 @@ impl Request {
                         what: "query",
                         reason: format!("{footers} footer bytes exceed {QUERY_FOOTER_BYTES_MAX}"),
                     });
+                }
+                Ok(())
+            }
+            Request::RecordQuery { objects, .. } if objects.len() > BATCH_ITEMS_MAX => {
+                Err(too_many("query objects", objects.len()))
+            }
+            Request::RecordQuery { aggregate, schema, objects, .. } => {
+                if let Some(aggregate) = aggregate {
+                    for (what, found) in
+                        [("group columns", aggregate.group_by.len()), ("aggregates", aggregate.aggregates.len())]
+                    {
+                        if found > AGGREGATE_ITEMS_MAX {
+                            return Err(Error::TooManyItems { what, found, max: AGGREGATE_ITEMS_MAX });
+                        }
+                    }
+                }
+                if schema.len() > RECORD_SCHEMA_BYTES_MAX {
+                    return Err(Error::Invalid {
+                        what: "record query",
+                        reason: format!("a schema of {} bytes exceeds {RECORD_SCHEMA_BYTES_MAX}", schema.len()),
+                    });
+                }
+                let splits: usize = objects.iter().map(|o| o.splits.len()).sum();
+                if splits > RECORD_SPLITS_MAX {
+                    return Err(Error::TooManyItems { what: "record splits", found: splits, max: RECORD_SPLITS_MAX });
+                }
+                for object in objects {
+                    let mut after: Option<u64> = None;
+                    for split in &object.splits {
+                        if split.first > split.last || after.is_some_and(|a| split.first <= a) {
+                            return Err(Error::Invalid {
+                                what: "record query",
+                                reason: format!(
+                                    "splits of {}/{} must be in order and apart ({}..={})",
+                                    object.bucket, object.key, split.first, split.last
+                                ),
+                            });
+                        }
+                        after = Some(split.last);
+                    }
                 }
                 Ok(())
             }

@@ -100,6 +100,44 @@ fn an_aggregate_query_round_trips_and_is_bounded() {
     assert_eq!(body[1..], [1, 2, b'i', b'd', 0, 1, 3, 0, 0]);
 }
 
+fn record_query(splits: Vec<RecordSplit>, schema_bytes: usize) -> Request {
+    Request::RecordQuery {
+        scan: ScanSpec { columns: vec!["_1".into()], filters: vec!["_2 = 'x'".into()], limit: None, count_only: false },
+        aggregate: None,
+        format: RecordFormat::Csv(CsvFormat {
+            header: true,
+            delimiter: b',',
+            quote: b'"',
+            escape: None,
+            comment: None,
+        }),
+        schema: vec![7; schema_bytes],
+        objects: vec![RecordObject {
+            drive: 1,
+            bucket: "b".into(),
+            key: "k.csv".into(),
+            version: VersionId { unix_ns: 1, writer: 1 },
+            splits,
+        }],
+    }
+}
+
+#[test]
+fn a_record_query_round_trips_and_is_bounded() {
+    let split = |first, last| RecordSplit { first, last };
+    check_request_round_trip(record_query(vec![split(0, 10), split(11, 11), split(20, 30)], 64));
+    let at_limit = record_query((0..RECORD_SPLITS_MAX as u64).map(|i| split(i, i)).collect(), RECORD_SCHEMA_BYTES_MAX);
+    assert!(decode_request(&encode_body(&at_limit)).is_ok());
+    let over = record_query((0..=RECORD_SPLITS_MAX as u64).map(|i| split(i, i)).collect(), 1);
+    assert!(matches!(decode_request(&encode_body(&over)), Err(Error::TooManyItems { .. })));
+    let big_schema = record_query(vec![split(0, 1)], RECORD_SCHEMA_BYTES_MAX + 1);
+    assert!(matches!(decode_request(&encode_body(&big_schema)), Err(Error::Invalid { .. })));
+    // Splits out of order, overlapping or backwards would evaluate records twice or never.
+    for bad in [vec![split(5, 4)], vec![split(0, 10), split(10, 20)], vec![split(20, 30), split(0, 10)]] {
+        assert!(matches!(decode_request(&encode_body(&record_query(bad, 1))), Err(Error::Invalid { .. })));
+    }
+}
+
 #[test]
 fn limits_are_enforced_at_limit_plus_one() {
     let item = ReadItem { drive: 0, version: VersionId { unix_ns: 1, writer: 1 }, offset: 0, len: 1 };

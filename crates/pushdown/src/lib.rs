@@ -1,13 +1,16 @@
 //! Tessera's near-data query engine: evaluates a scan (projection, filter, limit, or a partial
-//! aggregate: counts, sums, minimums and maximums per group) over chosen row groups of Parquet objects with Apache DataFusion, reading the bytes through a
-//! [`ByteSource`]. A storage node runs it over the row groups that start in its chunks (its
-//! source reads its own drives and its peers); a client runs it over row groups no node could
-//! take (its source is the smart client's degraded read).
+//! aggregate: counts, sums, minimums and maximums per group) with Apache DataFusion over chosen
+//! row groups of Parquet objects, or over the records of CSV and JSON-lines objects that start
+//! in chosen byte splits ([`records`]), reading the bytes through a [`ByteSource`]. A storage
+//! node runs it over the row groups and splits that start in its chunks (its source reads its
+//! own drives and its peers); a client runs it over what no node could take (its source is the
+//! smart client's degraded read).
 //!
 //! This crate holds no I/O of its own and knows nothing of nodes or chunks: only Parquet
-//! footers, row groups, schemas and the Arrow IPC framing of results.
+//! footers, row groups, record splits, schemas and the Arrow IPC framing of results.
 
 mod footer;
+pub mod records;
 mod table;
 
 use std::fmt::Debug;
@@ -30,6 +33,7 @@ use futures_util::future::BoxFuture;
 pub use datafusion;
 pub use footer::{FOOTER_BYTES_MAX, Footer, table_schema};
 pub use proto::{AggregateFunction, AggregateSpec, PartialAggregate, ScanSpec};
+pub use records::{RecordFormat, RecordSplit, SplitObject};
 
 /// Why a scan could not run or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -179,13 +183,42 @@ pub async fn scan(
     aggregate: Option<&AggregateSpec>,
     limits: &ScanLimits,
 ) -> Result<SendableRecordBatchStream, Error> {
-    if spec.count_only && !spec.columns.is_empty() {
-        return Err(Error::BadQuery("a count-only scan returns no columns".into()));
-    }
     // The filters come from a plan's SQL writer, with column names as the table has them.
     let ctx = session_with(limits, Identifiers::AsWritten)?;
     let table = table::RowGroupTable::new(Arc::clone(&schema), objects, source, limits.partitions);
-    ctx.register_table("t", Arc::new(table)).map_err(Error::from_datafusion)?;
+    evaluate(ctx, Arc::new(table), schema, spec, aggregate).await
+}
+
+/// Evaluates `spec` (with `aggregate`, a partial aggregate) over the records of `objects` that
+/// start in their splits, decoded as `format` says into a table of `schema` (for CSV, strings
+/// only): the same answer as [`scan`] gives over row groups.
+pub async fn scan_records(
+    objects: Vec<SplitObject>,
+    schema: SchemaRef,
+    format: &RecordFormat,
+    source: Arc<dyn ByteSource>,
+    spec: &ScanSpec,
+    aggregate: Option<&AggregateSpec>,
+    limits: &ScanLimits,
+) -> Result<SendableRecordBatchStream, Error> {
+    records::check_schema(format, &schema)?;
+    let ctx = session_with(limits, Identifiers::AsWritten)?;
+    let table = records::table(Arc::clone(&schema), format.clone(), objects, source, limits.partitions)?;
+    evaluate(ctx, Arc::new(table), schema, spec, aggregate).await
+}
+
+/// `spec` (and `aggregate`) over `table`, registered in `ctx` as `t`.
+async fn evaluate(
+    ctx: SessionContext,
+    table: Arc<dyn datafusion::catalog::TableProvider>,
+    schema: SchemaRef,
+    spec: &ScanSpec,
+    aggregate: Option<&AggregateSpec>,
+) -> Result<SendableRecordBatchStream, Error> {
+    if spec.count_only && !spec.columns.is_empty() {
+        return Err(Error::BadQuery("a count-only scan returns no columns".into()));
+    }
+    ctx.register_table("t", table).map_err(Error::from_datafusion)?;
     let df_schema = DFSchema::try_from(schema.as_ref().clone()).map_err(Error::from_datafusion)?;
     let mut frame = ctx.table("t").await.map_err(Error::from_datafusion)?;
     for filter in &spec.filters {
@@ -312,3 +345,6 @@ impl IpcEncoder {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod records_tests;

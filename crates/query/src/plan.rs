@@ -1,5 +1,7 @@
-//! A table of Parquet objects whose scan runs on the nodes: row groups assigned to the node
-//! holding their first byte, one request per node, Arrow IPC back.
+//! A table of objects whose scan runs on the nodes, one request per node, Arrow IPC back:
+//! Parquet objects by row group, each assigned to the node holding its first byte; CSV and
+//! JSON-lines objects by record split, one per data chunk (the records that start in it),
+//! each assigned to the node holding the chunk.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use client::{AggregateSpec, Client, ErrorKind, ObjectInfo, QueryObject, ScanSpec};
+use client::{AggregateSpec, Client, ErrorKind, ObjectInfo, QueryObject, RecordObject, RecordSplit, ScanSpec};
 use futures_util::StreamExt;
 use pushdown::datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use pushdown::datafusion::arrow::buffer::Buffer;
@@ -23,7 +25,7 @@ use pushdown::datafusion::physical_plan::ExecutionPlan;
 use pushdown::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use pushdown::datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use pushdown::datafusion::sql::unparser::expr_to_sql;
-use pushdown::{Footer, ScanLimits, ScanObject};
+use pushdown::{Footer, RecordFormat, ScanLimits, ScanObject, SplitObject};
 
 use crate::source::ClientSource;
 use crate::{Error, QueryCounters, QueryOptions};
@@ -35,18 +37,59 @@ pub(crate) const FOOTER_GUESS_BYTES: u64 = 64 << 10;
 /// Result batches buffered per node between the network and the engine.
 const NODE_BATCHES_BUFFERED: usize = 4;
 
-/// One object of a table: where it is and its footer.
+/// A record object smaller than this is one split, not k tiny ones on k nodes.
+const SPLIT_BYTES_MIN: u64 = 1 << 20;
+
+/// One object of a table: where it is and what its scan is made of.
 #[derive(Debug)]
 struct TableObject {
     name: String,
     info: ObjectInfo,
-    footer: Arc<Footer>,
+    units: Units,
 }
 
-/// The Parquet objects named by one table reference.
+/// The pieces an object's scan is cut into, each evaluated whole by one node (or the client).
+#[derive(Debug)]
+enum Units {
+    /// A Parquet object's row groups (unit `i` is row group `i`).
+    RowGroups(Arc<Footer>),
+    /// A record object's splits, in order (unit `i` is split `i`).
+    Splits(Vec<RecordSplit>),
+}
+
+impl TableObject {
+    fn unit_count(&self) -> usize {
+        match &self.units {
+            Units::RowGroups(footer) => footer.row_groups(),
+            Units::Splits(splits) => splits.len(),
+        }
+    }
+
+    /// The first object byte unit `unit` reads.
+    fn unit_start(&self, unit: usize) -> Option<u64> {
+        match &self.units {
+            Units::RowGroups(footer) => footer.row_group_range(unit).map(|r| r.start),
+            Units::Splits(splits) => splits.get(unit).map(|s| pushdown::records::RangeCut::start(s.first)),
+        }
+    }
+}
+
+/// How a table's records are written: Parquet, or records of one format and schema.
+#[derive(Clone, Debug)]
+enum TableFormat {
+    Parquet,
+    /// `schema` as the nodes get it (an Arrow IPC stream of the schema alone).
+    Records {
+        format: RecordFormat,
+        schema_bytes: Arc<Vec<u8>>,
+    },
+}
+
+/// The objects named by one table reference: Parquet objects, or one CSV or JSON-lines object.
 #[derive(Clone, Debug)]
 pub(crate) struct ObjectTable {
     schema: SchemaRef,
+    format: TableFormat,
     objects: Arc<Vec<TableObject>>,
     client: Client,
     pushdown: bool,
@@ -102,12 +145,19 @@ impl ObjectTable {
             let info = client.head(bucket, &key).await?;
             let name = format!("{bucket}/{key}");
             let footer = read_footer(client, &name, &info).await?;
-            objects.push(TableObject { name, info, footer: Arc::new(footer) });
+            objects.push(TableObject { name, info, units: Units::RowGroups(Arc::new(footer)) });
         }
-        let named: Vec<(&str, &Footer)> = objects.iter().map(|o| (o.name.as_str(), o.footer.as_ref())).collect();
+        let named: Vec<(&str, &Footer)> = objects
+            .iter()
+            .filter_map(|o| match &o.units {
+                Units::RowGroups(footer) => Some((o.name.as_str(), footer.as_ref())),
+                Units::Splits(_) => None,
+            })
+            .collect();
         let schema = pushdown::table_schema(&named)?;
         Ok(Self {
             schema,
+            format: TableFormat::Parquet,
             objects: Arc::new(objects),
             client: client.clone(),
             pushdown: options.pushdown,
@@ -116,25 +166,55 @@ impl ObjectTable {
         })
     }
 
-    /// Row groups by node (`None`: the client's own), each as object index -> row groups.
+    /// The records of one CSV or JSON-lines object, `info`, decoded as `format` says into a
+    /// table of `schema`; `range` (first and last byte, inclusive) limits them to the records
+    /// that start inside it, `None` to none at all.
+    pub(crate) fn open_records(
+        client: &Client,
+        info: ObjectInfo,
+        format: RecordFormat,
+        schema: SchemaRef,
+        range: Option<(u64, u64)>,
+        options: &QueryOptions,
+        counters: Arc<QueryCounters>,
+    ) -> Result<Self, Error> {
+        pushdown::records::check_schema(&format, &schema)?;
+        let schema_bytes = pushdown::records::schema_to_bytes(&schema)?;
+        let name = format!("{}/{}", info.meta.bucket, info.meta.key);
+        let splits = match range {
+            Some((first, last)) => record_splits(&info, first, last),
+            None => Vec::new(),
+        };
+        Ok(Self {
+            schema,
+            format: TableFormat::Records { format, schema_bytes: Arc::new(schema_bytes) },
+            objects: Arc::new(vec![TableObject { name, info, units: Units::Splits(splits) }]),
+            client: client.clone(),
+            pushdown: options.pushdown,
+            limits: options.limits,
+            counters,
+        })
+    }
+
+    /// Units by node (`None`: the client's own), each as object index -> units.
     fn assign(&self) -> BTreeMap<Option<String>, BTreeMap<usize, Vec<u32>>> {
         let mut by_node: BTreeMap<Option<String>, BTreeMap<usize, Vec<u32>>> = BTreeMap::new();
         for (idx, object) in self.objects.iter().enumerate() {
-            for group in 0..object.footer.row_groups() {
-                let node = if self.pushdown { self.node_for(object, group) } else { None };
-                by_node.entry(node).or_default().entry(idx).or_default().push(group as u32);
+            for unit in 0..object.unit_count() {
+                let node = if self.pushdown { self.node_for(object, unit) } else { None };
+                by_node.entry(node).or_default().entry(idx).or_default().push(unit as u32);
             }
         }
         by_node
     }
 
-    /// The node that evaluates row group `group` of `object`: the one holding the group's
-    /// first byte, or the next position of the set whose drive holds the version and whose
-    /// node is not down (a set has one drive per node). `None` when no node can (a multipart
-    /// object; every candidate down).
-    fn node_for(&self, object: &TableObject, group: usize) -> Option<String> {
+    /// The node that evaluates unit `unit` of `object`: the one holding the unit's first
+    /// byte, or the next position of the set whose drive holds the version and whose node is
+    /// not down (a set has one drive per node). `None` when no node can (a multipart object;
+    /// every candidate down).
+    fn node_for(&self, object: &TableObject, unit: usize) -> Option<String> {
         let info = &object.info;
-        let start = object.footer.row_group_range(group)?.start;
+        let start = object.unit_start(unit)?;
         let first = info.position_of(start)?;
         let n = info.drives.len();
         (0..n).map(|step| (first + step) % n).find_map(|position| {
@@ -143,6 +223,62 @@ impl ObjectTable {
             (holds && !self.client.node_is_down(node)).then(|| node.clone())
         })
     }
+}
+
+/// The splits of an object whose records are selected when they start in `first..=last`:
+/// one per data chunk (the records that start after the chunk's first byte, up to and with the
+/// one starting at its end; the object's first record is the first chunk's), or one for an
+/// object under [`SPLIT_BYTES_MIN`], each cut to `first..=last`.
+fn record_splits(info: &ObjectInfo, first: u64, last: u64) -> Vec<RecordSplit> {
+    let meta = &info.meta;
+    let size = meta.size;
+    let last = last.min(size.saturating_sub(1));
+    if size == 0 || first > last {
+        return Vec::new();
+    }
+    // Where chunks start, as object offsets (a multipart or small object: one split).
+    let mut starts = vec![0u64];
+    if meta.has_data_file() && size >= SPLIT_BYTES_MIN {
+        let geometry = meta.geometry();
+        let stored = meta.stored_size();
+        let mut stripe = 0u64;
+        while geometry.stripe_offset(stripe) < stored {
+            let chunk_len = geometry.chunk_len(stripe) as u64;
+            for chunk in 0..u64::from(meta.k) {
+                let at = object_offset(info, geometry.stripe_offset(stripe) + chunk * chunk_len);
+                if at < size && at > *starts.last().expect("never empty") {
+                    starts.push(at);
+                }
+            }
+            stripe += 1;
+        }
+    }
+    let mut splits = Vec::with_capacity(starts.len());
+    for (i, &start) in starts.iter().enumerate() {
+        let from = if start == 0 { 0 } else { start + 1 };
+        let to = starts.get(i + 1).copied().unwrap_or(size - 1).min(size - 1);
+        let (from, to) = (from.max(first), to.min(last));
+        if from <= to {
+            splits.push(RecordSplit { first: from, last: to });
+        }
+    }
+    splits
+}
+
+/// The object offset of stored offset `stored` (one inside a pad: the object byte after it).
+fn object_offset(info: &ObjectInfo, stored: u64) -> u64 {
+    let mut shift = 0u64;
+    for pad in &info.meta.pads {
+        let (pad_start, pad_end) = (pad.at + shift, pad.at + shift + u64::from(pad.len));
+        if stored < pad_start {
+            break;
+        }
+        if stored < pad_end {
+            return pad.at;
+        }
+        shift += u64::from(pad.len);
+    }
+    stored - shift
 }
 
 /// `filter` as SQL text a node parses back to the same expression, or `None`. The SQL writer
@@ -326,6 +462,7 @@ impl ObjectTable {
                 Arc::new(Fragment {
                     node,
                     groups,
+                    format: self.format.clone(),
                     objects: Arc::clone(&self.objects),
                     table_schema: Arc::clone(&self.schema),
                     schema: Arc::clone(&schema),
@@ -347,8 +484,9 @@ impl ObjectTable {
 struct Fragment {
     /// `None`: the client evaluates them.
     node: Option<String>,
-    /// Object index -> row groups.
+    /// Object index -> units (row groups or splits).
     groups: BTreeMap<usize, Vec<u32>>,
+    format: TableFormat,
     objects: Arc<Vec<TableObject>>,
     table_schema: SchemaRef,
     /// What the fragment yields: the projected columns.
@@ -407,32 +545,63 @@ impl Fragment {
         }
     }
 
-    /// Sends the fragment to its node and passes the rows on.
-    async fn on_node(&self, node: &str, tx: &Sender) -> Result<Result<(), NodeFailure>, Stopped> {
-        let mut objects = Vec::with_capacity(self.groups.len());
-        for (&idx, groups) in &self.groups {
+    /// The fragment as node requests, each within the protocol's bounds; `Err`: the node
+    /// holds no drive of an object.
+    fn requests(&self, node: &str) -> Result<Vec<NodeRequest>, Error> {
+        let mut row_groups = Vec::new();
+        let mut records = Vec::new();
+        for (&idx, units) in &self.groups {
             let object = &self.objects[idx];
             let info = &object.info;
-            let Some(drive) = info.drives.iter().find(|(id, _)| id == node).map(|(_, d)| *d as u32) else {
-                return Ok(Err(NodeFailure::BeforeResults(Error::Engine(format!(
-                    "{node} holds no drive of {}",
-                    object.name
-                )))));
-            };
-            objects.push(QueryObject {
-                drive,
-                bucket: info.meta.bucket.clone(),
-                key: info.meta.key.clone(),
-                version: info.meta.version,
-                footer: object.footer.bytes.to_vec(),
-                row_groups: groups.clone(),
-            });
+            let drive = info
+                .drives
+                .iter()
+                .find(|(id, _)| id == node)
+                .map(|(_, d)| *d as u32)
+                .ok_or_else(|| Error::Engine(format!("{node} holds no drive of {}", object.name)))?;
+            let (bucket, key, version) = (info.meta.bucket.clone(), info.meta.key.clone(), info.meta.version);
+            match &object.units {
+                Units::RowGroups(footer) => row_groups.push(QueryObject {
+                    drive,
+                    bucket,
+                    key,
+                    version,
+                    footer: footer.bytes.to_vec(),
+                    row_groups: units.clone(),
+                }),
+                Units::Splits(splits) => {
+                    let splits = units.iter().map(|u| splits[*u as usize]).collect();
+                    records.push(RecordObject { drive, bucket, key, version, splits });
+                }
+            }
         }
-        // Requests carry the footers: split them so that each stays within the frame bound.
+        let mut requests: Vec<NodeRequest> = split_by_footer_bytes(row_groups)
+            .into_iter()
+            .filter(|r| !r.is_empty())
+            .map(NodeRequest::RowGroups)
+            .collect();
+        requests.extend(split_by_split_count(records).into_iter().map(NodeRequest::Records));
+        Ok(requests)
+    }
+
+    /// Sends the fragment to its node and passes the rows on.
+    async fn on_node(&self, node: &str, tx: &Sender) -> Result<Result<(), NodeFailure>, Stopped> {
+        let requests = match self.requests(node) {
+            Ok(requests) => requests,
+            Err(e) => return Ok(Err(NodeFailure::BeforeResults(e))),
+        };
         let mut batches_passed = false;
-        for request in split_by_footer_bytes(objects) {
+        for request in requests {
             self.counters.node_requests.fetch_add(1, Ordering::Relaxed);
-            let sent = self.client.query_node(node, self.spec.clone(), self.aggregate.clone(), request).await;
+            let (spec, aggregate) = (self.spec.clone(), self.aggregate.clone());
+            let sent = match (request, &self.format) {
+                (NodeRequest::RowGroups(objects), _) => self.client.query_node(node, spec, aggregate, objects).await,
+                (NodeRequest::Records(objects), TableFormat::Records { format, schema_bytes }) => {
+                    let (format, schema) = (format.clone(), schema_bytes.to_vec());
+                    self.client.query_node_records(node, spec, aggregate, format, schema, objects).await
+                }
+                (NodeRequest::Records(_), TableFormat::Parquet) => unreachable!("record splits in a Parquet table"),
+            };
             let mut reply = match sent {
                 Ok(reply) => reply,
                 Err(e) => return Ok(Err(failure(e, batches_passed))),
@@ -494,19 +663,28 @@ impl Fragment {
             .map_err(|e| Error::Engine(format!("a node's results do not match the table's columns: {e}")))
     }
 
-    /// Evaluates the fragment here, reading the row groups through the smart client.
+    /// Evaluates the fragment here, reading the row groups or splits through the smart client.
     async fn on_client(&self, tx: &Sender) -> Result<Result<(), Error>, Stopped> {
-        let mut scan_objects = Vec::with_capacity(self.groups.len());
+        let mut scan_objects = Vec::new();
+        let mut split_objects = Vec::new();
         let mut infos = Vec::with_capacity(self.groups.len());
-        for (&idx, groups) in &self.groups {
+        for (&idx, units) in &self.groups {
             let object = &self.objects[idx];
-            self.counters.client_row_groups.fetch_add(groups.len() as u64, Ordering::Relaxed);
-            scan_objects.push(ScanObject {
-                name: object.name.clone(),
-                size: object.info.meta.size,
-                footer: Arc::clone(&object.footer),
-                row_groups: groups.iter().map(|g| *g as usize).collect(),
-            });
+            self.counters.client_row_groups.fetch_add(units.len() as u64, Ordering::Relaxed);
+            let (name, size) = (object.name.clone(), object.info.meta.size);
+            match &object.units {
+                Units::RowGroups(footer) => scan_objects.push(ScanObject {
+                    name,
+                    size,
+                    footer: Arc::clone(footer),
+                    row_groups: units.iter().map(|g| *g as usize).collect(),
+                }),
+                Units::Splits(splits) => split_objects.push(SplitObject {
+                    name,
+                    size,
+                    splits: units.iter().map(|u| splits[*u as usize]).collect(),
+                }),
+            }
             infos.push(object.info.clone());
         }
         let source = Arc::new(ClientSource {
@@ -514,16 +692,17 @@ impl Fragment {
             objects: infos,
             counters: Arc::clone(&self.counters),
         });
-        let mut stream = match pushdown::scan(
-            scan_objects,
-            Arc::clone(&self.table_schema),
-            source,
-            &self.spec,
-            self.aggregate.as_ref(),
-            &self.limits,
-        )
-        .await
-        {
+        let (spec, aggregate, limits) = (&self.spec, self.aggregate.as_ref(), &self.limits);
+        let started = match &self.format {
+            TableFormat::Parquet => {
+                pushdown::scan(scan_objects, Arc::clone(&self.table_schema), source, spec, aggregate, limits).await
+            }
+            TableFormat::Records { format, .. } => {
+                let schema = Arc::clone(&self.table_schema);
+                pushdown::scan_records(split_objects, schema, format, source, spec, aggregate, limits).await
+            }
+        };
+        let mut stream = match started {
             Ok(stream) => stream,
             Err(e) => return Ok(Err(e.into())),
         };
@@ -561,6 +740,40 @@ fn failure(error: client::Error, batches_passed: bool) -> NodeFailure {
 
 /// Objects one node request lists at most.
 const OBJECTS_PER_REQUEST_MAX: usize = 1024;
+
+/// One request of a fragment to its node.
+enum NodeRequest {
+    RowGroups(Vec<QueryObject>),
+    Records(Vec<RecordObject>),
+}
+
+/// Splits a node's record objects into requests of at most [`client::RECORD_SPLITS_MAX`]
+/// splits and [`OBJECTS_PER_REQUEST_MAX`] objects (an object with more splits is listed in
+/// several).
+fn split_by_split_count(objects: Vec<RecordObject>) -> Vec<Vec<RecordObject>> {
+    let mut requests: Vec<Vec<RecordObject>> = Vec::new();
+    let mut splits = 0;
+    for object in objects {
+        for piece in object.splits.chunks(client::RECORD_SPLITS_MAX) {
+            let full = requests
+                .last()
+                .is_none_or(|r| splits + piece.len() > client::RECORD_SPLITS_MAX || r.len() >= OBJECTS_PER_REQUEST_MAX);
+            if full {
+                requests.push(Vec::new());
+                splits = 0;
+            }
+            splits += piece.len();
+            requests.last_mut().expect("pushed above").push(RecordObject {
+                drive: object.drive,
+                bucket: object.bucket.clone(),
+                key: object.key.clone(),
+                version: object.version,
+                splits: piece.to_vec(),
+            });
+        }
+    }
+    requests
+}
 
 /// Splits a node's objects into requests whose footers stay within the protocol's bound (one
 /// footer alone always fits: [`pushdown::FOOTER_BYTES_MAX`] is that bound).

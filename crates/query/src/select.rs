@@ -1,10 +1,11 @@
 //! S3 Select (`SelectObjectContent`) over one object: the query names `S3Object`, the input is
 //! CSV, JSON or Parquet, the output CSV or JSON lines. A Parquet object is the same table as
-//! `'bucket/key'` in [`crate::start`] (scans on the nodes); CSV and JSON objects are streamed
-//! through this client's Arrow decoders (records are not aligned to chunks yet, so nodes cannot
-//! split them), window by window, never whole: gzip or bzip2 compressed or not, and, with a
-//! `ScanRange` (uncompressed input), only the records that start inside the range, each read to
-//! its end as input splits are.
+//! `'bucket/key'` in [`crate::start`] (scans on the nodes). An uncompressed CSV or JSON object
+//! is scanned on the nodes too, split as input splits are: each node takes the records that
+//! start in its data chunks (with a `ScanRange`, only those that also start inside the range),
+//! reading the last one's tail from the next chunk. A gzip or bzip2 object cannot be split
+//! (a decompressor starts at the beginning), so it streams through this client's Arrow
+//! decoders, window by window, never whole.
 //!
 //! CSV columns are strings, as S3 Select has them (`CAST` for numbers; an empty field is an
 //! empty string): named by the header line with `FileHeaderInfo USE`, `_1`, `_2`, ...
@@ -30,14 +31,18 @@ use pushdown::datafusion::physical_plan::streaming::PartitionStream;
 use pushdown::datafusion::sql::parser::Statement as DfStatement;
 use pushdown::datafusion::sql::sqlparser::ast::{SetExpr, Statement, TableFactor};
 
+use pushdown::records::{CsvFormat, Decoder, RecordFormat};
+
 use crate::{Error, QueryCounters, QueryOptions, df_error, plan::ObjectTable, stream_error};
 
 /// The name queries give the object.
 const TABLE: &str = "s3object";
 /// Bytes of a CSV or JSON object read per step.
 const WINDOW_BYTES: u64 = 4 << 20;
-/// Bytes of a JSON object looked at to learn its fields.
-const JSON_SCHEMA_BYTES: u64 = 1 << 20;
+/// Bytes of a CSV or JSON object read first to learn its columns.
+const HEAD_BYTES: u64 = 64 << 10;
+/// Bytes read when those do not hold the CSV header or 1,000 JSON records.
+const HEAD_BYTES_MAX: u64 = 1 << 20;
 /// Records of a JSON object looked at to learn its fields.
 const JSON_SCHEMA_RECORDS: usize = 1000;
 
@@ -175,6 +180,11 @@ pub struct ScannedBytes {
 }
 
 impl ScannedBytes {
+    /// What the select's scan moved: node requests, result bytes, what the client read.
+    pub fn counters(&self) -> &Arc<QueryCounters> {
+        &self.counters
+    }
+
     /// What the nodes read for a Parquet object, what this client read otherwise.
     pub fn total(&self) -> u64 {
         self.counters.node_read_bytes.load(Ordering::Relaxed)
@@ -245,19 +255,23 @@ pub async fn select(
             let table = ObjectTable::open_object(client, bucket, key, options, Arc::clone(&counters)).await?;
             ctx.register_table(TABLE, Arc::new(table)).map_err(df_error)?;
         }
+        SelectInput::Csv(_) | SelectInput::Json if source.compression == Compression::None => {
+            let info = client.head(bucket, key).await?;
+            let schema = records_schema(client, &info, input, source.compression, &counters).await?;
+            let range = source.scan_range.unwrap_or_default().bytes(info.meta.size);
+            let format = record_format(input);
+            let counters = Arc::clone(&counters);
+            let table = ObjectTable::open_records(client, info, format, schema, range, options, counters)?;
+            ctx.register_table(TABLE, Arc::new(table)).map_err(df_error)?;
+        }
         SelectInput::Csv(_) | SelectInput::Json => {
             let info = client.head(bucket, key).await?;
-            let schema = records_schema(client, &info, input, source.compression).await?;
-            let range = match source.scan_range {
-                Some(range) => range.bytes(info.meta.size),
-                None => ScanRange::default().bytes(info.meta.size),
-            };
+            let schema = records_schema(client, &info, input, source.compression, &counters).await?;
             let partition = RecordPartition {
                 client: client.clone(),
                 info,
-                input: input.clone(),
+                format: record_format(input),
                 compression: source.compression,
-                range,
                 schema,
                 scanned: Arc::clone(&scanned),
                 decoded: Arc::clone(&decoded),
@@ -276,19 +290,47 @@ pub async fn select(
 
 /// The table's columns: CSV strings named by the header or by position, JSON fields as the
 /// first records show them.
+/// Reads the head of the object whose records it types: a CSV header is one line, JSON
+/// fields are typed by the first 1,000 records; 64 KiB are read first, then 1 MiB if they do
+/// not hold that. What an uncompressed head took is counted in `counters` as bytes this
+/// client read.
 async fn records_schema(
     client: &Client,
     info: &ObjectInfo,
     input: &SelectInput,
     compression: Compression,
+    counters: &QueryCounters,
 ) -> Result<SchemaRef, Error> {
-    let head_len = match input {
-        SelectInput::Json => JSON_SCHEMA_BYTES,
-        _ => WINDOW_BYTES,
+    let records_needed = match input {
+        SelectInput::Json => JSON_SCHEMA_RECORDS,
+        _ => 1,
     };
+    let mut head = Vec::new();
+    for head_len in [HEAD_BYTES, HEAD_BYTES_MAX] {
+        let read = Arc::new(AtomicU64::new(0));
+        head = read_head(client, info, compression, head_len, Arc::clone(&read)).await?;
+        if compression == Compression::None {
+            counters.client_read_bytes.fetch_add(read.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        if (head.len() as u64) < head_len || head.iter().filter(|b| **b == b'\n').count() >= records_needed {
+            break;
+        }
+    }
+    schema_of_head(info, input, head)
+}
+
+/// The object's first `head_len` record bytes (decompressed), whole records only unless the
+/// records end there.
+async fn read_head(
+    client: &Client,
+    info: &ObjectInfo,
+    compression: Compression,
+    head_len: u64,
+    read: Arc<AtomicU64>,
+) -> Result<Vec<u8>, Error> {
     // Uncompressed, the head is the object's first bytes; compressed, it takes what it takes.
     let to = (compression == Compression::None).then_some(head_len);
-    let reader = ObjectReader::start(client.clone(), info.clone(), 0, to, Arc::new(AtomicU64::new(0)));
+    let reader = ObjectReader::start(client.clone(), info.clone(), 0, to, read);
     let object = name(info);
     let (mut head, ended) = tokio::task::spawn_blocking(move || {
         let mut records = decompressed(reader, compression);
@@ -306,6 +348,11 @@ async fn records_schema(
     if !ended && let Some(end) = head.iter().rposition(|b| *b == b'\n') {
         head.truncate(end + 1);
     }
+    Ok(head)
+}
+
+/// The table's columns as `head` (the object's first records) shows them.
+fn schema_of_head(info: &ObjectInfo, input: &SelectInput, head: Vec<u8>) -> Result<SchemaRef, Error> {
     match input {
         SelectInput::Csv(csv) => {
             use pushdown::datafusion::arrow::csv::reader::Format;
@@ -351,19 +398,32 @@ async fn records_schema(
     }
 }
 
+/// The record format the decoders and the nodes take (`FileHeaderInfo` IGNORE and USE both
+/// skip the first line).
+fn record_format(input: &SelectInput) -> RecordFormat {
+    match input {
+        SelectInput::Csv(csv) => RecordFormat::Csv(CsvFormat {
+            header: csv.header != HeaderInfo::None,
+            delimiter: csv.delimiter,
+            quote: csv.quote,
+            escape: csv.escape,
+            comment: csv.comment,
+        }),
+        _ => RecordFormat::JsonLines,
+    }
+}
+
 fn name(info: &ObjectInfo) -> String {
     format!("{}/{}", info.meta.bucket, info.meta.key)
 }
 
-/// The object's records, decoded window by window.
+/// A compressed object's records, decompressed and decoded window by window by this client.
 #[derive(Debug)]
 struct RecordPartition {
     client: Client,
     info: ObjectInfo,
-    input: SelectInput,
+    format: RecordFormat,
     compression: Compression,
-    /// The first and last byte whose records are selected; `None`: no record is.
-    range: Option<(u64, u64)>,
     schema: SchemaRef,
     scanned: Arc<AtomicU64>,
     decoded: Arc<AtomicU64>,
@@ -454,57 +514,6 @@ impl<R: std::io::Read> std::io::Read for Decompressed<R> {
 /// Bytes of decompressed records handed to the decoder at a time.
 const DECODE_BYTES: usize = 1 << 20;
 
-/// Rows decoded per batch.
-const BATCH_ROWS: usize = 8192;
-
-enum Decoder {
-    Csv(Box<pushdown::datafusion::arrow::csv::reader::Decoder>),
-    Json(pushdown::datafusion::arrow::json::reader::Decoder),
-}
-
-impl Decoder {
-    fn decode(&mut self, buf: &[u8]) -> Result<usize, pushdown::datafusion::arrow::error::ArrowError> {
-        match self {
-            Decoder::Csv(d) => d.decode(buf),
-            Decoder::Json(d) => d.decode(buf),
-        }
-    }
-
-    fn flush(&mut self) -> Result<Option<RecordBatch>, pushdown::datafusion::arrow::error::ArrowError> {
-        match self {
-            Decoder::Csv(d) => d.flush(),
-            Decoder::Json(d) => d.flush(),
-        }
-    }
-}
-
-impl RecordPartition {
-    /// The decoder of this object's records; `header` when the bytes it gets start at the
-    /// object's first line (which `FileHeaderInfo` USE or IGNORE skips).
-    fn decoder(&self, header: bool) -> Result<Decoder, pushdown::datafusion::arrow::error::ArrowError> {
-        match &self.input {
-            SelectInput::Csv(csv) => {
-                let mut builder = pushdown::datafusion::arrow::csv::ReaderBuilder::new(Arc::clone(&self.schema))
-                    .with_header(header && csv.header != HeaderInfo::None)
-                    .with_delimiter(csv.delimiter)
-                    .with_quote(csv.quote)
-                    .with_batch_size(BATCH_ROWS);
-                if let Some(escape) = csv.escape {
-                    builder = builder.with_escape(escape);
-                }
-                if let Some(comment) = csv.comment {
-                    builder = builder.with_comment(comment);
-                }
-                Ok(Decoder::Csv(Box::new(builder.build_decoder())))
-            }
-            _ => pushdown::datafusion::arrow::json::ReaderBuilder::new(Arc::clone(&self.schema))
-                .with_batch_size(BATCH_ROWS)
-                .build_decoder()
-                .map(Decoder::Json),
-        }
-    }
-}
-
 impl PartitionStream for RecordPartition {
     fn schema(&self) -> &SchemaRef {
         &self.schema
@@ -512,24 +521,19 @@ impl PartitionStream for RecordPartition {
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch, DataFusionError>>(2);
-        if let Some((first, last)) = self.range {
-            let decoder = self.decoder(first == 0);
-            // A record starts at `first` only if the byte before it ends a line: read from there.
-            let from = first.saturating_sub(1);
+        if self.info.meta.size > 0 {
+            let decoder = Decoder::new(&self.format, &self.schema, true);
             let reader =
-                ObjectReader::start(self.client.clone(), self.info.clone(), from, None, Arc::clone(&self.scanned));
-            // A scan range counts object bytes, so it applies to uncompressed input only.
-            let cut = (self.compression == Compression::None).then(|| RangeCut::new(first, last));
+                ObjectReader::start(self.client.clone(), self.info.clone(), 0, None, Arc::clone(&self.scanned));
             let compression = self.compression;
-            let csv = matches!(self.input, SelectInput::Csv(_));
             let object = name(&self.info);
             let decoded = Arc::clone(&self.decoded);
             tokio::task::spawn_blocking(move || {
-                let records = Records { bytes: decompressed(reader, compression), cut, decoded };
+                let records = Records { bytes: decompressed(reader, compression), decoded };
                 // A panic in a decoder fails the select with an error, never ends it early as if
                 // the records had ended.
                 let decode = std::panic::AssertUnwindSafe(|| {
-                    decoder.map_err(|e| e.to_string()).and_then(|decoder| decode_records(records, decoder, csv, &tx))
+                    decoder.map_err(|e| e.to_string()).and_then(|decoder| decode_records(records, decoder, &tx))
                 });
                 let error = match std::panic::catch_unwind(decode) {
                     Ok(Ok(())) => return,
@@ -554,108 +558,35 @@ type BatchSender = tokio::sync::mpsc::Sender<Result<RecordBatch, DataFusionError
 struct Records {
     /// The object's bytes, decompressed.
     bytes: Box<dyn std::io::Read + Send>,
-    /// The scan range's cut, for uncompressed input.
-    cut: Option<RangeCut>,
     /// Counts what is decoded.
     decoded: Arc<AtomicU64>,
 }
 
 /// Decodes `records` into batches sent to `tx`. An empty error: the consumer went away.
-fn decode_records(mut records: Records, mut decoder: Decoder, csv: bool, tx: &BatchSender) -> Result<(), String> {
+fn decode_records(mut records: Records, mut decoder: Decoder, tx: &BatchSender) -> Result<(), String> {
     let mut buf = vec![0u8; DECODE_BYTES];
+    let mut gone = false;
     loop {
         let n = records.bytes.read(&mut buf).map_err(|e| e.to_string())?;
-        let (piece, done) = match &mut records.cut {
-            Some(cut) => cut.apply(&buf[..n]),
-            None => (&buf[..n], false),
+        records.decoded.fetch_add(n as u64, Ordering::Relaxed);
+        let mut send = |batch| {
+            if tx.blocking_send(Ok(batch)).is_err() {
+                gone = true;
+            }
+            Ok(())
         };
-        records.decoded.fetch_add(piece.len() as u64, Ordering::Relaxed);
-        let mut rest = piece;
-        while !rest.is_empty() {
-            let used = decoder.decode(rest).map_err(|e| e.to_string())?;
-            rest = &rest[used..];
-            // The decoder stopped short: its batch is full.
-            if !rest.is_empty() {
-                send_batch(&mut decoder, csv, tx)?;
-            }
+        decoder.feed(&buf[..n], n == 0, &mut send).map_err(|e| e.to_string())?;
+        if gone {
+            return Err(String::new());
         }
-        if done || n == 0 {
-            decoder.decode(&[]).map_err(|e| e.to_string())?;
-            return send_batch(&mut decoder, csv, tx);
+        if n == 0 {
+            return Ok(());
         }
-    }
-}
-
-fn send_batch(decoder: &mut Decoder, csv: bool, tx: &BatchSender) -> Result<(), String> {
-    if let Some(batch) = decoder.flush().map_err(|e| e.to_string())? {
-        let batch = if csv { empty_not_null(batch).map_err(|e| e.to_string())? } else { batch };
-        tx.blocking_send(Ok(batch)).map_err(|_| String::new())?;
-    }
-    Ok(())
-}
-
-/// Cuts an object's bytes, read from the byte before `first` (or from 0), to the records that
-/// start in `first..=last`: what comes before the first line break is the end of an earlier
-/// record; the record holding `last` is read to its line break.
-#[derive(Debug)]
-struct RangeCut {
-    /// Object offset of the next byte.
-    at: u64,
-    skipping: bool,
-    last: u64,
-}
-
-impl RangeCut {
-    fn new(first: u64, last: u64) -> Self {
-        Self { at: first.saturating_sub(1), skipping: first > 0, last }
-    }
-
-    /// The part of `bytes` (the next ones read) that belongs to selected records, and whether
-    /// the selected records end there.
-    fn apply<'a>(&mut self, bytes: &'a [u8]) -> (&'a [u8], bool) {
-        let mut offset = self.at;
-        self.at += bytes.len() as u64;
-        let mut piece = bytes;
-        if self.skipping {
-            let Some(i) = piece.iter().position(|b| *b == b'\n') else {
-                return (&[], false);
-            };
-            piece = &piece[i + 1..];
-            offset += i as u64 + 1;
-            self.skipping = false;
-            if offset > self.last {
-                return (&[], true);
-            }
-        }
-        if offset + piece.len() as u64 > self.last {
-            let from = (self.last.saturating_sub(offset) as usize).min(piece.len());
-            if let Some(i) = piece[from..].iter().position(|b| *b == b'\n') {
-                return (&piece[..from + i + 1], true);
-            }
-        }
-        (piece, false)
     }
 }
 
 /// Writes one result batch into the pending bytes.
 type BatchWriter = dyn FnMut(&RecordBatch) -> Result<(), Error> + Send;
-
-/// A CSV batch whose empty fields are empty strings, as S3 Select has them (the Arrow decoder
-/// reads them as nulls).
-fn empty_not_null(batch: RecordBatch) -> Result<RecordBatch, pushdown::datafusion::arrow::error::ArrowError> {
-    use pushdown::datafusion::arrow::array::{Array, ArrayRef, StringArray};
-    let columns: Vec<ArrayRef> = batch
-        .columns()
-        .iter()
-        .map(|column| match column.as_any().downcast_ref::<StringArray>() {
-            Some(strings) if strings.null_count() > 0 => {
-                Arc::new(StringArray::from_iter_values(strings.iter().map(|v| v.unwrap_or("")))) as ArrayRef
-            }
-            _ => Arc::clone(column),
-        })
-        .collect();
-    RecordBatch::try_new(batch.schema(), columns)
-}
 
 /// The result batches written as CSV or JSON lines, a piece per batch.
 fn encode(batches: SendableRecordBatchStream, output: SelectOutput) -> BoxStream<'static, Result<Bytes, Error>> {

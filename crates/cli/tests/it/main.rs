@@ -12,4 +12,5 @@ mod protocol;
 mod query;
 mod repair;
 mod scrub;
+mod select;
 mod topology;
