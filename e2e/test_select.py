@@ -256,6 +256,31 @@ def test_a_large_csv_or_json_object_is_selected_by_the_nodes_that_hold_it(s3, bu
         assert len(ids) == 7 and len(set(ids)) == 7 and all(0 <= i < rows for i in ids), (key, ids)
 
 
+def test_s3_select_types_are_s3_selects(s3, bucket):
+    # FLOAT is an 8-byte float and INT an 8-byte integer in S3 Select (DataFusion's are 4-byte:
+    # 0.9902344 would round down to 0.990234375, and 3000000000 would not fit).
+    s3.put_object(Bucket=bucket, Key="types.csv", Body=b"v,n\n0.9902344,3000000000\n0.990234375,1\n")
+    csv_in = {"CSV": {"FileHeaderInfo": "USE"}}
+    out, _ = _select(s3, bucket, "types.csv", "SELECT v FROM S3Object WHERE CAST(v AS FLOAT) > 0.990234375", csv_in)
+    assert out.splitlines() == ["0.9902344"]
+    out, _ = _select(s3, bucket, "types.csv", "SELECT CAST(n AS INT) + 1 FROM S3Object WHERE CAST(n AS INTEGER) > 2",
+                     csv_in)
+    assert out.splitlines() == ["3000000001"]
+
+
+def test_json_fields_are_typed_by_the_first_thousand_records(s3, bucket):
+    # Records of ~100 bytes: the first 1,000 take more than the first 64 KiB read.
+    pad = "x" * 80
+    lines = [{"i": i, "pad": pad} for i in range(2000)]
+    lines[900]["late"] = 7
+    body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    assert len(body) > 64 * 1024 * 1.5
+    s3.put_object(Bucket=bucket, Key="late.json", Body=body)
+    out, _ = _select(s3, bucket, "late.json", "SELECT i, late FROM S3Object WHERE late IS NOT NULL",
+                     {"JSON": {"Type": "LINES"}})
+    assert out.splitlines() == ["900,7"]
+
+
 def test_progress_events_when_asked_for(s3, bucket):
     body = b"".join(b"%d,%d\n" % (i, i * i) for i in range(200_000))
     s3.put_object(Bucket=bucket, Key="squares.csv", Body=body)

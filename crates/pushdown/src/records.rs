@@ -129,14 +129,74 @@ impl RangeCut {
 /// Arrow's CSV or JSON decoder for records of one format and schema. A CSV batch's empty
 /// fields are empty strings, as S3 Select has them (Arrow's decoder reads them as nulls).
 pub enum Decoder {
-    Csv(Box<datafusion::arrow::csv::reader::Decoder>),
+    Csv(Box<datafusion::arrow::csv::reader::Decoder>, QuotedLines),
     Json(datafusion::arrow::json::reader::Decoder),
+}
+
+/// Refuses a CSV line break inside a quoted field. Records are split at every line break (S3
+/// Select without `AllowQuotedRecordDelimiter` has it so), while Arrow's decoder would read one
+/// inside quotes as part of the field: the answer would then depend on where chunks end.
+/// Scanning every byte keeps it the same everywhere: such an object is an error.
+#[derive(Debug)]
+pub struct QuotedLines {
+    quote: u8,
+    escape: Option<u8>,
+    comment: Option<u8>,
+    in_quote: bool,
+    escaped: bool,
+    line_start: bool,
+    in_comment: bool,
+}
+
+impl QuotedLines {
+    fn new(csv: &CsvFormat) -> Self {
+        Self {
+            quote: csv.quote,
+            escape: csv.escape,
+            comment: csv.comment,
+            in_quote: false,
+            escaped: false,
+            line_start: true,
+            in_comment: false,
+        }
+    }
+
+    fn check(&mut self, bytes: &[u8]) -> Result<(), ArrowError> {
+        for &b in bytes {
+            if self.line_start {
+                self.line_start = false;
+                self.in_comment = self.comment == Some(b);
+            }
+            if b == b'\n' {
+                if self.in_quote {
+                    return Err(ArrowError::CsvError(
+                        "a quoted field holds a line break (records end at every line break; \
+                         AllowQuotedRecordDelimiter is not supported)"
+                            .into(),
+                    ));
+                }
+                self.line_start = true;
+                continue;
+            }
+            if self.in_comment {
+                continue;
+            }
+            if self.escaped {
+                self.escaped = false;
+            } else if self.in_quote && self.escape == Some(b) && self.escape != Some(self.quote) {
+                self.escaped = true;
+            } else if b == self.quote {
+                self.in_quote = !self.in_quote;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for Decoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Decoder::Csv(_) => "Decoder::Csv",
+            Decoder::Csv(..) => "Decoder::Csv",
             Decoder::Json(_) => "Decoder::Json",
         })
     }
@@ -159,7 +219,7 @@ impl Decoder {
                 if let Some(comment) = csv.comment {
                     builder = builder.with_comment(comment);
                 }
-                Ok(Decoder::Csv(Box::new(builder.build_decoder())))
+                Ok(Decoder::Csv(Box::new(builder.build_decoder()), QuotedLines::new(csv)))
             }
             RecordFormat::JsonLines => datafusion::arrow::json::ReaderBuilder::new(Arc::clone(schema))
                 .with_batch_size(BATCH_ROWS)
@@ -171,7 +231,7 @@ impl Decoder {
     /// Takes bytes up to a full batch; how many it took.
     pub fn decode(&mut self, buf: &[u8]) -> Result<usize, ArrowError> {
         match self {
-            Decoder::Csv(d) => d.decode(buf),
+            Decoder::Csv(d, _) => d.decode(buf),
             Decoder::Json(d) => d.decode(buf),
         }
     }
@@ -179,7 +239,7 @@ impl Decoder {
     /// The records decoded so far, if any.
     pub fn flush(&mut self) -> Result<Option<RecordBatch>, ArrowError> {
         match self {
-            Decoder::Csv(d) => d.flush()?.map(empty_not_null).transpose(),
+            Decoder::Csv(d, _) => d.flush()?.map(empty_not_null).transpose(),
             Decoder::Json(d) => d.flush(),
         }
     }
@@ -192,6 +252,9 @@ impl Decoder {
         end: bool,
         out: &mut dyn FnMut(RecordBatch) -> Result<(), ArrowError>,
     ) -> Result<(), ArrowError> {
+        if let Decoder::Csv(_, quoted) = self {
+            quoted.check(bytes)?;
+        }
         while !bytes.is_empty() {
             let used = self.decode(bytes)?;
             bytes = &bytes[used..];
@@ -281,6 +344,15 @@ struct SplitStream {
 
 type BatchSender = tokio::sync::mpsc::Sender<Result<RecordBatch, DataFusionError>>;
 
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl PartitionStream for SplitStream {
     fn schema(&self) -> &SchemaRef {
         &self.schema
@@ -291,20 +363,31 @@ impl PartitionStream for SplitStream {
         let (schema, format, objects, source) =
             (Arc::clone(&self.schema), self.format.clone(), Arc::clone(&self.objects), Arc::clone(&self.source));
         let work = self.work.clone();
-        tokio::spawn(async move {
-            for (idx, split) in work {
-                match read_split(&objects[idx], idx, split, &schema, &format, &source, &tx).await {
-                    Ok(()) => {}
-                    // The engine went away (a limit reached, the query dropped).
-                    Err(None) => return,
-                    Err(Some(error)) => {
-                        let _ = tx.send(Err(error)).await;
-                        return;
+        let task = tokio::spawn(async move {
+            let splits = async {
+                for (idx, split) in work {
+                    match read_split(&objects[idx], idx, split, &schema, &format, &source, &tx).await {
+                        Ok(()) => {}
+                        // The engine went away (a limit reached, the query dropped).
+                        Err(None) => return,
+                        Err(Some(error)) => {
+                            let _ = tx.send(Err(error)).await;
+                            return;
+                        }
                     }
                 }
+            };
+            // A panic (a decoder's bug) fails the scan; it never ends it as if the records had.
+            if futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(splits)).await.is_err() {
+                let _ = tx.send(Err(DataFusionError::Internal("the record decoder failed".into()))).await;
             }
         });
-        let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        // Dropping the stream stops the task: no reads for a query that is gone.
+        let guard = AbortOnDrop(task);
+        let stream = futures_util::stream::poll_fn(move |cx| {
+            let _ = &guard;
+            rx.poll_recv(cx)
+        });
         Box::pin(RecordBatchStreamAdapter::new(Arc::clone(&self.schema), stream))
     }
 }
@@ -342,7 +425,7 @@ async fn read_split(
                 return feed(&mut decoder, &[], true, tx).await.map_err(|e| e.map(bad_arrow(name)));
             }
             None => {
-                if at - split.last >= RECORD_BYTES_MAX {
+                if at - split.last > RECORD_BYTES_MAX {
                     return Err(bad(ArrowError::ParseError(format!(
                         "the record at byte {} runs more than {RECORD_BYTES_MAX} bytes past it without a line \
                          break (records are at most 1 MiB)",
@@ -375,7 +458,8 @@ fn bad_records(name: &str, error: ArrowError) -> ArrowError {
         ArrowError::CsvError(text) => ArrowError::CsvError(format!("{name}: {text}")),
         ArrowError::JsonError(text) => ArrowError::JsonError(format!("{name}: {text}")),
         ArrowError::ParseError(text) => ArrowError::ParseError(format!("{name}: {text}")),
-        other => ArrowError::ParseError(format!("{name}: {other}")),
+        // Not the data's fault (memory, a bug): the engine's error.
+        other => ArrowError::ExternalError(Box::new(std::io::Error::other(format!("{name}: {other}")))),
     }
 }
 

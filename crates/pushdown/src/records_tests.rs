@@ -306,3 +306,39 @@ fn schemas_travel_as_bytes() {
     assert_eq!(records::schema_from_bytes(&bytes).unwrap(), schema);
     assert!(matches!(records::schema_from_bytes(b"not a schema"), Err(Error::BadQuery(_))));
 }
+
+#[test]
+fn a_line_break_inside_quotes_is_refused_wherever_the_splits_fall() {
+    // Quotes doubled or escaped, and a comment line with a lone quote, are fine.
+    let fine = Bytes::from_static(b"\"say \"\"hi\"\"\",1\n# don't\n\"a,b\",2\n");
+    let format =
+        RecordFormat::Csv(CsvFormat { header: false, delimiter: b',', quote: b'"', escape: None, comment: Some(b'#') });
+    let size = fine.len() as u64;
+    let (batches, _) =
+        scan_splits(fine.clone(), format.clone(), strings(&["a", "b"]), splits_at(size, &[]), &all(&["a"]), None)
+            .unwrap();
+    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
+    let escaped = RecordFormat::Csv(CsvFormat { escape: Some(b'\\'), comment: None, ..csv_format() });
+    let (batches, _) = scan_splits(
+        Bytes::from_static(b"\"a\\\"b,c\",1\n\"d\",2\n"),
+        escaped,
+        strings(&["a", "b"]),
+        splits_at(17, &[]),
+        &all(&["a"]),
+        None,
+    )
+    .unwrap();
+    assert_eq!(rows(&batches), [vec!["a\"b,c".to_owned()], vec!["d".to_owned()]]);
+    // A quoted line break: refused inside one split, and across two.
+    let text = Bytes::from_static(b"1,\"two\nlines\"\n3,x\n");
+    for cuts in [vec![], vec![5], vec![12]] {
+        let error =
+            scan_splits(text.clone(), csv(false), strings(&["a", "b"]), splits_at(18, &cuts), &all(&["a"]), None)
+                .unwrap_err();
+        assert!(matches!(&error, Error::BadQuery(t) if t.contains("line break")), "{cuts:?}: {error}");
+    }
+}
+
+fn csv_format() -> CsvFormat {
+    CsvFormat { header: false, delimiter: b',', quote: b'"', escape: None, comment: None }
+}

@@ -96,7 +96,8 @@ pub struct QueryCounters {
     /// Of those, the bytes nodes read from their peers (row groups that cross chunks of
     /// other drives, ranges rebuilt from a stripe).
     pub node_peer_bytes: AtomicU64,
-    /// Row groups the client evaluated itself, and the object bytes it read for them.
+    /// Row groups (or record splits) the client evaluated itself, and the object bytes it read
+    /// for them (and for a record object's head).
     pub client_row_groups: AtomicU64,
     pub client_read_bytes: AtomicU64,
     /// Heartbeats nodes sent while they scanned with nothing to send.

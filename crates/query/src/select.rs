@@ -185,15 +185,16 @@ impl ScannedBytes {
         &self.counters
     }
 
-    /// What the nodes read for a Parquet object, what this client read otherwise.
+    /// What the nodes read, and what this client read (an object's head for its columns; all
+    /// of a compressed object, or of what no node could take).
     pub fn total(&self) -> u64 {
         self.counters.node_read_bytes.load(Ordering::Relaxed)
             + self.counters.client_read_bytes.load(Ordering::Relaxed)
             + self.records.load(Ordering::Relaxed)
     }
 
-    /// Uncompressed bytes processed (S3's BytesProcessed): what the nodes read for a Parquet
-    /// object, the record bytes this client decoded otherwise.
+    /// Uncompressed bytes processed (S3's BytesProcessed): what the nodes read, what this
+    /// client read, and the record bytes it decompressed and decoded itself.
     pub fn processed(&self) -> u64 {
         self.counters.node_read_bytes.load(Ordering::Relaxed)
             + self.counters.client_read_bytes.load(Ordering::Relaxed)
@@ -221,7 +222,11 @@ pub async fn select(
     }
     let ctx = crate::session(options)?;
     let state = ctx.state();
-    let statement = state.sql_to_statement(sql, &pushdown::datafusion::config::Dialect::Generic).map_err(df_error)?;
+    let mut statement =
+        state.sql_to_statement(sql, &pushdown::datafusion::config::Dialect::Generic).map_err(df_error)?;
+    if let DfStatement::Statement(parsed) = &mut statement {
+        s3_select_types(parsed.as_mut());
+    }
     let DfStatement::Statement(parsed) = &statement else {
         return Err(Error::BadQuery("S3 Select runs SELECT statements only".into()));
     };
@@ -288,6 +293,28 @@ pub async fn select(
     Ok(Selection { records, scanned: ScannedBytes { counters, records: scanned, decoded } })
 }
 
+/// Gives the types S3 Select's SQL names their S3 Select meaning: `INT` and `INTEGER` are
+/// 8-byte integers and `FLOAT` (`REAL`) an 8-byte float there, where DataFusion reads them as
+/// 4-byte ones (so `CAST(ke AS FLOAT) > 0.990234375` would round `0.9902344` down to the
+/// threshold and drop the row).
+fn s3_select_types(statement: &mut Statement) {
+    use pushdown::datafusion::sql::sqlparser::ast::{
+        DataType as SqlType, ExactNumberInfo, Expr, visit_expressions_mut,
+    };
+    let _ = visit_expressions_mut(statement, |expr| {
+        if let Expr::Cast { data_type, .. } = expr {
+            match data_type {
+                SqlType::Int(_) | SqlType::Integer(_) | SqlType::Int4(_) => *data_type = SqlType::BigInt(None),
+                SqlType::Float(_) | SqlType::Real | SqlType::Float4 => {
+                    *data_type = SqlType::Double(ExactNumberInfo::None);
+                }
+                _ => {}
+            }
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+}
+
 /// The table's columns: CSV strings named by the header or by position, JSON fields as the
 /// first records show them.
 /// Reads the head of the object whose records it types: a CSV header is one line, JSON
@@ -308,11 +335,12 @@ async fn records_schema(
     let mut head = Vec::new();
     for head_len in [HEAD_BYTES, HEAD_BYTES_MAX] {
         let read = Arc::new(AtomicU64::new(0));
-        head = read_head(client, info, compression, head_len, Arc::clone(&read)).await?;
+        let ended;
+        (head, ended) = read_head(client, info, compression, head_len, Arc::clone(&read)).await?;
         if compression == Compression::None {
             counters.client_read_bytes.fetch_add(read.load(Ordering::Relaxed), Ordering::Relaxed);
         }
-        if (head.len() as u64) < head_len || head.iter().filter(|b| **b == b'\n').count() >= records_needed {
+        if ended || head.iter().filter(|b| **b == b'\n').count() >= records_needed {
             break;
         }
     }
@@ -320,14 +348,14 @@ async fn records_schema(
 }
 
 /// The object's first `head_len` record bytes (decompressed), whole records only unless the
-/// records end there.
+/// records end there, and whether they do.
 async fn read_head(
     client: &Client,
     info: &ObjectInfo,
     compression: Compression,
     head_len: u64,
     read: Arc<AtomicU64>,
-) -> Result<Vec<u8>, Error> {
+) -> Result<(Vec<u8>, bool), Error> {
     // Uncompressed, the head is the object's first bytes; compressed, it takes what it takes.
     let to = (compression == Compression::None).then_some(head_len);
     let reader = ObjectReader::start(client.clone(), info.clone(), 0, to, read);
@@ -348,7 +376,7 @@ async fn read_head(
     if !ended && let Some(end) = head.iter().rposition(|b| *b == b'\n') {
         head.truncate(end + 1);
     }
-    Ok(head)
+    Ok((head, ended))
 }
 
 /// The table's columns as `head` (the object's first records) shows them.
