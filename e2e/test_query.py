@@ -182,6 +182,34 @@ def test_gateway_stores_uploaded_parquet_aligned(cluster, make_client, tmp_path)
     assert "(0 from peers)" in stats and "client read 0 bytes" in stats, stats
 
 
+def test_gateway_joins_a_multipart_csv_upload_into_one_piece(cluster, make_client, tmp_path):
+    """aws-cli and boto3 upload files above 8 MB in parts; a CSV or JSON-lines object in parts
+    is stored again whole in the background (same bytes and ETag), so that S3 Select over it
+    runs on the nodes that hold it."""
+    s3 = make_client()
+    bucket = "e2e-join"
+    s3.create_bucket(Bucket=bucket)
+    rows = 600_000
+    body = b"id,v\n" + b"".join(b"%d,%d\n" % (i, i % 1000) for i in range(rows))
+    path = tmp_path / "big.csv"
+    path.write_bytes(body)
+    parts = boto3.s3.transfer.TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+    s3.upload_file(str(path), bucket, "logs/big.csv", Config=parts)
+    etag = s3.head_object(Bucket=bucket, Key="logs/big.csv")["ETag"]
+    assert etag.endswith('-2"'), etag  # a multipart object
+    deadline = time.monotonic() + 120
+    while "layout:       plain" not in (stat := _stat(cluster, f"{bucket}/logs/big.csv")):
+        assert time.monotonic() < deadline, f"not joined within 120 s:\n{stat}"
+        time.sleep(0.5)
+    assert s3.head_object(Bucket=bucket, Key="logs/big.csv")["ETag"] == etag
+    assert s3.get_object(Bucket=bucket, Key="logs/big.csv")["Body"].read() == body
+    response = s3.select_object_content(
+        Bucket=bucket, Key="logs/big.csv", Expression="SELECT id FROM S3Object WHERE CAST(v AS INT) = 7",
+        ExpressionType="SQL", InputSerialization={"CSV": {"FileHeaderInfo": "USE"}}, OutputSerialization={"CSV": {}})
+    out = b"".join(e["Records"]["Payload"] for e in response["Payload"] if "Records" in e)
+    assert sorted(int(x) for x in out.split()) == [i for i in range(rows) if i % 1000 == 7]
+
+
 def test_pyarrow_writes_through_its_s3_filesystem_are_re_laid_too(cluster, tmp_path):
     """pyarrow's own S3 filesystem (the AWS SDK for C++: footer last, multipart above 5 MB)."""
     from urllib.parse import urlparse

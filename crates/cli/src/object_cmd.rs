@@ -327,7 +327,9 @@ async fn stat(args: &ObjectArgs) -> anyhow::Result<()> {
         geometry.stripes
     );
     println!("erasure set:  {} (rotation {})", meta.set_idx, meta.rotation);
-    if meta.pads.is_empty() {
+    if !meta.parts.is_empty() {
+        println!("layout:       {} parts (a multipart upload's pieces)", meta.parts.len());
+    } else if meta.pads.is_empty() {
         println!("layout:       plain");
     } else {
         let padding = meta.stored_size() - meta.size;

@@ -1,7 +1,9 @@
 //! `tessera relayout BUCKET[/PREFIX]`: stores the Parquet objects that stock S3 clients uploaded
-//! (plain, or in parts) again in the aligned layout, each row group inside one chunk, at a
-//! paced byte rate. Each object stays readable throughout: the aligned copy is a new version
-//! just after it ([`client::Client::relayout`]), and a PUT or delete that comes meanwhile wins.
+//! (plain, or in parts) again in the aligned layout, each row group inside one chunk, and CSV
+//! and JSON-lines objects uploaded in parts again as one piece (so their nodes can evaluate S3
+//! Select over them), at a paced byte rate. Each object stays readable throughout: the new copy
+//! is a new version just after it ([`client::Client::relayout`], [`client::Client::consolidate`]),
+//! and a PUT or delete that comes meanwhile wins.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +15,8 @@ use crate::size::{format_bytes, parse_bytes};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct RelayoutArgs {
-    /// BUCKET or BUCKET/PREFIX: every Parquet object under it.
+    /// BUCKET or BUCKET/PREFIX: every Parquet object under it (and every multipart CSV or JSON
+    /// one).
     path: String,
     /// Object bytes rewritten per second, at most (e.g. 50MiB); 0 for no limit.
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
@@ -29,6 +32,7 @@ pub(crate) struct RelayoutArgs {
 #[derive(Default)]
 struct Tally {
     relaid: u64,
+    joined: u64,
     aligned_already: u64,
     not_parquet: u64,
     not_alignable: u64,
@@ -68,6 +72,24 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("read the footer of {bucket}/{}", entry.key))?;
             let Some(align) = align else {
+                if !info.meta.has_data_file() && query::layout::is_records_key(&entry.key) {
+                    if args.dry_run {
+                        println!("would join {bucket}/{} into one piece ({})", entry.key, format_bytes(info.meta.size));
+                        tally.joined += 1;
+                        continue;
+                    }
+                    let joined = client
+                        .consolidate(&info)
+                        .await
+                        .with_context(|| format!("join {bucket}/{} into one piece", entry.key))?;
+                    if joined.is_some() {
+                        println!("joined {bucket}/{} into one piece ({})", entry.key, format_bytes(info.meta.size));
+                        tally.joined += 1;
+                        tally.bytes += info.meta.size;
+                        pace(started, tally.bytes, args.rate).await;
+                        continue;
+                    }
+                }
                 tally.not_parquet += 1;
                 continue;
             };
@@ -104,8 +126,9 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
     client.settle().await;
     let verb = if args.dry_run { "to relayout" } else { "relaid" };
     println!(
-        "{} {verb} ({}, {} of padding); {} aligned already; {} not Parquet; {} skipped (no layout within the padding budget, a pool being drained, or another re-layout of it running); {} gone meanwhile",
+        "{} {verb}, {} joined into one piece ({}, {} of padding); {} aligned already; {} not Parquet; {} skipped (no layout within the padding budget, a pool being drained, or another re-layout of it running); {} gone meanwhile",
         tally.relaid,
+        tally.joined,
         format_bytes(tally.bytes),
         format_bytes(tally.padding),
         tally.aligned_already,

@@ -608,6 +608,19 @@ impl Client {
     /// `None` when there is nothing to do (already aligned, a delete marker, no layout within
     /// the padding budget).
     pub async fn relayout(&self, info: &ObjectInfo, align: &Alignment) -> Result<Option<ObjectInfo>, Error> {
+        self.rewrite_current(info, Some(align)).await
+    }
+
+    /// Stores `info`, the key's current version, again as one piece when it is a multipart
+    /// object (a CSV or JSON object a stock S3 client uploaded in parts: its nodes can then
+    /// evaluate S3 Select over it), in the same way as [`Client::relayout`]: same bytes, ETag,
+    /// metadata and modification time, superseded by any concurrent PUT or delete. `None` when
+    /// there is nothing to do (one piece already, a delete marker, an empty object).
+    pub async fn consolidate(&self, info: &ObjectInfo) -> Result<Option<ObjectInfo>, Error> {
+        self.rewrite_current(info, None).await
+    }
+
+    async fn rewrite_current(&self, info: &ObjectInfo, align: Option<&Alignment>) -> Result<Option<ObjectInfo>, Error> {
         let client = self.current();
         match put::relayout(&client, info, align).await? {
             Some((info, replaced)) => {

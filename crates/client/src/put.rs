@@ -500,7 +500,8 @@ impl<'a> PartCheck<'a> {
 /// A re-layout lock older than this (its holder died) may be taken over.
 const RELAYOUT_LOCK_STALE_MS: u64 = 6 * 3600 * 1000;
 
-/// Writes `source` (the key's current version) again in the aligned layout `align`, as the
+/// Writes `source` (the key's current version) again in the aligned layout `align` (with
+/// `None`, a multipart source as one plain piece, which its nodes can then query), as the
 /// version just after it: `(unix_ns, writer + 1)`, which sorts after the source and before
 /// any version a writer orders after it (those are at least 1 ns newer), with the same bytes,
 /// MD5, metadata and modification time. A concurrent PUT or delete therefore always wins, and
@@ -508,15 +509,21 @@ const RELAYOUT_LOCK_STALE_MS: u64 = 6 * 3600 * 1000;
 /// the drives retire it. Every re-layout of one version would write that same version id, so
 /// one at a time holds a lock ([`relayout_lock`]). `None` when there is nothing to do: a delete
 /// marker or empty object, an object already aligned, one no layout aligns within the padding
-/// budget, one in a pool that takes no writes, or one another re-layout holds.
+/// budget, an object already in one piece (with `None`), one in a pool that takes no writes,
+/// or one another re-layout holds.
 pub(crate) async fn relayout(
     client: &Client,
     source: &ObjectInfo,
-    align: &crate::Alignment,
+    align: Option<&crate::Alignment>,
 ) -> Result<Option<(ObjectInfo, Vec<String>)>, Error> {
     let meta = &source.meta;
-    if meta.deleted || meta.size == 0 || !meta.pads.is_empty() || align.size != meta.size {
+    if meta.deleted || meta.size == 0 || !meta.pads.is_empty() {
         return Ok(None);
+    }
+    match align {
+        Some(align) if align.size != meta.size => return Ok(None),
+        None if meta.has_data_file() => return Ok(None),
+        _ => {}
     }
     let Some(writer) = meta.version.writer.checked_add(1) else {
         return Ok(None);
@@ -528,8 +535,8 @@ pub(crate) async fn relayout(
     };
     let placement = map.placement_in(pool, &meta.bucket, &meta.key);
     let erasure = client.erasure_at(&placement);
-    let (chunk_bytes, padding) = Padding::plan(Some(align), erasure.k, map.chunk_bytes);
-    if padding.pads.is_empty() {
+    let (chunk_bytes, padding) = Padding::plan(align, erasure.k, map.chunk_bytes);
+    if align.is_some() && padding.pads.is_empty() {
         return Ok(None);
     }
     let lock = relayout_lock(meta);

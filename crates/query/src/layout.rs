@@ -75,3 +75,11 @@ pub fn parquet_alignment_of(bytes: &[u8]) -> Option<client::Alignment> {
         Ok(bytes.get(start..start + len).map(<[u8]>::to_vec).unwrap_or_default())
     })
 }
+
+/// Whether `key`'s name says CSV or JSON lines (`.csv`, `.tsv`, `.json`, `.jsonl`, `.ndjson`):
+/// objects S3 Select evaluates on the nodes when they are one piece, so a multipart upload of
+/// one is worth storing again whole ([`client::Client::consolidate`]).
+pub fn is_records_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [".csv", ".tsv", ".json", ".jsonl", ".ndjson"].iter().any(|suffix| key.ends_with(suffix))
+}

@@ -157,10 +157,11 @@ struct Tessera {
 }
 
 impl Tessera {
-    /// Offers an uploaded key to the background re-layout, if it runs.
-    fn uploaded(&self, bucket: &str, key: &str) {
+    /// Offers an uploaded key (`in_parts`: by a multipart upload) to the background re-layout,
+    /// if it runs.
+    fn uploaded(&self, bucket: &str, key: &str, in_parts: bool) {
         if let Some(relayer) = &self.relayer {
-            relayer.offer(bucket, key);
+            relayer.offer(bucket, key, in_parts);
         }
     }
 }

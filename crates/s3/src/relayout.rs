@@ -4,9 +4,11 @@
 //! CompleteMultipartUpload of a Parquet object (a `.parquet` key or a Parquet content type), it
 //! queues the key; one task at a time stores the key's current version again in the aligned
 //! layout ([`client::Client::relayout`]: a new version just after it, same bytes, which any
-//! later write supersedes), paced to a byte rate. The queue lives in memory and is bounded: a
-//! gateway that stops (or a full queue) leaves objects plain, still correct, and
-//! `tessera relayout` catches up.
+//! later write supersedes), paced to a byte rate. A CSV or JSON-lines object (`.csv`, `.tsv`,
+//! `.json`, `.jsonl`, `.ndjson`) uploaded in parts is stored again as one piece the same way
+//! ([`client::Client::consolidate`]), so that its nodes can evaluate S3 Select over it. The
+//! queue lives in memory and is bounded: a gateway that stops (or a full queue) leaves objects
+//! as they were, still correct, and `tessera relayout` catches up.
 
 use std::time::{Duration, Instant};
 
@@ -32,9 +34,11 @@ impl Relayer {
         Some(Self { queue })
     }
 
-    /// Queues `bucket/key` if its name says Parquet (the task checks the bytes too).
-    pub(crate) fn offer(&self, bucket: &str, key: &str) {
-        if !key.to_ascii_lowercase().ends_with(".parquet") {
+    /// Queues `bucket/key` if its name says Parquet (the task checks the bytes too), or CSV or
+    /// JSON lines and it was uploaded in parts.
+    pub(crate) fn offer(&self, bucket: &str, key: &str, in_parts: bool) {
+        let wanted = is_parquet(key) || (in_parts && query::layout::is_records_key(key));
+        if !wanted {
             return;
         }
         if self.queue.try_send((bucket.to_owned(), key.to_owned())).is_err() {
@@ -45,6 +49,10 @@ impl Relayer {
             );
         }
     }
+}
+
+fn is_parquet(key: &str) -> bool {
+    key.to_ascii_lowercase().ends_with(".parquet")
 }
 
 async fn work(client: client::Client, mut keys: mpsc::Receiver<(String, String)>, rate: u64) {
@@ -76,6 +84,13 @@ async fn relayout_one(client: &client::Client, bucket: &str, key: &str) -> Resul
     };
     if !info.meta.pads.is_empty() {
         return Ok(None);
+    }
+    if !is_parquet(key) {
+        let joined = client.consolidate(&info).await?;
+        if let Some(joined) = &joined {
+            tracing::info!(bucket, key, bytes = joined.meta.size, "stored a multipart object as one piece");
+        }
+        return Ok(joined.map(|j| j.meta.size));
     }
     let Some(align) = query::layout::object_alignment(client, &info).await? else {
         return Ok(None);

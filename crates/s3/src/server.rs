@@ -279,7 +279,7 @@ impl S3 for Tessera {
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         let response = crate::object::put_object(&self.client, req).await?;
-        self.uploaded(&bucket, &key);
+        self.uploaded(&bucket, &key, false);
         Ok(response)
     }
 
@@ -349,7 +349,7 @@ impl S3 for Tessera {
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
         let response = crate::multipart::complete_multipart_upload(&self.client, req).await?;
-        self.uploaded(&bucket, &key);
+        self.uploaded(&bucket, &key, true);
         Ok(response)
     }
 

@@ -173,3 +173,49 @@ fn degraded_csv_and_json_selects_return_the_same_records() {
         assert!(counters.node_requests.load(Ordering::Relaxed) > 0);
     }
 }
+
+#[test]
+fn a_multipart_csv_is_joined_into_one_piece_and_then_selected_on_the_nodes() {
+    let cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let body: Vec<u8> = std::iter::once("id,ke,name\n".to_owned())
+        .chain((0..400_000i64).map(|id| format!("{id},{},\"p{}, q\"\n", ke_of(id), id % 97)))
+        .collect::<String>()
+        .into_bytes();
+    let client = cluster.client();
+    let uploaded = block_on(async {
+        let id = client.create_multipart("bkt", "parts.csv", &Default::default()).await.unwrap();
+        let mut etags = Vec::new();
+        for (i, part) in body.chunks(client::PART_BYTES_MIN as usize).enumerate() {
+            let n = i as u32 + 1;
+            etags.push((n, client.put_part("bkt", "parts.csv", &id, n, &mut &part[..]).await.unwrap().etag));
+        }
+        client.complete_multipart("bkt", "parts.csv", &id, &etags).await.unwrap()
+    });
+    assert!(uploaded.meta.parts.len() >= 2, "a multipart object");
+    let sql = "SELECT s.id FROM S3Object s WHERE CAST(s.ke AS INT) > 990";
+    let hot: Vec<i64> = (0..400_000).filter(|&id| ke_of(id) > 990).collect();
+    // In parts, the client reads and evaluates it (one split).
+    let (rows, counters) = run(&cluster, "parts.csv", sql, None);
+    assert_eq!(sorted_ids(&rows), hot);
+    assert_eq!(counters.node_requests.load(Ordering::Relaxed), 0);
+    assert_eq!(counters.client_row_groups.load(Ordering::Relaxed), 1);
+    assert!(cluster.cli_ok(&["stat", "bkt/parts.csv"]).contains("parts (a multipart upload"));
+    let dry = cluster.cli_ok(&["relayout", "bkt", "--dry-run"]);
+    assert!(dry.contains("would join bkt/parts.csv"), "{dry}");
+    let out = cluster.cli_ok(&["relayout", "bkt"]);
+    assert!(out.contains("1 joined into one piece"), "{out}");
+    // One piece now: same bytes and ETag, a newer version; the nodes evaluate it.
+    let joined = block_on(client.head("bkt", "parts.csv")).unwrap();
+    assert!(joined.meta.parts.is_empty() && joined.meta.has_data_file());
+    assert_eq!(joined.meta.etag, uploaded.meta.etag);
+    assert!(joined.meta.version > uploaded.meta.version);
+    assert_eq!(block_on(client.get("bkt", "parts.csv")).unwrap(), body);
+    let (rows, counters) = run(&cluster, "parts.csv", sql, None);
+    assert_eq!(sorted_ids(&rows), hot);
+    assert!(counters.node_requests.load(Ordering::Relaxed) >= 4);
+    assert_eq!(counters.client_row_groups.load(Ordering::Relaxed), 0);
+    // Nothing left to do.
+    let again = cluster.cli_ok(&["relayout", "bkt"]);
+    assert!(again.contains("0 joined"), "{again}");
+}
