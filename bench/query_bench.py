@@ -101,23 +101,30 @@ def reachable(port: int) -> bool:
     return run(*in_client(sys.executable, "-c", probe), check=False).returncode == 0
 
 
-def make_dataset(directory: str, rows: int, files: int) -> list[str]:
+def particle_tables(rows: int, files: int):
+    """The particle table (id int64; x, y, z, ke uniform float32 in [0, 1)) as `files` Arrow
+    tables of consecutive ids, the same for every run (seeded)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     rng = np.random.default_rng(7)
-    paths = []
     per_file = rows // files
     for i in range(files):
         n = per_file if i < files - 1 else rows - per_file * (files - 1)
-        table = pa.table({
+        yield pa.table({
             "id": pa.array(np.arange(i * per_file, i * per_file + n, dtype=np.int64)),
             "x": pa.array(rng.random(n, dtype=np.float32)),
             "y": pa.array(rng.random(n, dtype=np.float32)),
             "z": pa.array(rng.random(n, dtype=np.float32)),
             "ke": pa.array(rng.random(n, dtype=np.float32)),
         })
+
+
+def make_dataset(directory: str, rows: int, files: int) -> list[str]:
+    import pyarrow.parquet as pq
+
+    paths = []
+    for i, table in enumerate(particle_tables(rows, files)):
         path = os.path.join(directory, f"part-{i:03d}.parquet")
         # 512Ki rows (~12 MB) per row group: a row group fits one chunk (at most 16 MiB), so
         # the aligned layout can store each inside one chunk on one node.

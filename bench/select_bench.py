@@ -52,22 +52,10 @@ SYSTEMS = ("tessera-select", "minio-select", "duckdb-tessera")
 
 
 def make_dataset(directory: str, rows: int, files: int) -> list[str]:
-    import numpy as np
-    import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    rng = np.random.default_rng(7)
     paths = []
-    per_file = rows // files
-    for i in range(files):
-        n = per_file if i < files - 1 else rows - per_file * (files - 1)
-        table = pa.table({
-            "id": pa.array(np.arange(i * per_file, i * per_file + n, dtype=np.int64)),
-            "x": pa.array(rng.random(n, dtype=np.float32)),
-            "y": pa.array(rng.random(n, dtype=np.float32)),
-            "z": pa.array(rng.random(n, dtype=np.float32)),
-            "ke": pa.array(rng.random(n, dtype=np.float32)),
-        })
+    for i, table in enumerate(qb.particle_tables(rows, files)):
         path = os.path.join(directory, f"part-{i:03d}.csv")
         pcsv.write_csv(table, path, pcsv.WriteOptions(quoting_style="none"))
         paths.append(path)
