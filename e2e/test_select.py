@@ -94,6 +94,20 @@ def test_json_lines_input(s3, bucket):
     out, _ = _select(s3, bucket, "people.json", "SELECT avg(age) FROM S3Object WHERE city = 'Oslo'",
                      {"JSON": {"Type": "LINES"}})
     assert float(out.strip()) == 28.5
+    # A DOCUMENT's records may span lines; LINES input may not (split at every line break, its
+    # answer would depend on where chunks end), and says so.
+    pretty = "\n".join(json.dumps({"name": n, "age": a}, indent=2) for n, a, _ in PEOPLE) + "\n"
+    s3.put_object(Bucket=bucket, Key="pretty.json", Body=pretty.encode())
+    out, _ = _select(s3, bucket, "pretty.json", "SELECT s.name FROM S3Object s WHERE s.age > 40",
+                     {"JSON": {"Type": "DOCUMENT"}})
+    assert out.splitlines() == ["Cy", "Ed"]
+    error = _client_error(s3, bucket, "pretty.json", "SELECT s.name FROM S3Object s", {"JSON": {"Type": "LINES"}})
+    assert "JSON" in error["Message"], error
+    # One that only the nodes' split reader meets: single-line records first, then one over two.
+    late = "".join(json.dumps({"i": i}) + "\n" for i in range(3000)) + '{"i":\n 3000}\n'
+    s3.put_object(Bucket=bucket, Key="late-line.json", Body=late.encode())
+    error = _client_error(s3, bucket, "late-line.json", "SELECT count(*) FROM S3Object", {"JSON": {"Type": "LINES"}})
+    assert "spans lines" in error["Message"], error
 
 
 def test_parquet_input_is_scanned_on_the_nodes(s3, bucket):

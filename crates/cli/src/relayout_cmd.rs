@@ -37,6 +37,7 @@ struct Tally {
     not_parquet: u64,
     not_alignable: u64,
     changed: u64,
+    failed: u64,
     bytes: u64,
     padding: u64,
 }
@@ -78,10 +79,14 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
                         tally.joined += 1;
                         continue;
                     }
-                    let joined = client
-                        .consolidate(&info)
-                        .await
-                        .with_context(|| format!("join {bucket}/{} into one piece", entry.key))?;
+                    let joined = match client.consolidate(&info).await {
+                        Ok(joined) => joined,
+                        Err(e) => {
+                            eprintln!("warning: join {bucket}/{} into one piece: {e}", entry.key);
+                            tally.failed += 1;
+                            continue;
+                        }
+                    };
                     if joined.is_some() {
                         println!("joined {bucket}/{} into one piece ({})", entry.key, format_bytes(info.meta.size));
                         tally.joined += 1;
@@ -98,8 +103,14 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
                 tally.relaid += 1;
                 continue;
             }
-            let relaid =
-                client.relayout(&info, &align).await.with_context(|| format!("relayout {bucket}/{}", entry.key))?;
+            let relaid = match client.relayout(&info, &align).await {
+                Ok(relaid) => relaid,
+                Err(e) => {
+                    eprintln!("warning: relayout {bucket}/{}: {e}", entry.key);
+                    tally.failed += 1;
+                    continue;
+                }
+            };
             let Some(relaid) = relaid else {
                 tally.not_alignable += 1;
                 continue;
@@ -136,6 +147,11 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
         tally.not_alignable,
         tally.changed
     );
+    // One object that fails (a pool full, too few drives) does not stop the others; the run
+    // still fails, and running it again retries what is left.
+    if tally.failed > 0 {
+        anyhow::bail!("{} object(s) could not be rewritten (warnings above); they stay as they were", tally.failed);
+    }
     Ok(())
 }
 

@@ -509,8 +509,8 @@ const RELAYOUT_LOCK_STALE_MS: u64 = 6 * 3600 * 1000;
 /// the drives retire it. Every re-layout of one version would write that same version id, so
 /// one at a time holds a lock ([`relayout_lock`]). `None` when there is nothing to do: a delete
 /// marker or empty object, an object already aligned, one no layout aligns within the padding
-/// budget, an object already in one piece (with `None`), one in a pool that takes no writes,
-/// or one another re-layout holds.
+/// budget, an object already in one piece (with `None`), one larger than a piece can hold, one
+/// in a pool that takes no writes, or one another re-layout holds.
 pub(crate) async fn relayout(
     client: &Client,
     source: &ObjectInfo,
@@ -537,6 +537,15 @@ pub(crate) async fn relayout(
     let erasure = client.erasure_at(&placement);
     let (chunk_bytes, padding) = Padding::plan(align, erasure.k, map.chunk_bytes);
     if align.is_some() && padding.pads.is_empty() {
+        return Ok(None);
+    }
+    // A multipart object may be larger than one piece can hold: find out now, not after
+    // streaming the first 100 GiB of it.
+    let stored = meta.size + padding.pads.iter().map(|p| u64::from(p.len)).sum::<u64>();
+    let stripes = stored.div_ceil((erasure.k * chunk_bytes) as u64);
+    let blocks = (chunk_bytes as u64).div_ceil(u64::from(block_bytes(chunk_bytes as u32)));
+    if stripes.saturating_mul((erasure.k + erasure.m) as u64).saturating_mul(blocks) > CHECKSUMS_PER_OBJECT_MAX as u64 {
+        tracing::info!(bucket = %meta.bucket, key = %meta.key, size = meta.size, "too large for one piece; left as it is");
         return Ok(None);
     }
     let lock = relayout_lock(meta);

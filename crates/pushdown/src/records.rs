@@ -130,63 +130,113 @@ impl RangeCut {
 /// fields are empty strings, as S3 Select has them (Arrow's decoder reads them as nulls).
 pub enum Decoder {
     Csv(Box<datafusion::arrow::csv::reader::Decoder>, QuotedLines),
-    Json(datafusion::arrow::json::reader::Decoder),
+    /// With a [`JsonLines`] check for one record per line; without, JSON documents as they come.
+    Json(datafusion::arrow::json::reader::Decoder, Option<JsonLines>),
 }
 
 /// Refuses a CSV line break inside a quoted field. Records are split at every line break (S3
 /// Select without `AllowQuotedRecordDelimiter` has it so), while Arrow's decoder would read one
-/// inside quotes as part of the field: the answer would then depend on where chunks end.
-/// Scanning every byte keeps it the same everywhere: such an object is an error.
+/// inside quotes as part of the field: the answer would then depend on where chunks end. So
+/// every byte passes this check, which follows the CSV parser's (csv-core's) rules for quotes:
+/// a quote opens a quoted field only at a field's start (elsewhere it is a plain byte); inside,
+/// a doubled quote (or the escape byte and the next) is a literal; after the closing quote the
+/// field goes on unquoted. Such an object is an error wherever the line break lies.
 #[derive(Debug)]
 pub struct QuotedLines {
+    delimiter: u8,
     quote: u8,
     escape: Option<u8>,
     comment: Option<u8>,
-    in_quote: bool,
-    escaped: bool,
-    line_start: bool,
-    in_comment: bool,
+    state: CsvState,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CsvState {
+    LineStart,
+    Comment,
+    FieldStart,
+    Unquoted,
+    Quoted,
+    /// A quote inside a quoted field: the field's end, or the first of a doubled quote.
+    QuoteInQuoted,
+    /// The escape byte inside a quoted field: the next byte is literal.
+    Escaped,
 }
 
 impl QuotedLines {
     fn new(csv: &CsvFormat) -> Self {
-        Self {
-            quote: csv.quote,
-            escape: csv.escape,
-            comment: csv.comment,
-            in_quote: false,
-            escaped: false,
-            line_start: true,
-            in_comment: false,
-        }
+        let escape = csv.escape.filter(|e| *e != csv.quote);
+        Self { delimiter: csv.delimiter, quote: csv.quote, escape, comment: csv.comment, state: CsvState::LineStart }
     }
 
     fn check(&mut self, bytes: &[u8]) -> Result<(), ArrowError> {
+        use CsvState::*;
         for &b in bytes {
-            if self.line_start {
-                self.line_start = false;
-                self.in_comment = self.comment == Some(b);
+            if self.state == LineStart {
+                self.state = if self.comment == Some(b) { Comment } else { FieldStart };
             }
-            if b == b'\n' {
-                if self.in_quote {
+            self.state = match (self.state, b) {
+                (Quoted | Escaped, b'\n') => {
                     return Err(ArrowError::CsvError(
                         "a quoted field holds a line break (records end at every line break; \
                          AllowQuotedRecordDelimiter is not supported)"
                             .into(),
                     ));
                 }
-                self.line_start = true;
+                (_, b'\n') => LineStart,
+                (Comment, _) => Comment,
+                (Escaped, _) => Quoted,
+                (Quoted, b) if self.escape == Some(b) => Escaped,
+                (Quoted, b) if b == self.quote => QuoteInQuoted,
+                (Quoted, _) => Quoted,
+                (QuoteInQuoted, b) if b == self.quote => Quoted,
+                (FieldStart, b) if b == self.quote => Quoted,
+                (FieldStart | Unquoted | QuoteInQuoted, b) if b == self.delimiter => FieldStart,
+                (FieldStart | Unquoted | QuoteInQuoted, _) => Unquoted,
+                (LineStart, _) => unreachable!("a line's first byte was read above"),
+            };
+        }
+        Ok(())
+    }
+}
+
+/// Refuses a JSON record that is not on one line: a line break inside a string, or inside an
+/// object or array. JSON LINES input is split at every line break, while Arrow's decoder would
+/// read on across one: the answer would depend on where chunks end.
+#[derive(Debug, Default)]
+pub struct JsonLines {
+    in_string: bool,
+    escaped: bool,
+    depth: u32,
+}
+
+impl JsonLines {
+    fn check(&mut self, bytes: &[u8]) -> Result<(), ArrowError> {
+        for &b in bytes {
+            if self.in_string {
+                match b {
+                    b'\n' => {
+                        return Err(ArrowError::JsonError("a JSON string holds a line break".into()));
+                    }
+                    _ if self.escaped => self.escaped = false,
+                    b'\\' => self.escaped = true,
+                    b'"' => self.in_string = false,
+                    _ => {}
+                }
                 continue;
             }
-            if self.in_comment {
-                continue;
-            }
-            if self.escaped {
-                self.escaped = false;
-            } else if self.in_quote && self.escape == Some(b) && self.escape != Some(self.quote) {
-                self.escaped = true;
-            } else if b == self.quote {
-                self.in_quote = !self.in_quote;
+            match b {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => self.depth = self.depth.saturating_sub(1),
+                b'\n' if self.depth > 0 => {
+                    return Err(ArrowError::JsonError(
+                        "a JSON record spans lines (JSON LINES input is one record per line; \
+                         a document written over several lines is Type DOCUMENT)"
+                            .into(),
+                    ));
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -197,7 +247,7 @@ impl std::fmt::Debug for Decoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Decoder::Csv(..) => "Decoder::Csv",
-            Decoder::Json(_) => "Decoder::Json",
+            Decoder::Json(..) => "Decoder::Json",
         })
     }
 }
@@ -221,26 +271,36 @@ impl Decoder {
                 }
                 Ok(Decoder::Csv(Box::new(builder.build_decoder()), QuotedLines::new(csv)))
             }
-            RecordFormat::JsonLines => datafusion::arrow::json::ReaderBuilder::new(Arc::clone(schema))
-                .with_batch_size(BATCH_ROWS)
-                .build_decoder()
-                .map(Decoder::Json),
+            RecordFormat::JsonLines => Self::json(schema, Some(JsonLines::default())),
         }
     }
 
+    /// A decoder of JSON documents as they come (one or more per line, or over several lines):
+    /// for input read whole, never split (S3 Select's JSON Type DOCUMENT).
+    pub fn json_documents(schema: &SchemaRef) -> Result<Self, ArrowError> {
+        Self::json(schema, None)
+    }
+
+    fn json(schema: &SchemaRef, lines: Option<JsonLines>) -> Result<Self, ArrowError> {
+        let decoder = datafusion::arrow::json::ReaderBuilder::new(Arc::clone(schema))
+            .with_batch_size(BATCH_ROWS)
+            .build_decoder()?;
+        Ok(Decoder::Json(decoder, lines))
+    }
+
     /// Takes bytes up to a full batch; how many it took.
-    pub fn decode(&mut self, buf: &[u8]) -> Result<usize, ArrowError> {
+    fn decode(&mut self, buf: &[u8]) -> Result<usize, ArrowError> {
         match self {
             Decoder::Csv(d, _) => d.decode(buf),
-            Decoder::Json(d) => d.decode(buf),
+            Decoder::Json(d, _) => d.decode(buf),
         }
     }
 
     /// The records decoded so far, if any.
-    pub fn flush(&mut self) -> Result<Option<RecordBatch>, ArrowError> {
+    fn flush(&mut self) -> Result<Option<RecordBatch>, ArrowError> {
         match self {
             Decoder::Csv(d, _) => d.flush()?.map(empty_not_null).transpose(),
-            Decoder::Json(d) => d.flush(),
+            Decoder::Json(d, _) => d.flush(),
         }
     }
 
@@ -252,8 +312,10 @@ impl Decoder {
         end: bool,
         out: &mut dyn FnMut(RecordBatch) -> Result<(), ArrowError>,
     ) -> Result<(), ArrowError> {
-        if let Decoder::Csv(_, quoted) = self {
-            quoted.check(bytes)?;
+        match self {
+            Decoder::Csv(_, quoted) => quoted.check(bytes)?,
+            Decoder::Json(_, Some(lines)) => lines.check(bytes)?,
+            Decoder::Json(_, None) => {}
         }
         while !bytes.is_empty() {
             let used = self.decode(bytes)?;

@@ -342,3 +342,57 @@ fn a_line_break_inside_quotes_is_refused_wherever_the_splits_fall() {
 fn csv_format() -> CsvFormat {
     CsvFormat { header: false, delimiter: b',', quote: b'"', escape: None, comment: None }
 }
+
+#[test]
+fn quotes_count_as_the_csv_parser_counts_them() {
+    // A quote inside an unquoted field is a plain byte (inches): fine.
+    let inches = Bytes::from_static(b"1,12\" pipe\n2,3\n");
+    let (batches, _) =
+        scan_splits(inches, csv(false), strings(&["a", "b"]), splits_at(15, &[]), &all(&["b"]), None).unwrap();
+    assert_eq!(rows(&batches), [vec!["12\" pipe".to_owned()], vec!["3".to_owned()]]);
+    // A stray quote does not hide a quoted field's line break behind it.
+    let hidden = Bytes::from_static(b"1,ab\"c,\"x\ny\",z\n");
+    let error =
+        scan_splits(hidden, csv(false), strings(&["a", "b", "c"]), splits_at(15, &[]), &all(&["a"]), None).unwrap_err();
+    assert!(matches!(&error, Error::BadQuery(t) if t.contains("line break")), "{error}");
+    // After a closing quote the field goes on unquoted; CRLF ends records.
+    let tail = Bytes::from_static(b"\"a\"b,1\r\n\"c\",2\r\n");
+    let (batches, _) =
+        scan_splits(tail, csv(false), strings(&["a", "b"]), splits_at(15, &[]), &all(&["b"]), None).unwrap();
+    assert_eq!(rows(&batches), [vec!["1".to_owned()], vec!["2".to_owned()]]);
+}
+
+#[test]
+fn json_lines_are_one_record_per_line() {
+    let schema = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, true)]));
+    for bad in [&b"{\"s\": \"a\nb\"}\n"[..], &b"{\"s\":\n \"a\"}\n"[..], &b"[{\"s\": \"a\"},\n{\"s\": \"b\"}]\n"[..]] {
+        let size = bad.len() as u64;
+        let error = scan_splits(
+            Bytes::copy_from_slice(bad),
+            RecordFormat::JsonLines,
+            Arc::clone(&schema),
+            splits_at(size, &[]),
+            &all(&["s"]),
+            None,
+        )
+        .unwrap_err();
+        assert!(matches!(&error, Error::BadQuery(t) if t.contains("line")), "{error}");
+    }
+    // Braces and escaped quotes inside strings are not structure.
+    let fine = Bytes::from_static(b"{\"s\": \"{[\\\"\"}\n{\"s\": \"}\"}\n");
+    let size = fine.len() as u64;
+    let (batches, _) =
+        scan_splits(fine, RecordFormat::JsonLines, Arc::clone(&schema), splits_at(size, &[]), &all(&["s"]), None)
+            .unwrap();
+    assert_eq!(rows(&batches), [vec!["{[\"".to_owned()], vec!["}".to_owned()]]);
+    // Documents read whole may span lines.
+    let mut decoder = records::Decoder::json_documents(&schema).unwrap();
+    let mut got = Vec::new();
+    decoder
+        .feed(b"{\n  \"s\": \"x\"\n}\n{\"s\":\n\"y\"}", true, &mut |batch| {
+            got.push(batch);
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(rows(&got), [vec!["x".to_owned()], vec!["y".to_owned()]]);
+}

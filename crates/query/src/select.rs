@@ -50,9 +50,17 @@ const JSON_SCHEMA_RECORDS: usize = 1000;
 #[derive(Clone, Debug)]
 pub enum SelectInput {
     Csv(CsvInput),
-    /// JSON records one per line (`LINES`; a `DOCUMENT` laid out so works too).
-    Json,
+    Json(JsonType),
     Parquet,
+}
+
+/// S3 Select's JSON `Type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JsonType {
+    /// One record per line: split over the nodes like CSV.
+    Lines,
+    /// Records as they come (a record may span lines): read whole by this client.
+    Document,
 }
 
 impl SelectInput {
@@ -220,6 +228,9 @@ pub async fn select(
     if source.compression != Compression::None && source.scan_range.is_some() {
         return Err(Error::BadQuery("ScanRange needs uncompressed input".into()));
     }
+    if matches!(input, SelectInput::Json(JsonType::Document)) && source.scan_range.is_some() {
+        return Err(Error::BadQuery("ScanRange needs JSON LINES input: a document's records may span lines".into()));
+    }
     let ctx = crate::session(options)?;
     let state = ctx.state();
     let mut statement =
@@ -260,7 +271,7 @@ pub async fn select(
             let table = ObjectTable::open_object(client, bucket, key, options, Arc::clone(&counters)).await?;
             ctx.register_table(TABLE, Arc::new(table)).map_err(df_error)?;
         }
-        SelectInput::Csv(_) | SelectInput::Json if source.compression == Compression::None => {
+        SelectInput::Csv(_) | SelectInput::Json(JsonType::Lines) if source.compression == Compression::None => {
             let info = client.head(bucket, key).await?;
             let schema = records_schema(client, &info, input, source.compression, &counters).await?;
             let range = source.scan_range.unwrap_or_default().bytes(info.meta.size);
@@ -269,13 +280,14 @@ pub async fn select(
             let table = ObjectTable::open_records(client, info, format, schema, range, options, counters)?;
             ctx.register_table(TABLE, Arc::new(table)).map_err(df_error)?;
         }
-        SelectInput::Csv(_) | SelectInput::Json => {
+        SelectInput::Csv(_) | SelectInput::Json(_) => {
             let info = client.head(bucket, key).await?;
             let schema = records_schema(client, &info, input, source.compression, &counters).await?;
             let partition = RecordPartition {
                 client: client.clone(),
                 info,
                 format: record_format(input),
+                json_documents: matches!(input, SelectInput::Json(JsonType::Document)),
                 compression: source.compression,
                 schema,
                 scanned: Arc::clone(&scanned),
@@ -302,14 +314,18 @@ fn s3_select_types(statement: &mut Statement) {
         DataType as SqlType, ExactNumberInfo, Expr, visit_expressions_mut,
     };
     let _ = visit_expressions_mut(statement, |expr| {
-        if let Expr::Cast { data_type, .. } = expr {
-            match data_type {
-                SqlType::Int(_) | SqlType::Integer(_) | SqlType::Int4(_) => *data_type = SqlType::BigInt(None),
-                SqlType::Float(_) | SqlType::Real | SqlType::Float4 => {
-                    *data_type = SqlType::Double(ExactNumberInfo::None);
-                }
-                _ => {}
+        // CAST, TRY_CAST and `::` are casts; `REAL '0.5'` and `INT '5'` typed literals.
+        let data_type = match expr {
+            Expr::Cast { data_type, .. } => data_type,
+            Expr::TypedString(typed) => &mut typed.data_type,
+            _ => return std::ops::ControlFlow::<()>::Continue(()),
+        };
+        match data_type {
+            SqlType::Int(_) | SqlType::Integer(_) | SqlType::Int4(_) => *data_type = SqlType::BigInt(None),
+            SqlType::Float(_) | SqlType::Real | SqlType::Float4 => {
+                *data_type = SqlType::Double(ExactNumberInfo::None);
             }
+            _ => {}
         }
         std::ops::ControlFlow::<()>::Continue(())
     });
@@ -329,7 +345,7 @@ async fn records_schema(
     counters: &QueryCounters,
 ) -> Result<SchemaRef, Error> {
     let records_needed = match input {
-        SelectInput::Json => JSON_SCHEMA_RECORDS,
+        SelectInput::Json(_) => JSON_SCHEMA_RECORDS,
         _ => 1,
     };
     let mut head = Vec::new();
@@ -411,12 +427,35 @@ fn schema_of_head(info: &ObjectInfo, input: &SelectInput, head: Vec<u8>) -> Resu
             }
             Ok(Arc::new(Schema::new(fields)))
         }
-        SelectInput::Json => {
-            let (schema, _) = pushdown::datafusion::arrow::json::reader::infer_json_schema(
-                std::io::Cursor::new(&head),
-                Some(JSON_SCHEMA_RECORDS),
-            )
-            .map_err(|e| Error::BadQuery(format!("{}: not JSON records: {e}", name(info))))?;
+        SelectInput::Json(json) => {
+            use pushdown::datafusion::arrow::json::reader::{infer_json_schema, infer_json_schema_from_iterator};
+            let inferred = match json {
+                JsonType::Lines => {
+                    infer_json_schema(std::io::Cursor::new(&head), Some(JSON_SCHEMA_RECORDS)).map(|(s, _)| s)
+                }
+                // Documents may span lines: the head's whole ones (it may end inside one).
+                JsonType::Document => {
+                    let mut documents = serde_json::Deserializer::from_slice(&head).into_iter::<serde_json::Value>();
+                    let mut values = Vec::new();
+                    let mut first_error = None;
+                    for value in documents.by_ref().take(JSON_SCHEMA_RECORDS) {
+                        match value {
+                            Ok(value) => values.push(value),
+                            Err(e) => {
+                                first_error = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                    match first_error {
+                        Some(e) if values.is_empty() || !e.is_eof() => {
+                            Err(pushdown::datafusion::arrow::error::ArrowError::JsonError(e.to_string()))
+                        }
+                        _ => infer_json_schema_from_iterator(values.into_iter().map(Ok)),
+                    }
+                }
+            };
+            let schema = inferred.map_err(|e| Error::BadQuery(format!("{}: not JSON records: {e}", name(info))))?;
             if schema.fields().is_empty() {
                 return Err(Error::BadQuery(format!("{}: no JSON records with fields", name(info))));
             }
@@ -445,12 +484,15 @@ fn name(info: &ObjectInfo) -> String {
     format!("{}/{}", info.meta.bucket, info.meta.key)
 }
 
-/// A compressed object's records, decompressed and decoded window by window by this client.
+/// The records of a compressed object, or of JSON documents, decompressed and decoded window
+/// by window by this client.
 #[derive(Debug)]
 struct RecordPartition {
     client: Client,
     info: ObjectInfo,
     format: RecordFormat,
+    /// JSON records as they come, a record may span lines (not one per line).
+    json_documents: bool,
     compression: Compression,
     schema: SchemaRef,
     scanned: Arc<AtomicU64>,
@@ -550,7 +592,11 @@ impl PartitionStream for RecordPartition {
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch, DataFusionError>>(2);
         if self.info.meta.size > 0 {
-            let decoder = Decoder::new(&self.format, &self.schema, true);
+            let decoder = if self.json_documents {
+                Decoder::json_documents(&self.schema)
+            } else {
+                Decoder::new(&self.format, &self.schema, true)
+            };
             let reader =
                 ObjectReader::start(self.client.clone(), self.info.clone(), 0, None, Arc::clone(&self.scanned));
             let compression = self.compression;

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 
-use query::select::{Compression, CsvInput, HeaderInfo, ScanRange, SelectInput, SelectOutput, SelectSource};
+use query::select::{Compression, CsvInput, HeaderInfo, JsonType, ScanRange, SelectInput, SelectOutput, SelectSource};
 
 use crate::error::s3_error;
 
@@ -112,7 +112,12 @@ fn input_of(serialization: &InputSerialization) -> S3Result<SelectInput> {
                 escape: escape_of(csv.quote_escape_character.as_ref(), quote)?,
             }))
         }
-        (None, Some(_), None) => Ok(SelectInput::Json),
+        (None, Some(json), None) => {
+            // LINES: one record per line (split over the nodes); DOCUMENT (S3's default): records
+            // as they come, read whole.
+            let lines = json.type_.as_ref().is_some_and(|t| t.as_str().eq_ignore_ascii_case("LINES"));
+            Ok(SelectInput::Json(if lines { JsonType::Lines } else { JsonType::Document }))
+        }
         (None, None, Some(_)) => Ok(SelectInput::Parquet),
         _ => Err(invalid("InvalidRequest", "InputSerialization needs exactly one of CSV, JSON and Parquet")),
     }
@@ -190,8 +195,7 @@ pub(crate) async fn select_object_content(
         ));
     }
     // A JSON DOCUMENT's records may span lines, so a byte range cannot cut it into records.
-    let json_document = request.input_serialization.json.as_ref().and_then(|json| json.type_.as_ref());
-    let json_document = json_document.is_some_and(|t| t.as_str().eq_ignore_ascii_case("DOCUMENT"));
+    let json_document = matches!(source.input, SelectInput::Json(JsonType::Document));
     if source.scan_range.is_some()
         && (source.compression != Compression::None || !source.input.is_records() || json_document)
     {

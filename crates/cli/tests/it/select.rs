@@ -7,7 +7,9 @@ use std::sync::atomic::Ordering;
 
 use futures_util::StreamExt;
 use query::QueryCounters;
-use query::select::{Compression, CsvInput, HeaderInfo, ScanRange, SelectInput, SelectOutput, SelectSource, select};
+use query::select::{
+    Compression, CsvInput, HeaderInfo, JsonType, ScanRange, SelectInput, SelectOutput, SelectSource, select,
+};
 
 use crate::harness::{Cluster, Shape, block_on, write_file};
 
@@ -48,7 +50,7 @@ fn run(cluster: &Cluster, key: &str, sql: &str, scan_range: Option<ScanRange>) -
     let input = if key.ends_with(".csv") {
         SelectInput::Csv(CsvInput { header: HeaderInfo::Use, ..CsvInput::default() })
     } else {
-        SelectInput::Json
+        SelectInput::Json(JsonType::Lines)
     };
     let source =
         SelectSource { bucket: "bkt".into(), key: key.into(), input, compression: Compression::None, scan_range };
