@@ -304,15 +304,16 @@ def stored_bytes(config: str) -> dict:
     return totals
 
 
-def upload(target: str, *paths: str) -> None:
-    """Inside the client namespace: the dataset into bucket `bench` of an S3 endpoint."""
+def upload(target: str, *paths: str, prefix: str = "particles/") -> None:
+    """Inside the client namespace: the dataset into bucket `bench` of an S3 endpoint, under
+    `prefix`."""
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=target, aws_access_key_id=ACCESS, aws_secret_access_key=SECRET,
                       region_name="us-east-1")
     s3.create_bucket(Bucket="bench")
     for path in paths:
-        s3.upload_file(path, "bench", f"particles/{os.path.basename(path)}")
+        s3.upload_file(path, "bench", f"{prefix}{os.path.basename(path)}")
 
 
 def main() -> None:

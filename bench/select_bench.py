@@ -115,13 +115,7 @@ def measure(system: str, query: str, target: str) -> tuple[float, int, int]:
 
 def upload(target: str, *paths: str) -> None:
     """Inside the client namespace: the CSV objects into bucket `bench` of an S3 endpoint."""
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=target, aws_access_key_id=qb.ACCESS, aws_secret_access_key=qb.SECRET,
-                      region_name="us-east-1")
-    s3.create_bucket(Bucket="bench")
-    for path in paths:
-        s3.upload_file(path, "bench", f"csv/{os.path.basename(path)}")
+    qb.upload(target, *paths, prefix="csv/")
 
 
 def main() -> None:
