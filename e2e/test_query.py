@@ -147,6 +147,106 @@ def test_selective_query_moves_a_fraction_of_the_table(cluster, dataset):
     assert result_bytes * 10 < paths[3].stat().st_size, stats
 
 
+@pytest.fixture(scope="module")
+def record_dataset(tmp_path_factory, make_client, dataset):
+    """The particle tables as CSV (`csv/`) and as JSON lines without the date (`json/`), one
+    object per table, uploaded with boto3, a `_SUCCESS` marker beside them as Spark leaves one."""
+    import json
+
+    import pyarrow.csv
+
+    bucket, paths = dataset
+    s3 = make_client()
+    local = tmp_path_factory.mktemp("records")
+    json_paths = []
+    for part, path in enumerate(paths):
+        table = pq.read_table(path)
+        csv_path = local / f"part-{part}.csv"
+        pyarrow.csv.write_csv(table, csv_path)
+        s3.upload_file(str(csv_path), bucket, f"csv/{csv_path.name}")
+        json_path = local / f"part-{part}.jsonl"
+        with open(json_path, "w") as out:
+            for row in table.drop_columns(["day"]).to_pylist():
+                out.write(json.dumps(row) + "\n")
+        s3.upload_file(str(json_path), bucket, f"json/{json_path.name}")
+        json_paths.append(json_path)
+        assert csv_path.stat().st_size > 1 << 20  # several splits, on several nodes
+    for prefix in ("csv", "json"):
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/_SUCCESS", Body=b"")
+    return bucket, paths, json_paths
+
+
+def _duckdb_json(paths, sql: str) -> pa.Table:
+    con = duckdb.connect()
+    files = ", ".join(f"'{p}'" for p in paths)
+    return con.sql(sql.format(t=f"read_json([{files}], format='newline_delimited')")).fetch_arrow_table()
+
+
+def _check_records(cluster, record_dataset, sql: str, ordered: bool) -> None:
+    bucket, paths, json_paths = record_dataset
+    ours, stats = _tessera(cluster, sql.format(t=f"'{bucket}/csv/'"))
+    assert _rows(ours, ordered) == _rows(_duckdb(paths, sql), ordered), sql
+    if "day" not in sql:
+        ours, stats = _tessera(cluster, sql.format(t=f"'{bucket}/json/'"))
+        assert _rows(ours, ordered) == _rows(_duckdb_json(json_paths, sql), ordered), sql
+
+
+@pytest.mark.parametrize("sql,ordered", SHAPES, ids=[s for s, _ in SHAPES])
+def test_csv_and_json_lines_tables_match_duckdb(cluster, record_dataset, sql, ordered):
+    _check_records(cluster, record_dataset, sql, ordered)
+
+
+def test_csv_table_columns_are_typed_and_scanned_on_the_nodes(cluster, record_dataset):
+    bucket, paths, _ = record_dataset
+    ours, stats = _tessera(cluster, f"SELECT * FROM '{bucket}/csv/' WHERE ke > 0.999")
+    assert ours.schema.field("id").type == pa.int64()
+    assert ours.schema.field("ke").type == pa.float64()
+    assert ours.schema.field("day").type == pa.date32()
+    # The nodes scanned their splits, and sent back a fraction of the table.
+    requests, result_bytes = int(stats.split(";")[1].split()[0]), int(stats.split(";")[2].split()[0])
+    assert requests > 0, stats
+    assert result_bytes * 10 < sum(p.stat().st_size for p in paths), stats
+
+
+def test_csv_and_json_tables_match_duckdb_with_two_nodes_down(cluster, record_dataset):
+    with cluster.nodes_down(2, 5):
+        for sql, ordered in SHAPES[:6]:
+            _check_records(cluster, record_dataset, sql, ordered)
+
+
+def test_tables_of_mixed_or_compressed_objects_are_refused(cluster, record_dataset, make_client):
+    bucket = record_dataset[0]
+    s3 = make_client()
+    s3.put_object(Bucket=bucket, Key="mixed/a.csv", Body=b"a,b\n1,2\n")
+    s3.put_object(Bucket=bucket, Key="mixed/b.jsonl", Body=b'{"a": 1}\n')
+    s3.put_object(Bucket=bucket, Key="gz/a.csv.gz", Body=b"\x1f\x8b")
+    s3.put_object(Bucket=bucket, Key="array/a.json", Body=b'[{"a": 1}, {"a": 2}]\n')
+    s3.put_object(Bucket=bucket, Key="typed/a.csv", Body=b"n,s\n1,x\n2.5,y\n")
+    for table, message in [
+        ("mixed/", "not of one format"),
+        ("gz/", "compressed"),
+        ("array/", "JSON array"),
+    ]:
+        out = subprocess.run(
+            [str(TESSERA), "query", f"SELECT * FROM '{bucket}/{table}'", "--config", str(cluster.config)],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert out.returncode != 0 and message in out.stderr, (table, out.stderr)
+    # A column with integers and a float in its sample is a float column.
+    ours, _ = _tessera(cluster, f"SELECT n, s FROM '{bucket}/typed/a.csv' ORDER BY n")
+    assert ours.to_pylist() == [{"n": 1.0, "s": "x"}, {"n": 2.5, "s": "y"}]
+
+
+def test_values_past_the_growth_bound_are_refused(cluster, dataset):
+    bucket, _ = dataset
+    out = subprocess.run(
+        [str(TESSERA), "query", f"SELECT repeat(species, 1000000) FROM '{bucket}/particles/'",
+         "--config", str(cluster.config)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode != 0 and "times the size of its inputs" in out.stderr, out.stderr
+
+
 def _stat(cluster, path: str) -> str:
     out = subprocess.run([str(TESSERA), "stat", path, "--config", str(cluster.config)], capture_output=True,
                          text=True, timeout=60)

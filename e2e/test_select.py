@@ -161,6 +161,13 @@ def test_unsupported_and_bad_requests_get_s3_errors(s3, bucket):
     # A value that does not cast fails the stream with S3's CastFailed.
     error = _client_error(s3, bucket, "people.csv", "SELECT name FROM S3Object WHERE CAST(age AS INT) > 30", csv_in)
     assert error["Code"] == "CastFailed", error
+    # A value whose size a number chooses, past the bound, is refused before anything runs
+    # (it would take the gateway's memory), and the gateway goes on serving.
+    for sql in ("SELECT repeat(name, 1000000000) FROM S3Object", "SELECT lpad(name, 2000000000) FROM S3Object"):
+        error = _client_error(s3, bucket, "people.csv", sql, csv_in)
+        assert "times the size" in error["Message"] or "at most 4096" in error["Message"], error
+    out, _ = _select(s3, bucket, "people.csv", "SELECT repeat(name, 2) FROM S3Object LIMIT 1", csv_in)
+    assert out.strip()
     # A ragged row fails the stream with an error naming the problem.
     s3.put_object(Bucket=bucket, Key="ragged.csv", Body=b"a,b\n1,2\n3\n")
     error = _client_error(s3, bucket, "ragged.csv", "SELECT * FROM S3Object", csv_in)

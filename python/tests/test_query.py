@@ -1,4 +1,4 @@
-"""client.query: SQL over Parquet objects, evaluated on the storage nodes, as pyarrow tables,
+"""client.query: SQL over Parquet, CSV and JSON-lines objects, evaluated on the storage nodes, as pyarrow tables,
 streaming readers, pandas and polars-ready Arrow; errors as QueryError."""
 
 from __future__ import annotations
@@ -52,6 +52,30 @@ def test_query_returns_the_rows_a_local_filter_finds(client, particles):
     assert same.equals(result)
 
 
+def test_csv_and_json_lines_objects_query_like_parquet(client, particles):
+    import json
+
+    import pyarrow.csv
+
+    bucket, local = particles
+    for part in range(3):
+        table = local.slice(part * ROWS, ROWS)
+        sink = io.BytesIO()
+        pyarrow.csv.write_csv(table, sink)
+        client.put(bucket, f"c/{part}.csv", sink.getvalue())
+        lines = "".join(json.dumps(row) + "\n" for row in table.to_pylist())
+        client.put(bucket, f"j/{part}.jsonl", lines.encode())
+    sql = "SELECT id, ke, species FROM {t} WHERE ke > 0.99 ORDER BY id"
+    expected = client.query(sql.format(t=f"'{bucket}/p/'"))
+    for prefix in ("c", "j"):
+        result = client.query(sql.format(t=f"'{bucket}/{prefix}/'"))
+        assert result.schema.field("id").type == pa.int64(), prefix
+        assert result.to_pylist() == expected.to_pylist(), prefix
+        # Empty CSV fields and JSON nulls are NULL, as in the Parquet table.
+        nulls = client.query(f"SELECT count(*) AS n FROM '{bucket}/{prefix}/' WHERE species IS NULL")
+        assert nulls.column("n").to_pylist() == [local["species"].null_count], prefix
+
+
 def test_aggregates_and_pandas(client, particles):
     bucket, local = particles
     result = client.query(
@@ -86,9 +110,14 @@ def test_bad_queries_raise_query_error(client, particles):
         client.query(f"SELECT nope FROM '{bucket}/p/'")
     with pytest.raises(tessera.QueryError, match="only SELECT"):
         client.query("DROP TABLE x")
-    client.put(bucket, "not-parquet.csv", b"a,b\n1,2\n")
+    client.put(bucket, "not-parquet.parquet", b"a,b\n1,2\n")
     with pytest.raises(tessera.QueryError, match="not a Parquet file"):
-        client.query(f"SELECT * FROM '{bucket}/not-parquet.csv'")
+        client.query(f"SELECT * FROM '{bucket}/not-parquet.parquet'")
+    client.put(bucket, "ragged.csv", b"a,b\n1,2\n3\n")
+    with pytest.raises(tessera.QueryError, match="ragged.csv"):
+        client.query(f"SELECT * FROM '{bucket}/ragged.csv'")
+    with pytest.raises(tessera.QueryError, match="times the size of its inputs"):
+        client.query(f"SELECT repeat(species, 100) FROM '{bucket}/p/'")
     with pytest.raises((tessera.NoSuchBucket, tessera.NotFound)):
         client.query("SELECT * FROM 'no-such-bucket-here/x.parquet'")
 

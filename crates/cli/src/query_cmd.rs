@@ -1,4 +1,4 @@
-//! `tessera query "SQL"`: SQL over Parquet objects, filters and projections evaluated on the
+//! `tessera query "SQL"`: SQL over Parquet, CSV and JSON-lines objects, filters and projections evaluated on the
 //! storage nodes (the `query` crate), results printed as a table, CSV, JSON lines or an Arrow
 //! IPC stream.
 
@@ -15,7 +15,9 @@ use crate::ConfigArg;
 #[derive(Debug, clap::Args)]
 pub(crate) struct QueryArgs {
     /// The query. Tables are quoted paths: 'bucket/key.parquet' (one object) or
-    /// 'bucket/prefix/' (all objects under the prefix, one table).
+    /// 'bucket/prefix/' (all objects under the prefix, one table). A table's objects are all
+    /// Parquet, all CSV with a header line (.csv, .tsv) or all JSON lines (.json, .jsonl,
+    /// .ndjson).
     sql: String,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]

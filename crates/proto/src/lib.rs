@@ -679,7 +679,7 @@ pub enum RecordFormat {
     JsonLines,
 }
 
-/// CSV records: every column a string; an empty field is an empty string (S3 Select's rules).
+/// CSV records, typed by the query's schema (S3 Select: every column a string).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CsvFormat {
     /// The object's first line is a header, not a record.
@@ -690,6 +690,9 @@ pub struct CsvFormat {
     pub escape: Option<u8>,
     /// Lines starting with this byte are skipped.
     pub comment: Option<u8>,
+    /// An empty field of a string column is NULL (as SQL engines read CSV), not an empty
+    /// string (S3 Select's rule). An empty field of any other type is always NULL.
+    pub empty_is_null: bool,
 }
 
 /// The records of an object whose first byte lies in `first..=last` (each read to its line

@@ -110,6 +110,7 @@ fn record_query(splits: Vec<RecordSplit>, schema_bytes: usize) -> Request {
             quote: b'"',
             escape: None,
             comment: None,
+            empty_is_null: false,
         }),
         schema: vec![7; schema_bytes],
         objects: vec![RecordObject {

@@ -10,6 +10,7 @@
 //! footers, row groups, record splits, schemas and the Arrow IPC framing of results.
 
 mod footer;
+pub mod growth;
 pub mod records;
 mod table;
 
@@ -230,6 +231,7 @@ async fn evaluate(
             return Err(Error::BadQuery("an aggregating scan names no columns, count or limit of its own".into()));
         }
         frame = aggregate_frame(&ctx, frame, &df_schema, aggregate)?;
+        growth::check_plan(frame.logical_plan())?;
         return frame.execute_stream().await.map_err(Error::from_datafusion);
     }
     let columns: Vec<&str> = spec.columns.iter().map(String::as_str).collect();
@@ -237,6 +239,7 @@ async fn evaluate(
     if let Some(limit) = spec.limit {
         frame = frame.limit(0, Some(usize::try_from(limit).unwrap_or(usize::MAX))).map_err(Error::from_datafusion)?;
     }
+    growth::check_plan(frame.logical_plan())?;
     frame.execute_stream().await.map_err(Error::from_datafusion)
 }
 

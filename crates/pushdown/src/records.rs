@@ -63,14 +63,20 @@ pub fn schema_from_bytes(bytes: &[u8]) -> Result<SchemaRef, Error> {
     Ok(schema)
 }
 
-/// Checks that `schema` suits `format`: CSV columns are strings.
+/// Checks that `schema` suits `format`: CSV columns are of the scalar types Arrow's CSV
+/// reader parses (strings, booleans, integers, floats, dates, timestamps without a zone).
 pub fn check_schema(format: &RecordFormat, schema: &SchemaRef) -> Result<(), Error> {
+    use datafusion::arrow::datatypes::DataType;
+    let csv_type = |t: &DataType| {
+        matches!(t, DataType::Utf8 | DataType::Boolean | DataType::Float32 | DataType::Float64 | DataType::Date32)
+            || t.is_integer()
+            || matches!(t, DataType::Timestamp(_, None))
+    };
     if let RecordFormat::Csv(_) = format
-        && let Some(field) =
-            schema.fields().iter().find(|f| f.data_type() != &datafusion::arrow::datatypes::DataType::Utf8)
+        && let Some(field) = schema.fields().iter().find(|f| !csv_type(f.data_type()))
     {
         return Err(Error::BadQuery(format!(
-            "CSV column {} must be a string, not {}",
+            "CSV column {} cannot be read as {} (strings, booleans, integers, floats, dates and timestamps can)",
             field.name(),
             field.data_type()
         )));
@@ -126,10 +132,12 @@ impl RangeCut {
     }
 }
 
-/// Arrow's CSV or JSON decoder for records of one format and schema. A CSV batch's empty
-/// fields are empty strings, as S3 Select has them (Arrow's decoder reads them as nulls).
+/// Arrow's CSV or JSON decoder for records of one format and schema. An empty CSV field of a
+/// string column is an empty string, as S3 Select has it, unless the format says
+/// `empty_is_null` (Arrow's decoder reads every empty field as a null).
 pub enum Decoder {
-    Csv(Box<datafusion::arrow::csv::reader::Decoder>, QuotedLines),
+    /// With whether empty strings stay nulls.
+    Csv(Box<datafusion::arrow::csv::reader::Decoder>, QuotedLines, bool),
     /// With a [`JsonLines`] check for one record per line; without, JSON documents as they come.
     Json(datafusion::arrow::json::reader::Decoder, Option<JsonLines>),
 }
@@ -269,7 +277,7 @@ impl Decoder {
                 if let Some(comment) = csv.comment {
                     builder = builder.with_comment(comment);
                 }
-                Ok(Decoder::Csv(Box::new(builder.build_decoder()), QuotedLines::new(csv)))
+                Ok(Decoder::Csv(Box::new(builder.build_decoder()), QuotedLines::new(csv), csv.empty_is_null))
             }
             RecordFormat::JsonLines => Self::json(schema, Some(JsonLines::default())),
         }
@@ -291,7 +299,7 @@ impl Decoder {
     /// Takes bytes up to a full batch; how many it took.
     fn decode(&mut self, buf: &[u8]) -> Result<usize, ArrowError> {
         match self {
-            Decoder::Csv(d, _) => d.decode(buf),
+            Decoder::Csv(d, ..) => d.decode(buf),
             Decoder::Json(d, _) => d.decode(buf),
         }
     }
@@ -299,7 +307,8 @@ impl Decoder {
     /// The records decoded so far, if any.
     fn flush(&mut self) -> Result<Option<RecordBatch>, ArrowError> {
         match self {
-            Decoder::Csv(d, _) => d.flush()?.map(empty_not_null).transpose(),
+            Decoder::Csv(d, _, true) => d.flush(),
+            Decoder::Csv(d, _, false) => d.flush()?.map(empty_not_null).transpose(),
             Decoder::Json(d, _) => d.flush(),
         }
     }
@@ -313,7 +322,7 @@ impl Decoder {
         out: &mut dyn FnMut(RecordBatch) -> Result<(), ArrowError>,
     ) -> Result<(), ArrowError> {
         match self {
-            Decoder::Csv(_, quoted) => quoted.check(bytes)?,
+            Decoder::Csv(_, quoted, _) => quoted.check(bytes)?,
             Decoder::Json(_, Some(lines)) => lines.check(bytes)?,
             Decoder::Json(_, None) => {}
         }

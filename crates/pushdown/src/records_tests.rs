@@ -37,7 +37,14 @@ impl ByteSource for OneObject {
 }
 
 fn csv(header: bool) -> RecordFormat {
-    RecordFormat::Csv(CsvFormat { header, delimiter: b',', quote: b'"', escape: None, comment: None })
+    RecordFormat::Csv(CsvFormat {
+        header,
+        delimiter: b',',
+        quote: b'"',
+        escape: None,
+        comment: None,
+        empty_is_null: false,
+    })
 }
 
 fn strings(names: &[&str]) -> SchemaRef {
@@ -264,11 +271,20 @@ fn bad_records_fail_with_errors_that_name_the_object() {
     let error =
         scan_splits(broken, RecordFormat::JsonLines, schema, splits_at(17, &[]), &all(&["v"]), None).unwrap_err();
     assert!(matches!(&error, Error::BadQuery(text) if text.contains("b/data")), "{error}");
-    // A CSV schema that is not strings.
-    let typed = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, true)]));
+    // A CSV column of a type the CSV reader cannot parse.
+    let nested = Arc::new(Schema::new(vec![Field::new(
+        "v",
+        DataType::List(Arc::new(Field::new("item", DataType::Int64, true))),
+        true,
+    )]));
     let error =
-        scan_splits(Bytes::from_static(b"1\n"), csv(false), typed, splits_at(2, &[]), &all(&["v"]), None).unwrap_err();
-    assert!(matches!(&error, Error::BadQuery(text) if text.contains("string")), "{error}");
+        scan_splits(Bytes::from_static(b"1\n"), csv(false), nested, splits_at(2, &[]), &all(&["v"]), None).unwrap_err();
+    assert!(matches!(&error, Error::BadQuery(text) if text.contains("cannot be read as")), "{error}");
+    // A value that is not of its integer column's type.
+    let typed = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, true)]));
+    let error = scan_splits(Bytes::from_static(b"1\n2.5\n"), csv(false), typed, splits_at(6, &[]), &all(&["v"]), None)
+        .unwrap_err();
+    assert!(matches!(&error, Error::BadQuery(text) if text.contains("b/data")), "{error}");
     // A split past the object.
     let error = scan_splits(
         Bytes::from_static(b"1\n"),
@@ -311,8 +327,14 @@ fn schemas_travel_as_bytes() {
 fn a_line_break_inside_quotes_is_refused_wherever_the_splits_fall() {
     // Quotes doubled or escaped, and a comment line with a lone quote, are fine.
     let fine = Bytes::from_static(b"\"say \"\"hi\"\"\",1\n# don't\n\"a,b\",2\n");
-    let format =
-        RecordFormat::Csv(CsvFormat { header: false, delimiter: b',', quote: b'"', escape: None, comment: Some(b'#') });
+    let format = RecordFormat::Csv(CsvFormat {
+        header: false,
+        delimiter: b',',
+        quote: b'"',
+        escape: None,
+        comment: Some(b'#'),
+        empty_is_null: false,
+    });
     let size = fine.len() as u64;
     let (batches, _) =
         scan_splits(fine.clone(), format.clone(), strings(&["a", "b"]), splits_at(size, &[]), &all(&["a"]), None)
@@ -340,7 +362,7 @@ fn a_line_break_inside_quotes_is_refused_wherever_the_splits_fall() {
 }
 
 fn csv_format() -> CsvFormat {
-    CsvFormat { header: false, delimiter: b',', quote: b'"', escape: None, comment: None }
+    CsvFormat { header: false, delimiter: b',', quote: b'"', escape: None, comment: None, empty_is_null: false }
 }
 
 #[test]
@@ -395,4 +417,35 @@ fn json_lines_are_one_record_per_line() {
         })
         .unwrap();
     assert_eq!(rows(&got), [vec!["x".to_owned()], vec!["y".to_owned()]]);
+}
+
+#[test]
+fn typed_csv_columns_and_empty_fields_as_nulls() {
+    use datafusion::arrow::array::{Array, Float64Array, Int64Array, StringArray};
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("n", DataType::Int64, true),
+        Field::new("x", DataType::Float64, true),
+        Field::new("s", DataType::Utf8, true),
+    ]));
+    let bytes = Bytes::from_static(b"1,0.5,a\n,,\n3,1e3,\n");
+    let size = bytes.len() as u64;
+    for empty_is_null in [false, true] {
+        let format = RecordFormat::Csv(CsvFormat { empty_is_null, ..csv_format() });
+        let (batches, _) =
+            scan_splits(bytes.clone(), format, Arc::clone(&schema), splits_at(size, &[]), &all(&["n", "x", "s"]), None)
+                .unwrap();
+        let batch = datafusion::arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap();
+        let n = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+        let x = batch.column(1).as_any().downcast_ref::<Float64Array>().unwrap();
+        let s = batch.column(2).as_any().downcast_ref::<StringArray>().unwrap();
+        assert_eq!(n.iter().collect::<Vec<_>>(), vec![Some(1), None, Some(3)]);
+        assert_eq!(x.iter().collect::<Vec<_>>(), vec![Some(0.5), None, Some(1000.0)]);
+        // Strings: empty as S3 Select has it, or NULL as SQL engines read CSV.
+        if empty_is_null {
+            assert_eq!(s.iter().collect::<Vec<_>>(), vec![Some("a"), None, None]);
+        } else {
+            assert_eq!(s.null_count(), 0);
+            assert_eq!(s.iter().collect::<Vec<_>>(), vec![Some("a"), Some(""), Some("")]);
+        }
+    }
 }

@@ -83,3 +83,35 @@ pub fn is_records_key(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
     [".csv", ".tsv", ".json", ".jsonl", ".ndjson"].iter().any(|suffix| key.ends_with(suffix))
 }
+
+/// How `key`'s name says a table's object writes its records: `.csv` (commas) and `.tsv`
+/// (tabs) CSV with a header line, `.json`, `.jsonl` and `.ndjson` JSON lines; `None` for any
+/// other name (Parquet). An empty CSV field is NULL, as SQL engines read CSV.
+pub fn table_records_format(key: &str) -> Option<pushdown::RecordFormat> {
+    let key = key.to_ascii_lowercase();
+    let csv = |delimiter| {
+        pushdown::RecordFormat::Csv(pushdown::records::CsvFormat {
+            header: true,
+            delimiter,
+            quote: b'"',
+            escape: None,
+            comment: None,
+            empty_is_null: true,
+        })
+    };
+    if key.ends_with(".csv") {
+        Some(csv(b','))
+    } else if key.ends_with(".tsv") {
+        Some(csv(b'\t'))
+    } else if [".json", ".jsonl", ".ndjson"].iter().any(|suffix| key.ends_with(suffix)) {
+        Some(pushdown::RecordFormat::JsonLines)
+    } else {
+        None
+    }
+}
+
+/// Whether `key`'s name says its bytes are compressed (`.gz`, `.bz2`, `.zst`, ...).
+pub fn is_compressed_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [".gz", ".gzip", ".bz2", ".zst", ".zstd", ".xz", ".lz4"].iter().any(|suffix| key.ends_with(suffix))
+}

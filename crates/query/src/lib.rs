@@ -1,10 +1,12 @@
 //! SQL over Tessera objects, evaluated near the data.
 //!
-//! A table is named by a quoted path: `'bucket/key'` (one Parquet object) or `'bucket/prefix/'`
-//! (every object under the prefix, one table). The client parses and plans the query with
-//! DataFusion; the scan of each table becomes one request per node (`proto::Request::Query`)
-//! carrying the projection, the filters that can be written back as SQL, and the row groups
-//! whose first byte lies in that node's chunks. Nodes answer Arrow IPC; the client runs the
+//! A table is named by a quoted path: `'bucket/key'` (one object) or `'bucket/prefix/'` (every
+//! object under the prefix, one table; names starting with `_` or `.` skipped). Its objects are
+//! all Parquet, or all CSV (`.csv`, `.tsv`: a header line, columns typed from a sample of the
+//! first records) or all JSON lines (`.json`, `.jsonl`, `.ndjson`). The client parses and plans
+//! the query with DataFusion; the scan of each table becomes one request per node
+//! (`proto::Request::Query` or `RecordQuery`) carrying the projection, the filters that can be
+//! written back as SQL, and the row groups (or record splits) that start in that node's chunks. Nodes answer Arrow IPC; the client runs the
 //! rest of the plan (ordering, limits, joins) over what comes back. An aggregate whose
 //! functions combine over parts (count, sum, min, max, avg) runs on the nodes too, each over
 //! its own rows; the client combines their partial rows. Row groups no
@@ -161,6 +163,7 @@ pub async fn start(client: &Client, sql: &str, options: &QueryOptions) -> Result
         .with_allow_statements(false)
         .verify_plan(&plan)
         .map_err(|e| Error::BadQuery(format!("only SELECT queries are supported ({e})")))?;
+    pushdown::growth::check_plan(&plan)?;
     let frame = ctx.execute_logical_plan(plan).await.map_err(df_error)?;
     let schema: SchemaRef = Arc::new(frame.schema().as_arrow().clone());
     let stream = frame.execute_stream().await.map_err(df_error)?;

@@ -85,7 +85,8 @@ enum TableFormat {
     },
 }
 
-/// The objects named by one table reference: Parquet objects, or one CSV or JSON-lines object.
+/// The objects named by one table reference: Parquet objects, or CSV or JSON-lines objects of
+/// one format.
 #[derive(Clone, Debug)]
 pub(crate) struct ObjectTable {
     schema: SchemaRef,
@@ -121,8 +122,8 @@ impl ObjectTable {
         Self::open_keys(client, bucket, keys, options, counters).await
     }
 
-    /// The one object `bucket/key`, whatever its key looks like (S3 Select: a key may end in
-    /// `/` and still name one object).
+    /// The one Parquet object `bucket/key`, whatever its key looks like (S3 Select: a key may
+    /// end in `/` and still name one object, or in `.csv` and hold Parquet).
     pub(crate) async fn open_object(
         client: &Client,
         bucket: &str,
@@ -130,10 +131,41 @@ impl ObjectTable {
         options: &QueryOptions,
         counters: Arc<QueryCounters>,
     ) -> Result<Self, Error> {
-        Self::open_keys(client, bucket, vec![key.to_owned()], options, counters).await
+        Self::open_parquet_keys(client, bucket, vec![key.to_owned()], options, counters).await
     }
 
+    /// `keys` as one table, of the format their names say (see [`crate::layout::table_records_format`]).
     async fn open_keys(
+        client: &Client,
+        bucket: &str,
+        keys: Vec<String>,
+        options: &QueryOptions,
+        counters: Arc<QueryCounters>,
+    ) -> Result<Self, Error> {
+        if let Some(key) = keys.iter().find(|k| crate::layout::is_compressed_key(k)) {
+            return Err(Error::BadQuery(format!(
+                "{bucket}/{key} is compressed: its records cannot be evaluated where they lie \
+                 (S3 Select reads compressed CSV and JSON through the gateway)"
+            )));
+        }
+        let formats: Vec<Option<RecordFormat>> = keys.iter().map(|k| crate::layout::table_records_format(k)).collect();
+        if let Some(first) = formats.iter().position(Option::is_some) {
+            let format = formats[first].clone().expect("found above");
+            if let Some((other, _)) = keys.iter().zip(&formats).find(|(_, f)| f.as_ref() != Some(&format)) {
+                return Err(Error::BadQuery(format!(
+                    "{bucket}/{other} and {bucket}/{} are not of one format: the objects of a table are all \
+                     Parquet, all CSV (.csv), all TSV (.tsv) or all JSON lines (.json, .jsonl, .ndjson); \
+                     query a narrower prefix",
+                    keys[first]
+                )));
+            }
+            return Self::open_record_keys(client, bucket, keys, format, options, counters).await;
+        }
+        Self::open_parquet_keys(client, bucket, keys, options, counters).await
+    }
+
+    /// Parquet objects as one table: their footers read, their schemas checked to agree.
+    async fn open_parquet_keys(
         client: &Client,
         bucket: &str,
         keys: Vec<String>,
@@ -158,6 +190,42 @@ impl ObjectTable {
         Ok(Self {
             schema,
             format: TableFormat::Parquet,
+            objects: Arc::new(objects),
+            client: client.clone(),
+            pushdown: options.pushdown,
+            limits: options.limits,
+            counters,
+        })
+    }
+
+    /// CSV or JSON-lines objects as one table: every record of each, split by data chunk; the
+    /// columns typed from a sample of the first objects' heads (see [`RecordsSample`]).
+    async fn open_record_keys(
+        client: &Client,
+        bucket: &str,
+        keys: Vec<String>,
+        format: RecordFormat,
+        options: &QueryOptions,
+        counters: Arc<QueryCounters>,
+    ) -> Result<Self, Error> {
+        let mut objects = Vec::with_capacity(keys.len());
+        let mut sample = RecordsSample::default();
+        for key in keys {
+            let info = client.head(bucket, &key).await?;
+            let name = format!("{bucket}/{key}");
+            if sample.bytes.len() < RECORDS_SAMPLE_BYTES_MAX {
+                let head = read_record_head(client, &name, &info, &counters).await?;
+                sample.add(&format, &name, head)?;
+            }
+            let splits = record_splits(&info, 0, u64::MAX);
+            objects.push(TableObject { name, info, units: Units::Splits(splits) });
+        }
+        let schema = sample.schema(&format)?;
+        pushdown::records::check_schema(&format, &schema)?;
+        let schema_bytes = pushdown::records::schema_to_bytes(&schema)?;
+        Ok(Self {
+            schema,
+            format: TableFormat::Records { format, schema_bytes: Arc::new(schema_bytes) },
             objects: Arc::new(objects),
             client: client.clone(),
             pushdown: options.pushdown,
@@ -223,6 +291,178 @@ impl ObjectTable {
             (holds && !self.client.node_is_down(node)).then(|| node.clone())
         })
     }
+}
+
+/// Bytes read from the start of a record object to type a table's columns (a second read of
+/// up to [`RECORDS_HEAD_BYTES_MAX`] when its first line is longer), and bytes of all objects'
+/// heads together past which no further object is sampled.
+const RECORDS_HEAD_BYTES: u64 = 64 << 10;
+const RECORDS_HEAD_BYTES_MAX: u64 = 1 << 20;
+const RECORDS_SAMPLE_BYTES_MAX: usize = 1 << 20;
+
+/// The first records of a table's first objects, whose values type its columns, as DuckDB's
+/// and DataFusion's CSV readers type theirs from a sample: a CSV table's columns are named by
+/// the first object's header line, and each sampled object must have the same header.
+#[derive(Default)]
+struct RecordsSample {
+    /// The sampled records, the first object's CSV header line first.
+    bytes: Vec<u8>,
+    /// The first sampled object: its name and CSV header line.
+    first: Option<(String, Vec<u8>)>,
+}
+
+impl RecordsSample {
+    /// Adds `head`, an object's first whole records.
+    fn add(&mut self, format: &RecordFormat, name: &str, mut head: Vec<u8>) -> Result<(), Error> {
+        if !head.is_empty() && !head.ends_with(b"\n") {
+            head.push(b'\n');
+        }
+        if let RecordFormat::JsonLines = format
+            && head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[')
+        {
+            return Err(Error::BadQuery(format!(
+                "{name} holds a JSON array: a table's JSON objects hold one record per line (JSON lines)"
+            )));
+        }
+        let header_end = head.iter().position(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let header = match format {
+            RecordFormat::Csv(csv) if csv.header => head[..header_end].trim_ascii_end().to_vec(),
+            _ => Vec::new(),
+        };
+        match &self.first {
+            None => {
+                self.first = Some((name.to_owned(), header));
+                self.bytes.extend_from_slice(&head);
+            }
+            Some((first, first_header)) => {
+                if *first_header != header {
+                    return Err(Error::BadQuery(format!(
+                        "{name}'s header line differs from {first}'s: a table's CSV objects have the same columns"
+                    )));
+                }
+                let records = if header.is_empty() { &head[..] } else { &head[header_end..] };
+                self.bytes.extend_from_slice(records);
+            }
+        }
+        Ok(())
+    }
+
+    /// The table's columns as the sample types them: what Arrow's CSV or JSON schema inference
+    /// finds, a column with no values in the sample typed as a string.
+    fn schema(&self, format: &RecordFormat) -> Result<SchemaRef, Error> {
+        use pushdown::datafusion::arrow::datatypes::{DataType, Field};
+        let name = self.first.as_ref().map_or("the table", |(name, _)| name.as_str());
+        let inferred = match format {
+            RecordFormat::Csv(csv) => {
+                let mut reader = pushdown::datafusion::arrow::csv::reader::Format::default()
+                    .with_header(csv.header)
+                    .with_delimiter(csv.delimiter)
+                    .with_quote(csv.quote);
+                if let Some(escape) = csv.escape {
+                    reader = reader.with_escape(escape);
+                }
+                reader
+                    .infer_schema(std::io::Cursor::new(&self.bytes), None)
+                    .map(|(schema, _)| schema)
+                    .map_err(|e| Error::BadQuery(format!("{name}: not CSV with a header line: {e}")))?
+            }
+            RecordFormat::JsonLines => {
+                let inferred = pushdown::datafusion::arrow::json::reader::infer_json_schema(
+                    std::io::Cursor::new(&self.bytes),
+                    None,
+                )
+                .map(|(schema, _)| schema)
+                .map_err(|e| Error::BadQuery(format!("{name}: not JSON lines: {e}")))?;
+                in_json_order(&inferred, &self.bytes)
+            }
+        };
+        if inferred.fields().is_empty() {
+            return Err(Error::BadQuery(format!("{name}: no columns in its first records")));
+        }
+        let fields: Vec<Field> = inferred
+            .fields()
+            .iter()
+            .map(|f| match f.data_type() {
+                DataType::Null => Field::new(f.name(), DataType::Utf8, true),
+                _ => f.as_ref().clone().with_nullable(true),
+            })
+            .collect();
+        Ok(Arc::new(Schema::new(fields)))
+    }
+}
+
+/// `schema`'s fields in the order `records` (JSON) first name them, as they are written (Arrow's
+/// inference sorts them by name); fields the records do not name stay last, in their order.
+pub(crate) fn in_json_order(schema: &Schema, records: &[u8]) -> Schema {
+    use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    /// A JSON object's keys, in order.
+    struct Keys(Vec<String>);
+    impl<'de> Deserialize<'de> for Keys {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            struct KeysVisitor;
+            impl<'de> Visitor<'de> for KeysVisitor {
+                type Value = Keys;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Keys, A::Error> {
+                    let mut keys = Vec::new();
+                    while let Some(key) = map.next_key::<String>()? {
+                        map.next_value::<IgnoredAny>()?;
+                        keys.push(key);
+                    }
+                    Ok(Keys(keys))
+                }
+            }
+            deserializer.deserialize_map(KeysVisitor)
+        }
+    }
+
+    let mut order: Vec<String> = Vec::new();
+    for keys in serde_json::Deserializer::from_slice(records).into_iter::<Keys>() {
+        let Ok(Keys(keys)) = keys else { break };
+        for key in keys {
+            if !order.contains(&key) {
+                order.push(key);
+            }
+        }
+        if order.len() >= schema.fields().len() {
+            break;
+        }
+    }
+    let mut fields: Vec<_> = order.iter().filter_map(|name| schema.field_with_name(name).ok().cloned()).collect();
+    for field in schema.fields() {
+        if !order.contains(field.name()) {
+            fields.push(field.as_ref().clone());
+        }
+    }
+    Schema::new_with_metadata(fields, schema.metadata().clone())
+}
+
+/// A record object's first whole records: its first [`RECORDS_HEAD_BYTES`] up to the last line
+/// break (all of it when it is that small), counted as bytes this client read.
+async fn read_record_head(
+    client: &Client,
+    name: &str,
+    info: &ObjectInfo,
+    counters: &QueryCounters,
+) -> Result<Vec<u8>, Error> {
+    let size = info.meta.size;
+    for head_len in [RECORDS_HEAD_BYTES, RECORDS_HEAD_BYTES_MAX] {
+        let len = size.min(head_len);
+        let mut head = vec![0u8; len as usize];
+        client.read_at(info, 0, &mut head).await?;
+        counters.client_read_bytes.fetch_add(len, Ordering::Relaxed);
+        if len == size {
+            return Ok(head);
+        }
+        if let Some(end) = head.iter().rposition(|b| *b == b'\n') {
+            head.truncate(end + 1);
+            return Ok(head);
+        }
+    }
+    Err(Error::BadQuery(format!("{name}: its first record is longer than {RECORDS_HEAD_BYTES_MAX} bytes")))
 }
 
 /// The splits of an object whose records are selected when they start in `first..=last`:
@@ -341,13 +581,21 @@ pub(crate) fn filters_sql(filters: &[Expr]) -> DfResult<Vec<String>> {
         .collect()
 }
 
-/// Every key under `prefix` in `bucket`, in order, at most [`TABLE_OBJECTS_MAX`].
+/// Whether `key` names a file a dataset's writers leave beside its data, which readers skip
+/// (Spark's and Hive's rule: a name starting with `_` or `.`, like `_SUCCESS`).
+fn is_hidden(key: &str) -> bool {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    name.starts_with('_') || name.starts_with('.')
+}
+
+/// Every key under `prefix` in `bucket`, in order (but those [`is_hidden`]), at most
+/// [`TABLE_OBJECTS_MAX`].
 async fn list_all(client: &Client, bucket: &str, prefix: &str) -> Result<Vec<String>, Error> {
     let mut keys = Vec::new();
     let mut after = String::new();
     loop {
         let page = client.list(bucket, prefix, &after, 1000).await?;
-        keys.extend(page.entries.into_iter().map(|e| e.key).filter(|k| !k.ends_with('/')));
+        keys.extend(page.entries.into_iter().map(|e| e.key).filter(|k| !k.ends_with('/') && !is_hidden(k)));
         if keys.len() > TABLE_OBJECTS_MAX {
             return Err(Error::BadQuery(format!(
                 "{bucket}/{prefix} holds more than {TABLE_OBJECTS_MAX} objects: query a narrower prefix"

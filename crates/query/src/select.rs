@@ -299,6 +299,7 @@ pub async fn select(
         }
     }
     let plan = ctx.state().statement_to_plan(statement).await.map_err(df_error)?;
+    pushdown::growth::check_plan(&plan)?;
     let frame = ctx.execute_logical_plan(plan).await.map_err(df_error)?;
     let batches = frame.execute_stream().await.map_err(df_error)?;
     let records = encode(batches, output.clone());
@@ -456,6 +457,7 @@ fn schema_of_head(info: &ObjectInfo, input: &SelectInput, head: Vec<u8>) -> Resu
                 }
             };
             let schema = inferred.map_err(|e| Error::BadQuery(format!("{}: not JSON records: {e}", name(info))))?;
+            let schema = crate::plan::in_json_order(&schema, &head);
             if schema.fields().is_empty() {
                 return Err(Error::BadQuery(format!("{}: no JSON records with fields", name(info))));
             }
@@ -475,6 +477,7 @@ fn record_format(input: &SelectInput) -> RecordFormat {
             quote: csv.quote,
             escape: csv.escape,
             comment: csv.comment,
+            empty_is_null: false,
         }),
         _ => RecordFormat::JsonLines,
     }
