@@ -449,3 +449,26 @@ fn typed_csv_columns_and_empty_fields_as_nulls() {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Garbage through the CSV and JSON readers, typed and untyped, cut anywhere: an answer
+    /// or an error, never a panic or a hang (the test suite's bounded fuzzing of the readers).
+    #[test]
+    fn garbage_records_give_answers_or_errors(
+        bytes in proptest::collection::vec(
+            prop_oneof![any::<u8>(), Just(b'\n'), Just(b','), Just(b'"'), Just(b'{'), Just(b'}'), Just(b'1')],
+            1..4096,
+        ),
+        cuts in proptest::collection::vec(0u64..4096, 0..6),
+        typed in any::<bool>(),
+        json in any::<bool>(),
+    ) {
+        let size = bytes.len() as u64;
+        let kind = if typed { DataType::Int64 } else { DataType::Utf8 };
+        let schema = Arc::new(Schema::new(vec![Field::new("a", kind, true), Field::new("b", DataType::Utf8, true)]));
+        let format = if json { RecordFormat::JsonLines } else { csv(false) };
+        let _ = scan_splits(Bytes::from(bytes), format, schema, splits_at(size, &cuts), &all(&["a", "b"]), None);
+    }
+}
