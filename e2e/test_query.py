@@ -310,6 +310,29 @@ def test_gateway_joins_a_multipart_csv_upload_into_one_piece(cluster, make_clien
     assert sorted(int(x) for x in out.split()) == [i for i in range(rows) if i % 1000 == 7]
 
 
+def test_gateway_joins_a_multipart_npy_upload_into_one_piece(cluster, make_client, tmp_path):
+    """A `.npy` feature table uploaded in parts is stored again whole too, so that a gather
+    reads its rows in one batched request per node."""
+    import struct
+
+    s3 = make_client()
+    bucket = "e2e-join-npy"
+    s3.create_bucket(Bucket=bucket)
+    rows = (12 << 20) // 128
+    header = "{'descr': '<i8', 'fortran_order': False, 'shape': (%d, 16), }" % rows
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    path = tmp_path / "features.npy"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode()
+                     + struct.pack(f"<{rows * 16}q", *range(rows * 16)))
+    parts = boto3.s3.transfer.TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+    s3.upload_file(str(path), bucket, "features.npy", Config=parts)
+    deadline = time.monotonic() + 120
+    while "layout:       plain" not in (stat := _stat(cluster, f"{bucket}/features.npy")):
+        assert time.monotonic() < deadline, f"not joined within 120 s:\n{stat}"
+        time.sleep(0.5)
+    assert s3.get_object(Bucket=bucket, Key="features.npy")["Body"].read() == path.read_bytes()
+
+
 def test_pyarrow_writes_through_its_s3_filesystem_are_re_laid_too(cluster, tmp_path):
     """pyarrow's own S3 filesystem (the AWS SDK for C++: footer last, multipart above 5 MB)."""
     from urllib.parse import urlparse

@@ -1,11 +1,10 @@
 //! `tessera relayout BUCKET[/PREFIX]`: stores the Parquet objects that stock S3 clients uploaded
-//! (plain, or in parts) again in the aligned layout, each row group inside one chunk, and CSV
-//! and JSON-lines objects uploaded in parts again as one piece (so their nodes can evaluate S3
-//! Select over them), at a paced byte rate. Each object stays readable throughout: the new copy
+//! (plain, or in parts) again in the aligned layout, each row group inside one chunk, and CSV,
+//! JSON-lines and `.npy` objects uploaded in parts again as one piece (so their nodes can
+//! evaluate S3 Select over them, or a gather read their rows in one request per node), at a
+//! paced byte rate. Each object stays readable throughout: the new copy
 //! is a new version just after it ([`client::Client::relayout`], [`client::Client::consolidate`]),
 //! and a PUT or delete that comes meanwhile wins.
-
-use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
@@ -15,8 +14,8 @@ use crate::size::{format_bytes, parse_bytes};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct RelayoutArgs {
-    /// BUCKET or BUCKET/PREFIX: every Parquet object under it (and every multipart CSV or JSON
-    /// one).
+    /// BUCKET or BUCKET/PREFIX: every Parquet object under it (and every multipart CSV, JSON
+    /// or .npy one).
     path: String,
     /// Object bytes rewritten per second, at most (e.g. 50MiB); 0 for no limit.
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
@@ -51,7 +50,8 @@ pub(crate) fn run(args: &RelayoutArgs) -> anyhow::Result<()> {
 async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
     let client = connect(&args.config)?;
     let (bucket, prefix) = args.path.split_once('/').unwrap_or((args.path.as_str(), ""));
-    let started = Instant::now();
+    // Paced within each object, not only between them: one 100 GiB object keeps the rate too.
+    let pace = client::Pace::new(args.rate);
     let mut tally = Tally::default();
     let mut start_after = String::new();
     loop {
@@ -73,13 +73,13 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("read the footer of {bucket}/{}", entry.key))?;
             let Some(align) = align else {
-                if !info.meta.has_data_file() && query::layout::is_records_key(&entry.key) {
+                if !info.meta.has_data_file() && query::layout::wants_one_piece(&entry.key) {
                     if args.dry_run {
                         println!("would join {bucket}/{} into one piece ({})", entry.key, format_bytes(info.meta.size));
                         tally.joined += 1;
                         continue;
                     }
-                    let joined = match client.consolidate(&info).await {
+                    let joined = match client.consolidate(&info, Some(&pace)).await {
                         Ok(joined) => joined,
                         Err(e) => {
                             eprintln!("warning: join {bucket}/{} into one piece: {e}", entry.key);
@@ -91,7 +91,6 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
                         println!("joined {bucket}/{} into one piece ({})", entry.key, format_bytes(info.meta.size));
                         tally.joined += 1;
                         tally.bytes += info.meta.size;
-                        pace(started, tally.bytes, args.rate).await;
                         continue;
                     }
                 }
@@ -103,7 +102,7 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
                 tally.relaid += 1;
                 continue;
             }
-            let relaid = match client.relayout(&info, &align).await {
+            let relaid = match client.relayout(&info, &align, Some(&pace)).await {
                 Ok(relaid) => relaid,
                 Err(e) => {
                     eprintln!("warning: relayout {bucket}/{}: {e}", entry.key);
@@ -127,7 +126,6 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
             tally.relaid += 1;
             tally.bytes += relaid.meta.size;
             tally.padding += padding;
-            pace(started, tally.bytes, args.rate).await;
         }
         match page.next_start_after {
             Some(next) => start_after = next,
@@ -153,15 +151,4 @@ async fn relayout(args: &RelayoutArgs) -> anyhow::Result<()> {
         anyhow::bail!("{} object(s) could not be rewritten (warnings above); they stay as they were", tally.failed);
     }
     Ok(())
-}
-
-/// Sleeps until `bytes` written since `started` are within `rate` bytes per second.
-async fn pace(started: Instant, bytes: u64, rate: u64) {
-    if rate == 0 {
-        return;
-    }
-    let due = Duration::from_secs_f64(bytes as f64 / rate as f64);
-    if let Some(wait) = due.checked_sub(started.elapsed()) {
-        tokio::time::sleep(wait).await;
-    }
 }

@@ -30,6 +30,7 @@ mod get;
 mod head;
 mod list;
 mod multipart;
+mod pace;
 mod put;
 mod query;
 mod relocate;
@@ -49,6 +50,7 @@ pub use admin::{NodeMap, NodeSpace};
 pub use coalesce::MetadataCounts;
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
+pub use pace::Pace;
 pub use proto::QUERY_FOOTER_BYTES_MAX;
 pub use proto::{
     AggregateFunction, AggregateSpec, BucketEntry, CommitCondition, DriveRepairStatus, DriveSpace, ErrorKind,
@@ -607,8 +609,13 @@ impl Client {
     /// it (the pieces of a multipart one are deleted once the new version is acknowledged).
     /// `None` when there is nothing to do (already aligned, a delete marker, no layout within
     /// the padding budget).
-    pub async fn relayout(&self, info: &ObjectInfo, align: &Alignment) -> Result<Option<ObjectInfo>, Error> {
-        self.rewrite_current(info, Some(align)).await
+    pub async fn relayout(
+        &self,
+        info: &ObjectInfo,
+        align: &Alignment,
+        pace: Option<&Pace>,
+    ) -> Result<Option<ObjectInfo>, Error> {
+        self.rewrite_current(info, Some(align), pace).await
     }
 
     /// Stores `info`, the key's current version, again as one piece when it is a multipart
@@ -616,13 +623,18 @@ impl Client {
     /// evaluate S3 Select over it), in the same way as [`Client::relayout`]: same bytes, ETag,
     /// metadata and modification time, superseded by any concurrent PUT or delete. `None` when
     /// there is nothing to do (one piece already, a delete marker, an empty object).
-    pub async fn consolidate(&self, info: &ObjectInfo) -> Result<Option<ObjectInfo>, Error> {
-        self.rewrite_current(info, None).await
+    pub async fn consolidate(&self, info: &ObjectInfo, pace: Option<&Pace>) -> Result<Option<ObjectInfo>, Error> {
+        self.rewrite_current(info, None, pace).await
     }
 
-    async fn rewrite_current(&self, info: &ObjectInfo, align: Option<&Alignment>) -> Result<Option<ObjectInfo>, Error> {
+    async fn rewrite_current(
+        &self,
+        info: &ObjectInfo,
+        align: Option<&Alignment>,
+        pace: Option<&Pace>,
+    ) -> Result<Option<ObjectInfo>, Error> {
         let client = self.current();
-        match put::relayout(&client, info, align).await? {
+        match put::relayout(&client, info, align, pace).await? {
             Some((info, replaced)) => {
                 multipart::delete_pieces(&self.current(), &replaced).await;
                 Ok(Some(info))

@@ -381,7 +381,7 @@ pub(crate) async fn copy_version(
     } else {
         (map.chunk_bytes, Padding::plain())
     };
-    let (info, replaced) = rewrite(client, source, &target, chunk_bytes, padding).await?;
+    let (info, replaced) = rewrite(client, source, &target, chunk_bytes, padding, None).await?;
     assert_eq!(info.meta.size, meta.size, "a copy has the size of its source");
     let geometry = info.meta.geometry();
     let written: u64 = (0..geometry.stripes).map(|stripe| geometry.chunk_len(stripe) as u64).sum();
@@ -397,6 +397,7 @@ async fn rewrite(
     target: &Target<'_>,
     chunk_bytes: u32,
     mut padding: Padding,
+    pace: Option<&crate::Pace>,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
     let meta = &source.meta;
     // A multipart ETag (MD5 of the parts' MD5s, "-N") is kept as it is: a multipart source has
@@ -426,6 +427,9 @@ async fn rewrite(
             parts.update(&buf[..read])?;
             tokio::io::AsyncWriteExt::write_all(&mut writer, &buf[..read]).await.map_err(Error::Source)?;
             offset += read as u64;
+            if let Some(pace) = pace {
+                pace.after(read as u64).await;
+            }
         }
         drop(writer);
         Ok::<_, Error>(())
@@ -515,6 +519,7 @@ pub(crate) async fn relayout(
     client: &Client,
     source: &ObjectInfo,
     align: Option<&crate::Alignment>,
+    pace: Option<&crate::Pace>,
 ) -> Result<Option<(ObjectInfo, Vec<String>)>, Error> {
     let meta = &source.meta;
     if meta.deleted || meta.size == 0 || !meta.pads.is_empty() {
@@ -557,7 +562,7 @@ pub(crate) async fn relayout(
     let result = match client.head_inner(&meta.bucket, &meta.key).await {
         Ok(now) if now.meta.version == meta.version => {
             let target = Target { bucket: &meta.bucket, key: &meta.key, version, placement };
-            rewrite(client, source, &target, chunk_bytes as u32, padding).await.map(Some)
+            rewrite(client, source, &target, chunk_bytes as u32, padding, pace).await.map(Some)
         }
         Ok(_) | Err(Error::NotFound { .. }) => Ok(None),
         Err(e) => Err(e),

@@ -84,6 +84,14 @@ pub fn is_records_key(key: &str) -> bool {
     [".csv", ".tsv", ".json", ".jsonl", ".ndjson"].iter().any(|suffix| key.ends_with(suffix))
 }
 
+/// Whether an object named `key` uploaded in parts is worth storing again as one piece
+/// ([`client::Client::consolidate`]): CSV and JSON lines ([`is_records_key`]), which the nodes
+/// then select over, and `.npy` tables, whose rows a gather then reads in one batched request
+/// per node instead of piece by piece.
+pub fn wants_one_piece(key: &str) -> bool {
+    is_records_key(key) || key.to_ascii_lowercase().ends_with(".npy")
+}
+
 /// How `key`'s name says a table's object writes its records: `.csv` (commas) and `.tsv`
 /// (tabs) CSV with a header line, `.json`, `.jsonl` and `.ndjson` JSON lines; `None` for any
 /// other name (Parquet). An empty CSV field is NULL, as SQL engines read CSV.

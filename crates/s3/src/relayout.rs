@@ -4,13 +4,13 @@
 //! CompleteMultipartUpload of a Parquet object (a `.parquet` key or a Parquet content type), it
 //! queues the key; one task at a time stores the key's current version again in the aligned
 //! layout ([`client::Client::relayout`]: a new version just after it, same bytes, which any
-//! later write supersedes), paced to a byte rate. A CSV or JSON-lines object (`.csv`, `.tsv`,
-//! `.json`, `.jsonl`, `.ndjson`) uploaded in parts is stored again as one piece the same way
-//! ([`client::Client::consolidate`]), so that its nodes can evaluate S3 Select over it. The
+//! later write supersedes), paced to a byte rate (`client::Pace`: within each object's rewrite,
+//! not only between objects). A CSV or JSON-lines object (`.csv`, `.tsv`, `.json`, `.jsonl`,
+//! `.ndjson`) or a `.npy` table uploaded in parts is stored again as one piece the same way
+//! ([`client::Client::consolidate`]), so that its nodes can evaluate S3 Select over it (or a
+//! gather read its rows in one request per node). The
 //! queue lives in memory and is bounded: a gateway that stops (or a full queue) leaves objects
 //! as they were, still correct, and `tessera relayout` catches up.
-
-use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -34,10 +34,10 @@ impl Relayer {
         Some(Self { queue })
     }
 
-    /// Queues `bucket/key` if its name says Parquet (the task checks the bytes too), or CSV or
-    /// JSON lines and it was uploaded in parts.
+    /// Queues `bucket/key` if its name says Parquet (the task checks the bytes too), or CSV,
+    /// JSON lines or a `.npy` table and it was uploaded in parts.
     pub(crate) fn offer(&self, bucket: &str, key: &str, in_parts: bool) {
-        let wanted = is_parquet(key) || (in_parts && query::layout::is_records_key(key));
+        let wanted = is_parquet(key) || (in_parts && query::layout::wants_one_piece(key));
         if !wanted {
             return;
         }
@@ -56,27 +56,22 @@ fn is_parquet(key: &str) -> bool {
 }
 
 async fn work(client: client::Client, mut keys: mpsc::Receiver<(String, String)>, rate: u64) {
-    let started = Instant::now();
-    let mut written = 0u64;
+    // One rate for the whole queue, kept within each object's rewrite too.
+    let pace = client::Pace::new(rate);
     while let Some((bucket, key)) = keys.recv().await {
-        match relayout_one(&client, &bucket, &key).await {
-            Ok(Some(bytes)) => {
-                written += bytes;
-                let due = Duration::from_secs_f64(written as f64 / rate as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    tokio::time::sleep(wait).await;
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(bucket = %bucket, key = %key, error = %e, "re-layout failed: the object stays plain")
-            }
+        if let Err(e) = relayout_one(&client, &bucket, &key, &pace).await {
+            tracing::warn!(bucket = %bucket, key = %key, error = %e, "re-layout failed: the object stays plain")
         }
     }
 }
 
 /// Re-lays the key's current version; the object bytes rewritten, or `None` if nothing was.
-async fn relayout_one(client: &client::Client, bucket: &str, key: &str) -> Result<Option<u64>, client::Error> {
+async fn relayout_one(
+    client: &client::Client,
+    bucket: &str,
+    key: &str,
+    pace: &client::Pace,
+) -> Result<Option<u64>, client::Error> {
     let info = match client.head(bucket, key).await {
         Ok(info) => info,
         Err(client::Error::NotFound { .. }) => return Ok(None),
@@ -86,7 +81,7 @@ async fn relayout_one(client: &client::Client, bucket: &str, key: &str) -> Resul
         return Ok(None);
     }
     if !is_parquet(key) {
-        let joined = client.consolidate(&info).await?;
+        let joined = client.consolidate(&info, Some(pace)).await?;
         if let Some(joined) = &joined {
             tracing::info!(bucket, key, bytes = joined.meta.size, "stored a multipart object as one piece");
         }
@@ -95,7 +90,7 @@ async fn relayout_one(client: &client::Client, bucket: &str, key: &str) -> Resul
     let Some(align) = query::layout::object_alignment(client, &info).await? else {
         return Ok(None);
     };
-    let relaid = client.relayout(&info, &align).await?;
+    let relaid = client.relayout(&info, &align, Some(pace)).await?;
     if let Some(relaid) = &relaid {
         tracing::info!(
             bucket,

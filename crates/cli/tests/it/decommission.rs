@@ -56,7 +56,7 @@ fn fill(cluster: &Cluster) -> (Expected, String) {
             etags.push((n, client.put_part("bkt", "relaid.parquet", &id, n, &mut &part[..]).await.unwrap().etag));
         }
         let multipart = client.complete_multipart("bkt", "relaid.parquet", &id, &etags).await.unwrap();
-        let relaid = client.relayout(&multipart, &align).await.unwrap().expect("re-laid");
+        let relaid = client.relayout(&multipart, &align, None).await.unwrap().expect("re-laid");
         assert_eq!(relaid.meta.etag, multipart.meta.etag);
         assert!(relaid.meta.parts.is_empty() && !relaid.meta.pads.is_empty());
         expected.insert("relaid.parquet".to_owned(), Some(table));

@@ -596,10 +596,11 @@ fn concurrent_relayouts_of_one_version_write_it_once() {
     let align = query::layout::parquet_alignment_of(&bytes).unwrap();
     // Every re-layout of one version writes the same version id: one at a time holds the
     // version's lock, and one that comes after finds the version replaced.
-    let (a, b) = block_on(async { tokio::join!(client.relayout(&info, &align), client.relayout(&info, &align)) });
+    let (a, b) =
+        block_on(async { tokio::join!(client.relayout(&info, &align, None), client.relayout(&info, &align, None)) });
     let done = [a.unwrap(), b.unwrap()];
     assert_eq!(done.iter().filter(|d| d.is_some()).count(), 1, "exactly one re-layout wrote");
-    let again = block_on(client.relayout(&info, &align)).unwrap();
+    let again = block_on(client.relayout(&info, &align, None)).unwrap();
     assert!(again.is_none(), "a re-layout of a replaced version wrote");
     let now = block_on(client.head("bkt", "c/t.parquet")).unwrap();
     assert!(!now.meta.pads.is_empty());
