@@ -73,6 +73,7 @@ fn convert(py: Python<'_>, error: client::Error) -> PyErr {
             raise(py, "RangeNotSatisfiable", message, &[("offset", obj(py, offset)), ("size", obj(py, size))])
         }
         E::Map(_) => raise(py, "ConfigError", message, &[]),
+        E::BadGather(_) => raise(py, "GatherError", message, &[]),
         E::Source(_) => raise(py, "SourceError", message, &[]),
         _ => raise(py, "TesseraError", message, &[]),
     }

@@ -263,6 +263,37 @@ impl RawClient {
         read_into(self, py, &info.inner, offset, &mut target)
     }
 
+    /// Rows `indices` (a buffer of native int64) of the table of `rows` rows of `row_bytes`
+    /// bytes from `data_offset` in object `info`, row `indices[i]` into `buffer` at
+    /// `i * row_bytes`, the GIL released.
+    #[pyo3(signature = (info, data_offset, row_bytes, rows, indices, buffer))]
+    #[allow(clippy::too_many_arguments)]
+    fn gather_into(
+        &self,
+        py: Python<'_>,
+        info: &ObjectInfo,
+        data_offset: u64,
+        row_bytes: u64,
+        rows: u64,
+        indices: &Bound<'_, PyAny>,
+        buffer: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let indices = Readable::get(indices)?;
+        let bytes = indices.as_slice();
+        if bytes.len() % 8 != 0 {
+            return Err(PyValueError::new_err("indices must be a buffer of int64"));
+        }
+        // A negative index becomes one past every table's end, which the gather refuses.
+        let wanted: Vec<u64> =
+            bytes.chunks_exact(8).map(|b| i64::from_ne_bytes(b.try_into().expect("8 bytes")) as u64).collect();
+        drop(indices);
+        let mut target = Writable::get(buffer)?;
+        let table = client::RowTable { data_offset, row_bytes, rows };
+        let slice = target.as_mut_slice();
+        let info = &info.inner;
+        self.block(py, |c| async move { c.gather(info, &table, &wanted, slice).await })
+    }
+
     /// The object (or `length` bytes at `offset`) as bytes.
     #[pyo3(signature = (bucket, key, offset, length))]
     fn get<'py>(

@@ -19,6 +19,7 @@ from .errors import (
     BucketNotEmpty,
     ConfigError,
     DiskFull,
+    GatherError,
     InvalidName,
     NodeUnavailable,
     NoSuchBucket,

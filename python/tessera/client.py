@@ -18,6 +18,8 @@ from .errors import ConfigError, NotFound
 
 #: Pieces read from a file object by a streaming ``put``.
 PUT_PIECE_BYTES = 1 << 20
+# Table descriptions (a .npy header each) a client keeps for gather, at most.
+TABLES_CACHED_MAX = 1024
 #: Read buffer of ``Client.open(..., "rb")``: at least one stripe of a 4+2 cluster with 1 MiB
 #: chunks, so sequential reads are one batched request per node per stripe.
 READ_BUFFER_BYTES = 4 << 20
@@ -90,6 +92,8 @@ class Client:
         self._config = config
         self._address = address
         self._secret = secret
+        # Tables gathered from, by version: a replaced object is a new version, read again.
+        self._tables: dict = {}
         if address is not None:
             secret = secret if secret is not None else os.environ.get("TESSERA_CLUSTER_SECRET")
             self._raw = _tessera.RawClient(None, _resolve_address(address), secret)
@@ -153,7 +157,57 @@ class Client:
             return ObjectWriter(self._raw.writer(bucket, key, content_type, _meta(metadata)))
         raise ValueError(f"unsupported mode {mode!r}: use 'rb' or 'wb'")
 
+    def gather(self, bucket: str, key: str, indices: Any, out: Any = None, *, row_bytes: int | None = None,
+               dtype: Any = None) -> Any:
+        """Rows ``indices`` of the 2-D table in ``bucket/key`` (a ``.npy`` file, or raw rows of
+        ``row_bytes`` bytes of ``dtype``), row ``indices[i]`` into ``out[i]``: a NumPy array or
+        a CPU torch tensor (pinned memory accepted) of shape ``(len(indices), columns)`` and the
+        table's dtype, C-contiguous and writable, or a new NumPy array when ``out`` is None.
+        Indices may repeat and come in any order. Returns ``out``.
+
+        Every index is checked before a read is sent (``GatherError``, a ``ValueError``). The rows
+        come in one batched request per node per round, straight into ``out``, checksummed and
+        rebuilt from parity where a chunk is missing; the GIL is released meanwhile."""
+        from . import tensor
+
+        info = self._raw.head(bucket, key)
+        table = self._tables.get((bucket, key, info.version, row_bytes, str(dtype)))
+        if table is None:
+            table = tensor.table_of(self._raw, info, f"{bucket}/{key}", row_bytes, dtype)
+            if len(self._tables) >= TABLES_CACHED_MAX:
+                self._tables.clear()
+            self._tables[(bucket, key, info.version, row_bytes, str(dtype))] = table
+        wanted = tensor.indices_of(indices, table.rows)
+        out, target = tensor.output_of(out, len(wanted), table)
+        if len(wanted):
+            self._raw.gather_into(info, table.data_offset, table.row_bytes, table.rows, wanted, target)
+        return out
+
     # Writes --------------------------------------------------------------------------------
+
+    def put_tensor(self, bucket: str, key: str, array: Any) -> ObjectInfo:
+        """Writes ``array`` (a 2-D NumPy array or CPU torch tensor) as the ``.npy`` file
+        ``bucket/key`` that ``gather`` reads rows of, streamed from the array's own memory."""
+        from . import tensor
+
+        np = tensor._numpy()
+        if type(array).__module__.startswith("torch"):
+            array = array.detach().cpu().numpy()
+        array = np.ascontiguousarray(array)
+        if array.ndim != 2:
+            raise tensor.GatherError(f"put_tensor takes a 2-D array, not one of shape {array.shape}")
+        if array.dtype.hasobject:
+            raise tensor.GatherError(f"put_tensor takes numbers, not {array.dtype}")
+        writer = self._raw.writer(bucket, key, "application/octet-stream", [])
+        try:
+            writer.write(tensor.npy_header(array))
+            data = memoryview(array.reshape(-1).view(np.uint8))
+            for start in range(0, len(data), PUT_PIECE_BYTES):
+                writer.write(data[start:start + PUT_PIECE_BYTES])
+        except BaseException:
+            writer.abort()
+            raise
+        return writer.close()
 
     def put(self, bucket: str, key: str, data: Any, *, content_type: str | None = None, metadata: dict | None = None,
             align: bool = True) -> ObjectInfo:

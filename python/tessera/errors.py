@@ -115,6 +115,11 @@ class DiskFull(TesseraError, OSError):
     node: str = ""
 
 
+class GatherError(TesseraError, ValueError):
+    """A gather's input is wrong: an index out of range, an output of the wrong size, a table
+    that does not fit its object (checked before anything is read)."""
+
+
 class RangeNotSatisfiable(TesseraError, ValueError):
     """A read starting past the end of the object. Attributes: ``offset``, ``size``."""
 
@@ -140,6 +145,7 @@ __all__ = [
     "AuthRejected",
     "DiskFull",
     "RangeNotSatisfiable",
+    "GatherError",
     "SourceError",
     "QueryError",
 ]

@@ -26,6 +26,7 @@
 mod admin;
 mod coalesce;
 mod conn;
+mod gather;
 mod get;
 mod head;
 mod list;
@@ -48,6 +49,7 @@ use conn::{Conn, MapIdentity, Pool};
 
 pub use admin::{NodeMap, NodeSpace};
 pub use coalesce::MetadataCounts;
+pub use gather::{GATHER_ROWS_MAX, GATHER_RUN_BYTES_MAX, RowTable};
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
 pub use pace::Pace;
@@ -219,6 +221,9 @@ pub enum Error {
     Map(#[from] cluster::Error),
     #[error("erasure coding: {0}")]
     Codec(#[from] ec::Error),
+    /// A gather's input is wrong (an index out of range, an output of the wrong size).
+    #[error("gather: {0}")]
+    BadGather(String),
 }
 
 /// A node that could not serve a request, and why (the error, which names the node).

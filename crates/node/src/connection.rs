@@ -1,6 +1,6 @@
 //! One client connection: handshake, then a request/response loop.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -552,15 +552,25 @@ fn error_response(error: &chunkstore::Error) -> Response {
 }
 
 /// Answers a batched read: statuses first, then the bytes of every servable item, each sent from
-/// its file with `sendfile(2)`.
+/// its file with `sendfile(2)`. Each version's file is opened once per batch, however many of
+/// its ranges the batch lists (a gather lists thousands of small ranges of one object).
 fn serve_read(session: &mut Session, state: &State, items: &[ReadItem]) -> Result<(), ConnError> {
-    let mut files: Vec<Option<File>> = Vec::with_capacity(items.len());
+    let mut opened: HashMap<(u32, VersionId), Opened> = HashMap::new();
+    let mut files: Vec<Option<Arc<File>>> = Vec::with_capacity(items.len());
     let mut statuses = Vec::with_capacity(items.len());
     for item in items {
-        let (status, file) = open_item(state, item);
+        let (status, file) = match opened.entry((item.drive, item.version)).or_insert_with(|| open_version(state, item))
+        {
+            Opened::File { file, len } if *len >= item.offset + u64::from(item.len) => {
+                (ItemStatus::Ok, Some(Arc::clone(file)))
+            }
+            Opened::File { .. } => (ItemStatus::Corrupt, None),
+            Opened::Failed(status) => (*status, None),
+        };
         statuses.push(status);
         files.push(file);
     }
+    drop(opened);
     session.send(&Response::Read { statuses })?;
     for (item, file) in items.iter().zip(files) {
         if let Some(file) = file {
@@ -570,22 +580,27 @@ fn serve_read(session: &mut Session, state: &State, items: &[ReadItem]) -> Resul
     Ok(())
 }
 
-fn open_item(state: &State, item: &ReadItem) -> (ItemStatus, Option<File>) {
+/// A version's file as a batched read found it.
+enum Opened {
+    File { file: Arc<File>, len: u64 },
+    Failed(ItemStatus),
+}
+
+fn open_version(state: &State, item: &ReadItem) -> Opened {
     let Some(drive) = state.drives.get(item.drive as usize) else {
-        return (ItemStatus::Missing, None);
+        return Opened::Failed(ItemStatus::Missing);
     };
     let file = match drive.open_version(item.version) {
         Ok(Some(file)) => file,
-        Ok(None) => return (ItemStatus::Missing, None),
+        Ok(None) => return Opened::Failed(ItemStatus::Missing),
         Err(e) => {
             tracing::error!(error = %e, "chunk read failed");
-            return (ItemStatus::Unreadable, None);
+            return Opened::Failed(ItemStatus::Unreadable);
         }
     };
     match file.metadata() {
-        Ok(meta) if meta.len() >= item.offset + u64::from(item.len) => (ItemStatus::Ok, Some(file)),
-        Ok(_) => (ItemStatus::Corrupt, None),
-        Err(_) => (ItemStatus::Unreadable, None),
+        Ok(meta) => Opened::File { file: Arc::new(file), len: meta.len() },
+        Err(_) => Opened::Failed(ItemStatus::Unreadable),
     }
 }
 

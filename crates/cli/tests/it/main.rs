@@ -5,6 +5,7 @@ mod buckets;
 mod decommission;
 mod durability;
 mod faults;
+mod gather;
 mod harness;
 mod objects;
 mod pools;

@@ -1,0 +1,118 @@
+//! Gather: rows of a table object picked by index, byte-exact healthy, around a corrupt chunk
+//! and with two nodes down.
+
+use client::{ObjectInfo, RowTable};
+
+use crate::harness::{Cluster, Shape, block_on, payload};
+
+const HEADER: u64 = 128;
+/// Rows of 1000 bytes: with 64 KiB chunks, some rows cross a chunk (and a stripe) boundary.
+const ROW_BYTES: u64 = 1000;
+const ROWS: u64 = 3000;
+
+/// Indices as a sampler draws them: random, some repeated, some runs of neighbours.
+fn indices() -> Vec<u64> {
+    let mut state = 0x2545f4914f6cdd1du64;
+    let mut out = Vec::new();
+    for i in 0..1500u64 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let row = state % ROWS;
+        out.push(row);
+        if i % 10 == 0 && row + 3 < ROWS {
+            out.extend([row + 1, row + 2, row + 3]);
+        }
+        if i % 25 == 0 {
+            out.push(row);
+        }
+    }
+    out.push(ROWS - 1);
+    out.push(0);
+    out
+}
+
+fn gathered(cluster: &Cluster, info: &ObjectInfo, indices: &[u64]) -> Vec<u8> {
+    let client = cluster.client();
+    let table = RowTable { data_offset: HEADER, row_bytes: ROW_BYTES, rows: ROWS };
+    let mut out = vec![0u8; indices.len() * ROW_BYTES as usize];
+    block_on(async { client.gather(info, &table, indices, &mut out).await }).expect("gather");
+    out
+}
+
+fn expected(object: &[u8], indices: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(indices.len() * ROW_BYTES as usize);
+    for &row in indices {
+        let start = (HEADER + row * ROW_BYTES) as usize;
+        out.extend_from_slice(&object[start..start + ROW_BYTES as usize]);
+    }
+    out
+}
+
+#[test]
+fn gathered_rows_are_byte_exact_healthy_around_a_corrupt_chunk_and_with_two_nodes_down() {
+    let mut cluster = Cluster::start(Shape::default());
+    let object = payload((HEADER + ROWS * ROW_BYTES) as usize, 7);
+    let client = cluster.client();
+    let info = block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        client.put_bytes("bkt", "features.npy", &object, &Default::default()).await.unwrap();
+        client.head("bkt", "features.npy").await.unwrap()
+    });
+    let indices = indices();
+    assert!(gathered(&cluster, &info, &indices) == expected(&object, &indices), "healthy gather differs");
+
+    // Every stored byte of node n1 flipped: the rows it holds come back rebuilt.
+    let on_n1 = indices
+        .iter()
+        .filter(|&&row| {
+            let position = info.position_of(HEADER + row * ROW_BYTES).unwrap();
+            info.drives[position].0 == "n1"
+        })
+        .count();
+    assert!(on_n1 > 100, "the gather must read rows held by n1 ({on_n1})");
+    let originals: Vec<(std::path::PathBuf, Vec<u8>)> =
+        cluster.data_files(0).into_iter().map(|file| (file.clone(), std::fs::read(&file).unwrap())).collect();
+    for (file, bytes) in &originals {
+        std::fs::write(file, bytes.iter().map(|b| b ^ 0x5a).collect::<Vec<u8>>()).unwrap();
+    }
+    assert!(gathered(&cluster, &info, &indices) == expected(&object, &indices), "gather around corruption differs");
+
+    // n1 whole again (a repair may have rewritten it meanwhile: the same bytes), two nodes down.
+    for (file, bytes) in &originals {
+        std::fs::write(file, bytes).unwrap();
+    }
+    cluster.kill_node(2);
+    cluster.kill_node(4);
+    let on_down = indices
+        .iter()
+        .filter(|&&row| {
+            let position = info.position_of(HEADER + row * ROW_BYTES).unwrap();
+            ["n3", "n5"].contains(&info.drives[position].0.as_str())
+        })
+        .count();
+    assert!(on_down > 100, "the gather must want rows held by the killed nodes ({on_down})");
+    assert!(gathered(&cluster, &info, &indices) == expected(&object, &indices), "gather with two nodes down differs");
+}
+
+#[test]
+fn bad_gathers_are_refused_before_reading() {
+    let cluster = Cluster::start(Shape::default());
+    let object = payload((HEADER + ROWS * ROW_BYTES) as usize, 8);
+    let client = cluster.client();
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        client.put_bytes("bkt", "t", &object, &Default::default()).await.unwrap();
+        let info = client.head("bkt", "t").await.unwrap();
+        let table = RowTable { data_offset: HEADER, row_bytes: ROW_BYTES, rows: ROWS };
+        let mut out = vec![0u8; 2 * ROW_BYTES as usize];
+        let error = client.gather(&info, &table, &[1, ROWS], &mut out).await.unwrap_err().to_string();
+        assert!(error.contains(&format!("index {ROWS} (position 1) is out of range")), "{error}");
+        let error = client.gather(&info, &table, &[1], &mut out).await.unwrap_err().to_string();
+        assert!(error.contains("the output has 2000 bytes"), "{error}");
+        let too_many = RowTable { rows: ROWS + 1, ..table };
+        let error = client.gather(&info, &too_many, &[1, 2], &mut out).await.unwrap_err().to_string();
+        assert!(error.contains("do not fit"), "{error}");
+        assert!(out.iter().all(|&b| b == 0), "nothing was written");
+    });
+}

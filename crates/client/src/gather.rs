@@ -1,0 +1,189 @@
+//! Gather: rows of a 2-D table stored as one object (a `.npy` file's data, or raw row-major
+//! bytes), picked by index, written straight into their slots of the caller's buffer.
+//!
+//! Each index is a byte range of the object; rows whose indices follow each other in the
+//! request and in the table are read as one range (up to [`GATHER_RUN_BYTES_MAX`]); every range
+//! goes to the smart client's batched read ([`Client::read_many`]), which sends one
+//! scatter-gather request per node per round, verifies every block's CRC32C, and rebuilds the
+//! ranges of missing or corrupt chunks from k other chunks of their stripes. A repeated index
+//! is read once and copied to its other slots.
+
+use std::collections::HashMap;
+
+use crate::{Client, Error, ObjectInfo};
+
+/// Indices one gather takes at most.
+pub const GATHER_ROWS_MAX: usize = 1 << 22;
+/// Bytes of consecutive rows read as one range at most.
+pub const GATHER_RUN_BYTES_MAX: u64 = 1 << 20;
+
+/// Where a table's rows lie in its object: `rows` rows of `row_bytes` each, row-major, the
+/// first at `data_offset` (a `.npy` file's header length).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowTable {
+    pub data_offset: u64,
+    pub row_bytes: u64,
+    pub rows: u64,
+}
+
+impl RowTable {
+    /// Checks that the table lies inside an object of `size` bytes.
+    fn check(&self, size: u64) -> Result<(), Error> {
+        if self.row_bytes == 0 {
+            return Err(Error::BadGather("a row has at least one byte".into()));
+        }
+        let end = self.rows.checked_mul(self.row_bytes).and_then(|bytes| bytes.checked_add(self.data_offset));
+        match end {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(Error::BadGather(format!(
+                "{} rows of {} bytes from byte {} do not fit the {size}-byte object",
+                self.rows, self.row_bytes, self.data_offset
+            ))),
+        }
+    }
+}
+
+/// Consecutive slots of the output that hold consecutive rows, read as one range.
+#[derive(Debug, PartialEq, Eq)]
+struct Run {
+    /// The first slot and its row.
+    slot: usize,
+    row: u64,
+    rows: usize,
+}
+
+/// How a gather reads its rows.
+#[derive(Debug)]
+struct Plan {
+    /// Reads of every distinct row once, in slot order.
+    runs: Vec<Run>,
+    /// The slots that repeat an earlier one's row: (slot, the slot it copies).
+    copies: Vec<(usize, usize)>,
+}
+
+/// The plan that gathers `indices` of `table`.
+fn plan(table: &RowTable, indices: &[u64]) -> Result<Plan, Error> {
+    let run_rows_max = (GATHER_RUN_BYTES_MAX / table.row_bytes).max(1) as usize;
+    let mut first_slot: HashMap<u64, usize> = HashMap::with_capacity(indices.len());
+    let mut runs: Vec<Run> = Vec::new();
+    let mut copies = Vec::new();
+    for (slot, &row) in indices.iter().enumerate() {
+        if row >= table.rows {
+            return Err(Error::BadGather(format!(
+                "index {row} (position {slot}) is out of range: the table has {} rows",
+                table.rows
+            )));
+        }
+        if let Some(&earlier) = first_slot.get(&row) {
+            copies.push((slot, earlier));
+            continue;
+        }
+        first_slot.insert(row, slot);
+        match runs.last_mut() {
+            Some(run) if run.slot + run.rows == slot && run.row + run.rows as u64 == row && run.rows < run_rows_max => {
+                run.rows += 1;
+            }
+            _ => runs.push(Run { slot, row, rows: 1 }),
+        }
+    }
+    Ok(Plan { runs, copies })
+}
+
+impl Client {
+    /// Reads rows `indices` of `table` in object `info` into `out`: row `indices[i]` into
+    /// `out[i * row_bytes..][..row_bytes]`. Indices may repeat and come in any order. Bad
+    /// input (an index out of range, `out` of the wrong size, a table that does not fit the
+    /// object) is refused before anything is read.
+    pub async fn gather(
+        &self,
+        info: &ObjectInfo,
+        table: &RowTable,
+        indices: &[u64],
+        out: &mut [u8],
+    ) -> Result<(), Error> {
+        table.check(info.meta.size)?;
+        if indices.len() > GATHER_ROWS_MAX {
+            return Err(Error::BadGather(format!("{} indices: at most {GATHER_ROWS_MAX} per gather", indices.len())));
+        }
+        let row_bytes = usize::try_from(table.row_bytes).map_err(|_| Error::BadGather("rows too large".into()))?;
+        if Some(out.len()) != indices.len().checked_mul(row_bytes) {
+            return Err(Error::BadGather(format!(
+                "the output has {} bytes; {} rows of {row_bytes} bytes need {}",
+                out.len(),
+                indices.len(),
+                indices.len().saturating_mul(row_bytes)
+            )));
+        }
+        let Plan { runs, copies } = plan(table, indices)?;
+        // Carve `out` into the runs' slots (in slot order, so each split is past the last).
+        let mut reads: Vec<(&ObjectInfo, u64, &mut [u8])> = Vec::with_capacity(runs.len());
+        let mut rest: &mut [u8] = out;
+        let mut at = 0usize;
+        for run in &runs {
+            let tail = std::mem::take(&mut rest);
+            let (_, from_run) = tail.split_at_mut((run.slot - at) * row_bytes);
+            let (slots, after) = from_run.split_at_mut(run.rows * row_bytes);
+            rest = after;
+            at = run.slot + run.rows;
+            reads.push((info, table.data_offset + run.row * table.row_bytes, slots));
+        }
+        let wanted: Vec<usize> = reads.iter().map(|(_, _, buf)| buf.len()).collect();
+        for (result, wanted) in self.read_many(reads).await.into_iter().zip(wanted) {
+            let read = result?;
+            if read != wanted {
+                return Err(Error::BadGather(format!(
+                    "{}/{} ended early: {read} of {wanted} bytes",
+                    info.meta.bucket, info.meta.key
+                )));
+            }
+        }
+        for (slot, earlier) in copies {
+            out.copy_within(earlier * row_bytes..(earlier + 1) * row_bytes, slot * row_bytes);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(rows: u64, row_bytes: u64) -> RowTable {
+        RowTable { data_offset: 128, row_bytes, rows }
+    }
+
+    #[test]
+    fn consecutive_rows_in_consecutive_slots_are_one_run() {
+        let Plan { runs, copies } = plan(&table(100, 16), &[5, 6, 7, 9, 10, 3]).unwrap();
+        assert_eq!(
+            runs,
+            vec![Run { slot: 0, row: 5, rows: 3 }, Run { slot: 3, row: 9, rows: 2 }, Run { slot: 5, row: 3, rows: 1 }]
+        );
+        assert!(copies.is_empty());
+    }
+
+    #[test]
+    fn repeated_rows_are_read_once_and_copied() {
+        let Plan { runs, copies } = plan(&table(100, 16), &[4, 4, 5, 4]).unwrap();
+        // Slot 1 repeats slot 0; slot 2's row 5 follows row 4 but not its slot: its own run.
+        assert_eq!(runs, vec![Run { slot: 0, row: 4, rows: 1 }, Run { slot: 2, row: 5, rows: 1 }]);
+        assert_eq!(copies, vec![(1, 0), (3, 0)]);
+    }
+
+    #[test]
+    fn runs_stop_at_their_byte_bound() {
+        let row_bytes = GATHER_RUN_BYTES_MAX / 2;
+        let runs = plan(&table(10, row_bytes), &[0, 1, 2, 3, 4]).unwrap().runs;
+        assert_eq!(runs.iter().map(|r| r.rows).collect::<Vec<_>>(), vec![2, 2, 1]);
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_the_reason() {
+        let error = plan(&table(10, 16), &[1, 10]).unwrap_err().to_string();
+        assert!(error.contains("index 10 (position 1) is out of range"), "{error}");
+        assert!(table(10, 0).check(1000).unwrap_err().to_string().contains("at least one byte"));
+        assert!(table(10, 100).check(1000).unwrap_err().to_string().contains("do not fit"));
+        assert!(table(u64::MAX, 100).check(1000).is_err());
+        table(8, 109).check(1000).unwrap();
+    }
+}

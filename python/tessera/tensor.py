@@ -1,0 +1,157 @@
+"""Tensor objects: 2-D feature tables stored as ``.npy`` files (or raw row-major bytes), read
+by row with ``Client.gather`` straight into a NumPy array or a CPU torch tensor.
+
+Every check on the input (indices, output, the object's header) runs before a read is sent;
+the rows then come in one batched request per node per round, checksummed, rebuilt from
+parity when a chunk is missing or corrupt, with the GIL released.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import GatherError
+
+# The first read of a `.npy` object: its header almost always fits (NumPy pads it to 64 bytes).
+_HEAD_BYTES = 4096
+# A header larger than this is not a feature table's.
+_HEADER_BYTES_MAX = 1 << 20
+
+
+@dataclass(frozen=True)
+class Table:
+    """Where a table's rows lie in its object, and what they hold."""
+
+    data_offset: int
+    row_bytes: int
+    rows: int
+    dtype: Any  # numpy.dtype
+    columns: int
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError as e:  # pragma: no cover - numpy is in every test environment
+        raise ImportError("gather and put_tensor need numpy: pip install numpy") from e
+    return numpy
+
+
+def table_of(raw: Any, info: Any, name: str, row_bytes: int | None, dtype: Any) -> Table:
+    """The table in object ``info``: a ``.npy`` file's (dtype and shape from its header), or,
+    with ``row_bytes``, raw rows of that many bytes of ``dtype`` (default uint8)."""
+    np = _numpy()
+    size = info.size
+    if row_bytes is not None:
+        dt = np.dtype(dtype if dtype is not None else np.uint8)
+        if row_bytes <= 0 or row_bytes % dt.itemsize:
+            raise GatherError(f"row_bytes={row_bytes} is not a positive multiple of {dt}'s {dt.itemsize} bytes")
+        if size % row_bytes:
+            raise GatherError(f"{name} has {size} bytes, not a whole number of {row_bytes}-byte rows")
+        return Table(0, row_bytes, size // row_bytes, dt, row_bytes // dt.itemsize)
+    head = raw.read(info, 0, min(size, _HEAD_BYTES))
+    if head[:6] != b"\x93NUMPY" or len(head) < 10:
+        raise GatherError(f"{name} is not a .npy file (give row_bytes= to read raw rows)")
+    major = head[6]
+    length_bytes = 2 if major == 1 else 4
+    header_len = int.from_bytes(head[8:8 + length_bytes], "little")
+    data_offset = 8 + length_bytes + header_len
+    if data_offset > _HEADER_BYTES_MAX or data_offset > size:
+        raise GatherError(f"{name}: a .npy header of {header_len} bytes does not fit")
+    if data_offset > len(head):
+        head = raw.read(info, 0, data_offset)
+    stream = io.BytesIO(head)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_1_0(stream, max_header_size=_HEADER_BYTES_MAX)
+        elif version == (2, 0):
+            shape, fortran, dt = np.lib.format.read_array_header_2_0(stream, max_header_size=_HEADER_BYTES_MAX)
+        else:
+            raise GatherError(f"{name}: .npy format version {version} is not read here (1.0 and 2.0 are)")
+    except ValueError as e:
+        raise GatherError(f"{name}: not a valid .npy header: {e}") from None
+    if dt.hasobject:
+        raise GatherError(f"{name} holds Python objects ({dt}), not numbers")
+    if fortran and len(shape) > 1:
+        raise GatherError(f"{name} is in Fortran order: its rows are not contiguous")
+    if len(shape) != 2:
+        raise GatherError(f"{name} has shape {shape}: a feature table is 2-D")
+    rows, columns = shape
+    row_bytes = columns * dt.itemsize
+    if stream.tell() + rows * row_bytes != size:
+        raise GatherError(
+            f"{name} has {size} bytes but its header says {shape} {dt} from byte {stream.tell()} "
+            f"({stream.tell() + rows * row_bytes} bytes): truncated or not what its header says"
+        )
+    if row_bytes == 0:
+        raise GatherError(f"{name} has rows of 0 bytes")
+    return Table(stream.tell(), row_bytes, rows, dt, columns)
+
+
+def indices_of(indices: Any, rows: int) -> Any:
+    """``indices`` (a sequence, a NumPy array or a CPU torch tensor of integers) as a contiguous
+    int64 array, each checked to be a row of the table."""
+    np = _numpy()
+    if type(indices).__module__.startswith("torch"):
+        if indices.device.type != "cpu":
+            raise GatherError("indices must be on the CPU")
+        indices = indices.detach().numpy()
+    array = np.asarray(indices)
+    if array.size == 0:
+        return np.zeros(0, np.int64)
+    if array.dtype.kind not in "iu":
+        raise GatherError(f"indices must be integers, not {array.dtype}")
+    if array.ndim != 1:
+        raise GatherError(f"indices must be one-dimensional, not of shape {array.shape}")
+    low, high = int(array.min()), int(array.max())
+    if low < 0:
+        raise GatherError(f"index {low} is negative: rows are numbered from 0")
+    if high >= rows:
+        raise GatherError(f"index {high} is out of range: the table has {rows} rows")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def output_of(out: Any, count: int, table: Table) -> tuple[Any, Any]:
+    """The array the rows go to (``out``, or a new one) and a writable byte view of it."""
+    np = _numpy()
+    shape = (count, table.columns)
+    if out is None:
+        out = np.empty(shape, table.dtype)
+        return out, out.reshape(-1).view(np.uint8)
+    if type(out).__module__.startswith("torch"):
+        import torch
+
+        if out.device.type != "cpu":
+            raise GatherError("out must be a CPU tensor (pinned memory is fine); copy it to the GPU after")
+        if not out.is_contiguous():
+            raise GatherError("out must be contiguous")
+        dt = torch.empty(0, dtype=out.dtype).numpy().dtype
+        if tuple(out.shape) != shape or dt != table.dtype:
+            raise GatherError(f"out is {tuple(out.shape)} {dt}; the rows need {shape} {table.dtype}")
+        flat = out.detach().reshape(-1)
+        return out, (flat.view(torch.uint8).numpy() if flat.numel() else bytearray())
+    if not isinstance(out, np.ndarray):
+        raise GatherError(f"out must be a NumPy array or a torch tensor, not {type(out).__name__}")
+    if out.shape != shape or out.dtype != table.dtype:
+        raise GatherError(f"out is {out.shape} {out.dtype}; the rows need {shape} {table.dtype}")
+    if not out.flags.c_contiguous:
+        raise GatherError("out must be C-contiguous")
+    if not out.flags.writeable:
+        raise GatherError("out is read-only")
+    return out, out.reshape(-1).view(np.uint8)
+
+
+def npy_header(array: Any) -> bytes:
+    """The ``.npy`` header NumPy writes for ``array`` (format 1.0, or 2.0 when it must)."""
+    np = _numpy()
+    stream = io.BytesIO()
+    header = np.lib.format.header_data_from_array_1_0(array)
+    try:
+        np.lib.format.write_array_header_1_0(stream, header)
+    except ValueError:
+        stream = io.BytesIO()
+        np.lib.format.write_array_header_2_0(stream, header)
+    return stream.getvalue()

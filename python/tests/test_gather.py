@@ -1,0 +1,109 @@
+"""client.gather: rows of a 2-D table object picked by index, into NumPy arrays and torch
+tensors, checked against NumPy's own indexing; bad input refused before anything is read."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+import tessera
+
+ROWS, COLUMNS = 5000, 64  # 256-byte float32 rows: several stripes, rows across chunk edges
+
+
+@pytest.fixture
+def table() -> np.ndarray:
+    return np.random.default_rng(1).standard_normal((ROWS, COLUMNS)).astype(np.float32)
+
+
+def _indices(count: int, seed: int = 2) -> np.ndarray:
+    idx = np.random.default_rng(seed).integers(0, ROWS, count)
+    idx[10:20] = idx[0]  # repeats
+    idx[20:30] = np.arange(100, 110)  # a run of neighbours
+    return idx
+
+
+def test_gather_matches_numpy_indexing_into_arrays_and_tensors(client, bucket, table):
+    client.put_tensor(bucket, "features.npy", table)
+    idx = _indices(3000)
+    out = client.gather(bucket, "features.npy", idx)
+    assert out.dtype == np.float32 and out.shape == (3000, COLUMNS)
+    np.testing.assert_array_equal(out, table[idx])
+    # Into a caller's tensor (pinned memory where this torch has it), indices as a tensor.
+    target = torch.empty((len(idx), COLUMNS), dtype=torch.float32)
+    assert client.gather(bucket, "features.npy", torch.from_numpy(idx), out=target) is target
+    assert torch.equal(target, torch.from_numpy(table[idx]))
+    # Into a caller's array, a list of indices; nothing at all.
+    mine = np.zeros((3, COLUMNS), np.float32)
+    client.gather(bucket, "features.npy", [ROWS - 1, 0, ROWS - 1], out=mine)
+    np.testing.assert_array_equal(mine, table[[ROWS - 1, 0, ROWS - 1]])
+    assert client.gather(bucket, "features.npy", np.zeros(0, np.int64)).shape == (0, COLUMNS)
+    # Replaced by a table of another shape: the next gather reads the new header and rows.
+    client.put_tensor(bucket, "features.npy", np.ascontiguousarray(table[:10, :8]))
+    np.testing.assert_array_equal(client.gather(bucket, "features.npy", [9, 0]), table[[9, 0], :8])
+
+
+def test_npy_files_from_numpy_and_raw_rows(client, bucket):
+    ints = np.arange(3000 * 5, dtype=np.int64).reshape(3000, 5)
+    saved = io.BytesIO()
+    np.save(saved, ints)
+    client.put(bucket, "ints.npy", saved.getvalue())
+    idx = np.array([2999, 7, 7, 0, 1500], np.int32)
+    np.testing.assert_array_equal(client.gather(bucket, "ints.npy", idx), ints[idx])
+    # Raw row-major bytes with an explicit row size.
+    client.put(bucket, "ints.bin", ints.tobytes())
+    rows = client.gather(bucket, "ints.bin", idx, row_bytes=40, dtype=np.int64)
+    np.testing.assert_array_equal(rows, ints[idx])
+    # A structured dtype's rows gather too.
+    pairs = np.zeros((100, 2), dtype=[("a", "<i4"), ("b", "<f8")])
+    pairs["a"] = np.arange(200).reshape(100, 2)
+    client.put_tensor(bucket, "pairs.npy", pairs)
+    np.testing.assert_array_equal(client.gather(bucket, "pairs.npy", [99, 3]), pairs[[99, 3]])
+
+
+def test_bad_gathers_are_refused_before_anything_is_read(client, bucket, table):
+    client.put_tensor(bucket, "t.npy", table)
+
+    def refused(match: str, *args, **kwargs) -> None:
+        with pytest.raises(tessera.GatherError, match=match):
+            client.gather(bucket, *args, **kwargs)
+
+    refused("out of range", "t.npy", [0, ROWS])
+    refused("negative", "t.npy", [-1])
+    refused("integers", "t.npy", np.array([1.0, 2.0]))
+    refused("one-dimensional", "t.npy", np.zeros((2, 2), np.int64))
+    refused("need", "t.npy", [1, 2], out=np.zeros((3, COLUMNS), np.float32))
+    refused("need", "t.npy", [1, 2], out=np.zeros((2, COLUMNS), np.float64))
+    refused("need", "t.npy", [1, 2], out=torch.zeros((2, COLUMNS), dtype=torch.float16))
+    refused("C-contiguous", "t.npy", [1, 2], out=np.zeros((COLUMNS, 2), np.float32).T)
+    read_only = np.zeros((2, COLUMNS), np.float32)
+    read_only.flags.writeable = False
+    refused("read-only", "t.npy", [1, 2], out=read_only)
+    refused("NumPy array or a torch tensor", "t.npy", [1], out=bytearray(COLUMNS * 4))
+    # Objects that are not what a table needs.
+    client.put(bucket, "plain.txt", b"hello, not a table")
+    refused("not a .npy file", "plain.txt", [0])
+    saved = io.BytesIO()
+    np.save(saved, table)
+    client.put(bucket, "truncated.npy", saved.getvalue()[:-100])
+    refused("truncated", "truncated.npy", [0])
+    saved = io.BytesIO()
+    np.save(saved, np.asfortranarray(table))
+    client.put(bucket, "fortran.npy", saved.getvalue())
+    refused("Fortran", "fortran.npy", [0])
+    saved = io.BytesIO()
+    np.save(saved, np.zeros((2, 3, 4), np.float32))
+    client.put(bucket, "cube.npy", saved.getvalue())
+    refused("2-D", "cube.npy", [0])
+    refused("whole number", "plain.txt", [0], row_bytes=4)
+    refused("multiple", "plain.txt", [0], row_bytes=3, dtype=np.float32)
+    with pytest.raises(tessera.GatherError, match="2-D"):
+        client.put_tensor(bucket, "flat.npy", np.zeros(10))
+    # The caller's buffer is untouched by a refused gather.
+    mine = np.full((2, COLUMNS), 7, np.float32)
+    with pytest.raises(tessera.GatherError):
+        client.gather(bucket, "t.npy", [0, ROWS], out=mine)
+    assert (mine == 7).all()
