@@ -161,6 +161,9 @@ pub(crate) struct RawClient {
     /// Holds the cluster map; never does I/O itself. Each process builds its own client from it.
     template: client::Client,
     client: PerProcess<client::Client>,
+    /// The gather row cache's capacity in bytes (0: off), and this process's cache.
+    cache_bytes: std::sync::atomic::AtomicU64,
+    cache: PerProcess<std::sync::Arc<client::RowCache>>,
 }
 
 fn options() -> client::ClientOptions {
@@ -179,6 +182,22 @@ impl RawClient {
         }
         let client = client::Client::new((*self.template.map()).clone(), options()).map_err(errors::to_py)?;
         Ok(self.client.set(client))
+    }
+
+    /// This process's row cache, if gathers are to use one (a forked child starts empty).
+    fn row_cache(&self) -> Option<std::sync::Arc<client::RowCache>> {
+        let bytes = self.cache_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        if bytes == 0 {
+            return None;
+        }
+        match self.cache.get() {
+            Some(cache) if cache.stats().capacity_bytes == bytes => Some(cache),
+            _ => {
+                let fresh = std::sync::Arc::new(client::RowCache::new(bytes));
+                self.cache.replace(std::sync::Arc::clone(&fresh));
+                Some(fresh)
+            }
+        }
     }
 
     /// Runs `f` on the runtime with the GIL released.
@@ -224,7 +243,12 @@ impl RawClient {
             }
             _ => return Err(PyValueError::new_err("pass exactly one of config and address")),
         };
-        Ok(Self { template, client: PerProcess::new() })
+        Ok(Self {
+            template,
+            client: PerProcess::new(),
+            cache_bytes: std::sync::atomic::AtomicU64::new(0),
+            cache: PerProcess::new(),
+        })
     }
 
     /// Starts `sql` (tables are quoted paths, 'bucket/key' or 'bucket/prefix/'): filters and
@@ -291,7 +315,26 @@ impl RawClient {
         let table = client::RowTable { data_offset, row_bytes, rows };
         let slice = target.as_mut_slice();
         let info = &info.inner;
-        self.block(py, |c| async move { c.gather(info, &table, &wanted, slice).await })
+        let cache = self.row_cache();
+        self.block(py, |c| async move { c.gather(info, &table, &wanted, slice, cache.as_deref()).await })
+    }
+
+    /// Sets the capacity of this client's gather row cache in bytes (0 turns it off; a new
+    /// capacity starts an empty cache). Each process has its own cache.
+    fn set_gather_cache(&self, capacity_bytes: u64) {
+        self.cache_bytes.store(capacity_bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The gather row cache's counters: hits, misses, rows, bytes, capacity_bytes.
+    fn gather_cache_stats(&self) -> Vec<(&'static str, u64)> {
+        let stats = self.row_cache().map(|c| c.stats()).unwrap_or_default();
+        vec![
+            ("hits", stats.hits),
+            ("misses", stats.misses),
+            ("rows", stats.rows),
+            ("bytes", stats.bytes),
+            ("capacity_bytes", stats.capacity_bytes),
+        ]
     }
 
     /// The object (or `length` bytes at `offset`) as bytes.

@@ -68,6 +68,18 @@ impl<T: Clone> PerProcess<T> {
         }
     }
 
+    /// Stores this process's value in place of the one it had (another process's is forgotten,
+    /// as in [`PerProcess::get`]).
+    pub(crate) fn replace(&self, value: T) {
+        let pid = std::process::id();
+        let mut slot = self.slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match slot.take() {
+            Some((owner, _)) if owner == pid => {}
+            other => std::mem::forget(other),
+        }
+        *slot = Some((pid, value));
+    }
+
     /// Stores this process's value, unless another thread stored one first; returns the kept one.
     pub(crate) fn set(&self, value: T) -> T {
         let pid = std::process::id();

@@ -94,6 +94,7 @@ class Client:
         self._secret = secret
         # Tables gathered from, by version: a replaced object is a new version, read again.
         self._tables: dict = {}
+        self._gather_cache_bytes = 0
         if address is not None:
             secret = secret if secret is not None else os.environ.get("TESSERA_CLUSTER_SECRET")
             self._raw = _tessera.RawClient(None, _resolve_address(address), secret)
@@ -107,7 +108,7 @@ class Client:
     def __reduce__(self):
         # Pickled clients (spawned DataLoader workers) reconnect from their source; a secret
         # taken from the environment is read again there, not pickled.
-        return (_unpickle_client, (self._config, self._address, self._secret))
+        return (_unpickle_client, (self._config, self._address, self._secret, self._gather_cache_bytes))
 
     # Reads ---------------------------------------------------------------------------------
 
@@ -182,6 +183,22 @@ class Client:
         if len(wanted):
             self._raw.gather_into(info, table.data_offset, table.row_bytes, table.rows, wanted, target)
         return out
+
+    def set_gather_cache(self, capacity_bytes: int) -> None:
+        """Keeps hot rows of ``gather`` in a cache of at most ``capacity_bytes`` (0, the default,
+        turns it off). S3-FIFO eviction, which suits the power-law access of graph sampling;
+        rows are keyed by object version, so a replaced object's old rows are never served.
+        One cache per process: each DataLoader worker fills its own (the setting is pickled
+        with the client)."""
+        if capacity_bytes < 0:
+            raise ValueError("capacity_bytes must be 0 or more")
+        self._gather_cache_bytes = int(capacity_bytes)
+        self._raw.set_gather_cache(int(capacity_bytes))
+
+    def gather_cache_stats(self) -> dict:
+        """This process's gather cache: ``hits`` and ``misses`` (rows), ``rows`` and ``bytes``
+        held, ``capacity_bytes``."""
+        return dict(self._raw.gather_cache_stats())
 
     # Writes --------------------------------------------------------------------------------
 
@@ -326,8 +343,11 @@ class Client:
                 cursor = skip_to + "\U0010ffff"
 
 
-def _unpickle_client(config, address, secret) -> Client:
-    return Client(config=config, address=address, secret=secret)
+def _unpickle_client(config, address, secret, gather_cache_bytes=0) -> Client:
+    client = Client(config=config, address=address, secret=secret)
+    if gather_cache_bytes:
+        client.set_gather_cache(gather_cache_bytes)
+    return client
 
 
 def _meta(metadata: dict | None) -> list[tuple[str, str]]:

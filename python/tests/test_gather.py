@@ -107,3 +107,29 @@ def test_bad_gathers_are_refused_before_anything_is_read(client, bucket, table):
     with pytest.raises(tessera.GatherError):
         client.gather(bucket, "t.npy", [0, ROWS], out=mine)
     assert (mine == 7).all()
+
+
+def test_a_gather_cache_serves_hot_rows_and_survives_pickling(client, bucket, table):
+    import pickle
+
+    client.put_tensor(bucket, "hot.npy", table)
+    cached = pickle.loads(pickle.dumps(client))  # a client of its own, as a DataLoader worker has
+    cached.set_gather_cache(4 << 20)
+    hot = _indices(500, seed=3)
+    np.testing.assert_array_equal(cached.gather(bucket, "hot.npy", hot), table[hot])
+    first = cached.gather_cache_stats()
+    assert first["hits"] == 0 and first["misses"] == len(hot) and first["rows"] > 0
+    np.testing.assert_array_equal(cached.gather(bucket, "hot.npy", hot), table[hot])
+    second = cached.gather_cache_stats()
+    assert second["hits"] == len(hot) and second["misses"] == len(hot)
+    assert second["bytes"] <= second["capacity_bytes"] == 4 << 20
+    # The setting goes with the client to a worker; the rows do not (each process its own).
+    worker = pickle.loads(pickle.dumps(cached))
+    assert worker.gather_cache_stats()["capacity_bytes"] == 4 << 20
+    assert worker.gather_cache_stats()["rows"] == 0
+    # Replaced: new rows, not cached old ones.
+    client.put_tensor(bucket, "hot.npy", table[::-1].copy())
+    np.testing.assert_array_equal(cached.gather(bucket, "hot.npy", hot), table[::-1][hot])
+    # Off.
+    cached.set_gather_cache(0)
+    assert cached.gather_cache_stats()["capacity_bytes"] == 0

@@ -7,8 +7,17 @@
 //! scatter-gather request per node per round, verifies every block's CRC32C, and rebuilds the
 //! ranges of missing or corrupt chunks from k other chunks of their stripes. A repeated index
 //! is read once and copied to its other slots.
+//!
+//! A [`RowCache`] (optional, bounded in bytes) keeps hot rows: S3-FIFO (`quick_cache`), which
+//! suits the power-law access of graph sampling (a small probation queue keeps one-off rows
+//! from pushing out the hubs). Rows are keyed by the object's version, so a replaced object's
+//! rows are never served: they age out.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use proto::VersionId;
 
 use crate::{Client, Error, ObjectInfo};
 
@@ -43,6 +52,77 @@ impl RowTable {
     }
 }
 
+/// Bytes a cached row costs beyond its own (key, index entry), counted against the capacity.
+const ROW_OVERHEAD_BYTES: u64 = 96;
+
+/// A bounded cache of gathered rows, shared by every gather given it (thread-safe; one per
+/// process is the intended use: each DataLoader worker has its own).
+pub struct RowCache {
+    rows: quick_cache::sync::Cache<RowKey, Arc<[u8]>, RowWeight>,
+    capacity_bytes: u64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl std::fmt::Debug for RowCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowCache").field("stats", &self.stats()).finish()
+    }
+}
+
+/// A row of one version of one object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RowKey {
+    object: Arc<str>,
+    version: VersionId,
+    row: u64,
+}
+
+#[derive(Clone, Debug)]
+struct RowWeight;
+
+impl quick_cache::Weighter<RowKey, Arc<[u8]>> for RowWeight {
+    fn weight(&self, _key: &RowKey, row: &Arc<[u8]>) -> u64 {
+        row.len() as u64 + ROW_OVERHEAD_BYTES
+    }
+}
+
+/// What a [`RowCache`] holds and how it served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowCacheStats {
+    /// Rows served from the cache, and rows read from the nodes, over all gathers.
+    pub hits: u64,
+    pub misses: u64,
+    /// Rows held, the bytes they count for, and the most they may.
+    pub rows: u64,
+    pub bytes: u64,
+    pub capacity_bytes: u64,
+}
+
+impl RowCache {
+    /// A cache of at most `capacity_bytes` (rows and their bookkeeping).
+    pub fn new(capacity_bytes: u64) -> Self {
+        let estimated_rows =
+            usize::try_from(capacity_bytes / (4096 + ROW_OVERHEAD_BYTES)).unwrap_or(usize::MAX).max(16);
+        Self {
+            rows: quick_cache::sync::Cache::with_weighter(estimated_rows, capacity_bytes, RowWeight),
+            capacity_bytes,
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    pub fn stats(&self) -> RowCacheStats {
+        RowCacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            rows: self.rows.len() as u64,
+            bytes: self.rows.weight(),
+            capacity_bytes: self.capacity_bytes,
+        }
+    }
+}
+
 /// Consecutive slots of the output that hold consecutive rows, read as one range.
 #[derive(Debug, PartialEq, Eq)]
 struct Run {
@@ -61,8 +141,8 @@ struct Plan {
     copies: Vec<(usize, usize)>,
 }
 
-/// The plan that gathers `indices` of `table`.
-fn plan(table: &RowTable, indices: &[u64]) -> Result<Plan, Error> {
+/// The plan that gathers `indices` of `table`, but for the slots `served` already holds.
+fn plan(table: &RowTable, indices: &[u64], served: &[bool]) -> Result<Plan, Error> {
     let run_rows_max = (GATHER_RUN_BYTES_MAX / table.row_bytes).max(1) as usize;
     let mut first_slot: HashMap<u64, usize> = HashMap::with_capacity(indices.len());
     let mut runs: Vec<Run> = Vec::new();
@@ -73,6 +153,9 @@ fn plan(table: &RowTable, indices: &[u64]) -> Result<Plan, Error> {
                 "index {row} (position {slot}) is out of range: the table has {} rows",
                 table.rows
             )));
+        }
+        if served.get(slot).copied().unwrap_or(false) {
+            continue;
         }
         if let Some(&earlier) = first_slot.get(&row) {
             copies.push((slot, earlier));
@@ -93,13 +176,15 @@ impl Client {
     /// Reads rows `indices` of `table` in object `info` into `out`: row `indices[i]` into
     /// `out[i * row_bytes..][..row_bytes]`. Indices may repeat and come in any order. Bad
     /// input (an index out of range, `out` of the wrong size, a table that does not fit the
-    /// object) is refused before anything is read.
+    /// object) is refused before anything is read. With `cache`, rows it holds for this
+    /// version are copied from it and the rows read are added to it.
     pub async fn gather(
         &self,
         info: &ObjectInfo,
         table: &RowTable,
         indices: &[u64],
         out: &mut [u8],
+        cache: Option<&RowCache>,
     ) -> Result<(), Error> {
         table.check(info.meta.size)?;
         if indices.len() > GATHER_ROWS_MAX {
@@ -114,7 +199,27 @@ impl Client {
                 indices.len().saturating_mul(row_bytes)
             )));
         }
-        let Plan { runs, copies } = plan(table, indices)?;
+        if let Some((slot, row)) = indices.iter().enumerate().find(|(_, row)| **row >= table.rows) {
+            return Err(Error::BadGather(format!(
+                "index {row} (position {slot}) is out of range: the table has {} rows",
+                table.rows
+            )));
+        }
+        let object: Arc<str> = Arc::from(format!("{}/{}", info.meta.bucket, info.meta.key));
+        let key = |row: u64| RowKey { object: Arc::clone(&object), version: info.meta.version, row };
+        let mut served = vec![false; if cache.is_some() { indices.len() } else { 0 }];
+        if let Some(cache) = cache {
+            for (slot, &row) in indices.iter().enumerate() {
+                if let Some(bytes) = cache.rows.get(&key(row)) {
+                    out[slot * row_bytes..(slot + 1) * row_bytes].copy_from_slice(&bytes);
+                    served[slot] = true;
+                }
+            }
+            let hits = served.iter().filter(|s| **s).count() as u64;
+            cache.hits.fetch_add(hits, Ordering::Relaxed);
+            cache.misses.fetch_add(indices.len() as u64 - hits, Ordering::Relaxed);
+        }
+        let Plan { runs, copies } = plan(table, indices, &served)?;
         // Carve `out` into the runs' slots (in slot order, so each split is past the last).
         let mut reads: Vec<(&ObjectInfo, u64, &mut [u8])> = Vec::with_capacity(runs.len());
         let mut rest: &mut [u8] = out;
@@ -140,6 +245,15 @@ impl Client {
         for (slot, earlier) in copies {
             out.copy_within(earlier * row_bytes..(earlier + 1) * row_bytes, slot * row_bytes);
         }
+        if let Some(cache) = cache {
+            for run in &runs {
+                for i in 0..run.rows {
+                    let slot = run.slot + i;
+                    let bytes: Arc<[u8]> = Arc::from(&out[slot * row_bytes..(slot + 1) * row_bytes]);
+                    cache.rows.insert(key(run.row + i as u64), bytes);
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -154,7 +268,7 @@ mod tests {
 
     #[test]
     fn consecutive_rows_in_consecutive_slots_are_one_run() {
-        let Plan { runs, copies } = plan(&table(100, 16), &[5, 6, 7, 9, 10, 3]).unwrap();
+        let Plan { runs, copies } = plan(&table(100, 16), &[5, 6, 7, 9, 10, 3], &[]).unwrap();
         assert_eq!(
             runs,
             vec![Run { slot: 0, row: 5, rows: 3 }, Run { slot: 3, row: 9, rows: 2 }, Run { slot: 5, row: 3, rows: 1 }]
@@ -164,22 +278,30 @@ mod tests {
 
     #[test]
     fn repeated_rows_are_read_once_and_copied() {
-        let Plan { runs, copies } = plan(&table(100, 16), &[4, 4, 5, 4]).unwrap();
+        let Plan { runs, copies } = plan(&table(100, 16), &[4, 4, 5, 4], &[]).unwrap();
         // Slot 1 repeats slot 0; slot 2's row 5 follows row 4 but not its slot: its own run.
         assert_eq!(runs, vec![Run { slot: 0, row: 4, rows: 1 }, Run { slot: 2, row: 5, rows: 1 }]);
         assert_eq!(copies, vec![(1, 0), (3, 0)]);
     }
 
     #[test]
+    fn served_slots_are_holes_in_the_runs() {
+        let served = [false, true, false, false];
+        let Plan { runs, copies } = plan(&table(100, 16), &[1, 2, 3, 3], &served).unwrap();
+        assert_eq!(runs, vec![Run { slot: 0, row: 1, rows: 1 }, Run { slot: 2, row: 3, rows: 1 }]);
+        assert_eq!(copies, vec![(3, 2)]);
+    }
+
+    #[test]
     fn runs_stop_at_their_byte_bound() {
         let row_bytes = GATHER_RUN_BYTES_MAX / 2;
-        let runs = plan(&table(10, row_bytes), &[0, 1, 2, 3, 4]).unwrap().runs;
+        let runs = plan(&table(10, row_bytes), &[0, 1, 2, 3, 4], &[]).unwrap().runs;
         assert_eq!(runs.iter().map(|r| r.rows).collect::<Vec<_>>(), vec![2, 2, 1]);
     }
 
     #[test]
     fn bad_input_is_refused_with_the_reason() {
-        let error = plan(&table(10, 16), &[1, 10]).unwrap_err().to_string();
+        let error = plan(&table(10, 16), &[1, 10], &[]).unwrap_err().to_string();
         assert!(error.contains("index 10 (position 1) is out of range"), "{error}");
         assert!(table(10, 0).check(1000).unwrap_err().to_string().contains("at least one byte"));
         assert!(table(10, 100).check(1000).unwrap_err().to_string().contains("do not fit"));

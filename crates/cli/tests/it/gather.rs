@@ -36,7 +36,7 @@ fn gathered(cluster: &Cluster, info: &ObjectInfo, indices: &[u64]) -> Vec<u8> {
     let client = cluster.client();
     let table = RowTable { data_offset: HEADER, row_bytes: ROW_BYTES, rows: ROWS };
     let mut out = vec![0u8; indices.len() * ROW_BYTES as usize];
-    block_on(async { client.gather(info, &table, indices, &mut out).await }).expect("gather");
+    block_on(async { client.gather(info, &table, indices, &mut out, None).await }).expect("gather");
     out
 }
 
@@ -106,13 +106,78 @@ fn bad_gathers_are_refused_before_reading() {
         let info = client.head("bkt", "t").await.unwrap();
         let table = RowTable { data_offset: HEADER, row_bytes: ROW_BYTES, rows: ROWS };
         let mut out = vec![0u8; 2 * ROW_BYTES as usize];
-        let error = client.gather(&info, &table, &[1, ROWS], &mut out).await.unwrap_err().to_string();
+        let error = client.gather(&info, &table, &[1, ROWS], &mut out, None).await.unwrap_err().to_string();
         assert!(error.contains(&format!("index {ROWS} (position 1) is out of range")), "{error}");
-        let error = client.gather(&info, &table, &[1], &mut out).await.unwrap_err().to_string();
+        let error = client.gather(&info, &table, &[1], &mut out, None).await.unwrap_err().to_string();
         assert!(error.contains("the output has 2000 bytes"), "{error}");
         let too_many = RowTable { rows: ROWS + 1, ..table };
-        let error = client.gather(&info, &too_many, &[1, 2], &mut out).await.unwrap_err().to_string();
+        let error = client.gather(&info, &too_many, &[1, 2], &mut out, None).await.unwrap_err().to_string();
         assert!(error.contains("do not fit"), "{error}");
         assert!(out.iter().all(|&b| b == 0), "nothing was written");
     });
+}
+
+#[test]
+fn a_row_cache_serves_hot_rows_even_with_the_nodes_gone_and_never_a_replaced_objects() {
+    let mut cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let table = RowTable { data_offset: HEADER, row_bytes: ROW_BYTES, rows: ROWS };
+    let (first, second) =
+        (payload((HEADER + ROWS * ROW_BYTES) as usize, 1), payload((HEADER + ROWS * ROW_BYTES) as usize, 2));
+    let hot: Vec<u64> = (0..50).map(|i| i * 37 % ROWS).collect();
+    let cache = client::RowCache::new(1 << 20);
+    let gather = |info: &ObjectInfo, indices: &[u64]| {
+        let mut out = vec![0u8; indices.len() * ROW_BYTES as usize];
+        block_on(async { cluster.client().gather(info, &table, indices, &mut out, Some(&cache)).await }).map(|()| out)
+    };
+    let put = |bytes: &[u8]| {
+        block_on(async {
+            client.put_bytes("bkt", "t.npy", bytes, &Default::default()).await.unwrap();
+            client.head("bkt", "t.npy").await.unwrap()
+        })
+    };
+    block_on(async { client.make_bucket("bkt").await.unwrap() });
+    let info = put(&first);
+    assert!(gather(&info, &hot).unwrap() == expected(&first, &hot));
+    assert_eq!((cache.stats().hits, cache.stats().misses), (0, 50));
+    assert!(gather(&info, &hot).unwrap() == expected(&first, &hot));
+    assert_eq!((cache.stats().hits, cache.stats().misses), (50, 50), "the second gather came from the cache");
+    // Replaced: the new version's rows, never the cached ones of the old.
+    let info = put(&second);
+    assert!(gather(&info, &hot).unwrap() == expected(&second, &hot));
+    assert_eq!(cache.stats().misses, 100);
+    // Three nodes gone (more than m): cached rows still gather, others cannot.
+    for idx in [0, 1, 2] {
+        cluster.kill_node(idx);
+    }
+    let mut out = vec![0u8; hot.len() * ROW_BYTES as usize];
+    let fresh = cluster.client();
+    block_on(async { fresh.gather(&info, &table, &hot, &mut out, Some(&cache)).await }).expect("served from the cache");
+    assert!(out == expected(&second, &hot));
+    let cold: Vec<u64> = (0..ROWS).filter(|r| !hot.contains(r)).take(50).collect();
+    let mut out = vec![0u8; cold.len() * ROW_BYTES as usize];
+    let error = block_on(async { fresh.gather(&info, &table, &cold, &mut out, Some(&cache)).await }).unwrap_err();
+    assert!(matches!(error, client::Error::Unavailable { .. }), "{error}");
+    assert!(cache.stats().bytes <= cache.stats().capacity_bytes);
+}
+
+#[test]
+fn a_row_cache_stays_within_its_capacity() {
+    let cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let object = payload((HEADER + ROWS * ROW_BYTES) as usize, 3);
+    let table = RowTable { data_offset: HEADER, row_bytes: ROW_BYTES, rows: ROWS };
+    let cache = client::RowCache::new(256 << 10);
+    block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        client.put_bytes("bkt", "t", &object, &Default::default()).await.unwrap();
+        let info = client.head("bkt", "t").await.unwrap();
+        let all: Vec<u64> = (0..ROWS).collect();
+        let mut out = vec![0u8; all.len() * ROW_BYTES as usize];
+        client.gather(&info, &table, &all, &mut out, Some(&cache)).await.unwrap();
+        assert!(out == expected(&object, &all));
+    });
+    let stats = cache.stats();
+    assert!(stats.bytes <= stats.capacity_bytes, "{stats:?}");
+    assert!(stats.rows > 0 && stats.rows < ROWS, "{stats:?}");
 }
