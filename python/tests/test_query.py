@@ -76,6 +76,22 @@ def test_csv_and_json_lines_objects_query_like_parquet(client, particles):
         assert nulls.column("n").to_pylist() == [local["species"].null_count], prefix
 
 
+def test_results_go_to_polars_and_duckdb(client, particles):
+    import duckdb
+    import polars as pl
+
+    bucket, local = particles
+    sql = f"SELECT id, ke FROM '{bucket}/p/' WHERE ke > 0.99"
+    expected = sorted(
+        i for i, k in zip(local["id"].to_pylist(), local["ke"].to_pylist()) if k > 0.99
+    )
+    frame = pl.from_arrow(client.query(sql))
+    assert sorted(frame["id"].to_list()) == expected
+    # DuckDB reads the streaming reader as it comes, and filters it further.
+    even = duckdb.arrow(client.query_reader(sql)).filter("id % 2 = 0").fetch_arrow_table()
+    assert sorted(even.column("id").to_pylist()) == [i for i in expected if i % 2 == 0]
+
+
 def test_aggregates_and_pandas(client, particles):
     bucket, local = particles
     result = client.query(
