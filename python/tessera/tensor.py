@@ -75,6 +75,8 @@ def table_of(raw: Any, info: Any, name: str, row_bytes: int | None, dtype: Any) 
         raise GatherError(f"{name}: not a valid .npy header: {e}") from None
     if dt.hasobject:
         raise GatherError(f"{name} holds Python objects ({dt}), not numbers")
+    if dtype is not None and np.dtype(dtype) != dt:
+        raise GatherError(f"{name} holds {dt}, not {np.dtype(dtype)} (dtype= is for raw rows, with row_bytes=)")
     if fortran and len(shape) > 1:
         raise GatherError(f"{name} is in Fortran order: its rows are not contiguous")
     if len(shape) != 2:

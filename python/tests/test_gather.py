@@ -4,6 +4,7 @@ tensors, checked against NumPy's own indexing; bad input refused before anything
 from __future__ import annotations
 
 import io
+import pickle
 
 import numpy as np
 import pytest
@@ -19,6 +20,12 @@ def table() -> np.ndarray:
     return np.random.default_rng(1).standard_normal((ROWS, COLUMNS)).astype(np.float32)
 
 
+def saved_bytes(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
 def _indices(count: int, seed: int = 2) -> np.ndarray:
     idx = np.random.default_rng(seed).integers(0, ROWS, count)
     idx[10:20] = idx[0]  # repeats
@@ -32,8 +39,9 @@ def test_gather_matches_numpy_indexing_into_arrays_and_tensors(client, bucket, t
     out = client.gather(bucket, "features.npy", idx)
     assert out.dtype == np.float32 and out.shape == (3000, COLUMNS)
     np.testing.assert_array_equal(out, table[idx])
-    # Into a caller's tensor (pinned memory where this torch has it), indices as a tensor.
-    target = torch.empty((len(idx), COLUMNS), dtype=torch.float32)
+    # Into a caller's tensor (pinned memory where this torch has a device for it), indices as
+    # a tensor.
+    target = torch.empty((len(idx), COLUMNS), dtype=torch.float32, pin_memory=torch.cuda.is_available())
     assert client.gather(bucket, "features.npy", torch.from_numpy(idx), out=target) is target
     assert torch.equal(target, torch.from_numpy(table[idx]))
     # Into a caller's array, a list of indices; nothing at all.
@@ -102,11 +110,25 @@ def test_bad_gathers_are_refused_before_anything_is_read(client, bucket, table):
     refused("multiple", "plain.txt", [0], row_bytes=3, dtype=np.float32)
     with pytest.raises(tessera.GatherError, match="2-D"):
         client.put_tensor(bucket, "flat.npy", np.zeros(10))
-    # The caller's buffer is untouched by a refused gather.
+    refused("not float16", "t.npy", [0], dtype=np.float16)
+    # The caller's buffer is untouched by a refused gather, in Python's checks and in Rust's.
     mine = np.full((2, COLUMNS), 7, np.float32)
     with pytest.raises(tessera.GatherError):
         client.gather(bucket, "t.npy", [0, ROWS], out=mine)
+    info = client.stat(bucket, "t.npy")
+    with pytest.raises(tessera.GatherError, match="out of range"):
+        client._raw.gather_into(info, 128, COLUMNS * 4, ROWS, np.array([0, ROWS], np.int64),
+                                mine.reshape(-1).view(np.uint8))
+    with pytest.raises(tessera.GatherError, match="out of range"):
+        client._raw.gather_into(info, 128, COLUMNS * 4, ROWS, np.array([0, -1], np.int64),
+                                mine.reshape(-1).view(np.uint8))
     assert (mine == 7).all()
+    # The same object read as another layout is other rows, never the cached ones of the first.
+    cached = pickle.loads(pickle.dumps(client))
+    cached.set_gather_cache(1 << 20)
+    np.testing.assert_array_equal(cached.gather(bucket, "t.npy", [3]), table[[3]])
+    raw = cached.gather(bucket, "t.npy", [3], row_bytes=128)
+    assert raw.tobytes() == saved_bytes(table)[3 * 128:4 * 128]
 
 
 def test_a_gather_cache_serves_hot_rows_and_survives_pickling(client, bucket, table):

@@ -162,3 +162,27 @@ def test_parquet_bytes_are_stored_aligned_and_query_the_same(client):
     assert got.column("s").to_pylist() == [pc.sum(expected["id"]).as_py()]
     # Bytes that are not Parquet are stored plain, whatever align says.
     assert client.put(bucket, "x.bin", b"PAR1" + b"\0" * 100).layout == "plain"
+
+
+def test_record_tables_type_skip_and_check_what_stock_writers_leave(client, bucket):
+    # A JSON column of mixed values is a string column; one with only nulls in the sample (each
+    # object's first 64 KiB) is too, and its later numbers read as their text.
+    nulls = b'{"zip": "A1", "v": null}\n' * 3000
+    client.put(bucket, "m/a.jsonl", b'{"zip": 12345, "v": null}\n' + nulls + b'{"zip": "B2", "v": 3}\n')
+    got = client.query(f"SELECT zip, v FROM '{bucket}/m/' WHERE v IS NOT NULL OR zip = '12345'").to_pylist()
+    assert sorted(got, key=str) == sorted([{"zip": "12345", "v": None}, {"zip": "B2", "v": "3"}], key=str)
+    # Spark's and Hive's in-flight files and empty partitions are not the table's.
+    client.put(bucket, "c/_temporary/0/part-9.csv", b"a,b\n9,9\n")
+    client.put(bucket, "c/.hive-staging_1/part-8.csv", b"a,b\n8,8\n")
+    client.put(bucket, "c/part-0.csv", b"")
+    client.put(bucket, "c/part-1.csv", b"a,b\n1,2\n")
+    client.put(bucket, "c/_SUCCESS", b"")
+    assert client.query(f"SELECT a, b FROM '{bucket}/c/'").to_pylist() == [{"a": 1, "b": 2}]
+    # Past the sample (1 MiB of heads), every CSV object's header is still checked.
+    body = b"a,b\n" + b"1,2\n" * 20_000
+    for i in range(18):
+        client.put(bucket, f"wide/{i:02}.csv", body)
+    assert client.query(f"SELECT count(*) AS n FROM '{bucket}/wide/'").column("n").to_pylist() == [18 * 20_000]
+    client.put(bucket, "wide/99.csv", b"b,a\n2,1\n")
+    with pytest.raises(tessera.QueryError, match="header line differs"):
+        client.query(f"SELECT count(*) FROM '{bucket}/wide/'")

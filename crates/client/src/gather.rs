@@ -70,11 +70,14 @@ impl std::fmt::Debug for RowCache {
     }
 }
 
-/// A row of one version of one object.
+/// A row of one table layout of one version of one object (the same version read with
+/// another row size or offset has other rows).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct RowKey {
     object: Arc<str>,
     version: VersionId,
+    data_offset: u64,
+    row_bytes: u64,
     row: u64,
 }
 
@@ -206,11 +209,17 @@ impl Client {
             )));
         }
         let object: Arc<str> = Arc::from(format!("{}/{}", info.meta.bucket, info.meta.key));
-        let key = |row: u64| RowKey { object: Arc::clone(&object), version: info.meta.version, row };
+        let key = |row: u64| RowKey {
+            object: Arc::clone(&object),
+            version: info.meta.version,
+            data_offset: table.data_offset,
+            row_bytes: table.row_bytes,
+            row,
+        };
         let mut served = vec![false; if cache.is_some() { indices.len() } else { 0 }];
         if let Some(cache) = cache {
             for (slot, &row) in indices.iter().enumerate() {
-                if let Some(bytes) = cache.rows.get(&key(row)) {
+                if let Some(bytes) = cache.rows.get(&key(row)).filter(|b| b.len() == row_bytes) {
                     out[slot * row_bytes..(slot + 1) * row_bytes].copy_from_slice(&bytes);
                     served[slot] = true;
                 }

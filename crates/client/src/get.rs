@@ -684,7 +684,7 @@ fn decode_via_scratch(client: &Client, info: &ObjectInfo, read: &mut StripeRead,
 /// Most stripes one multi-object round plans: a node gets at most one item per stripe, so this
 /// keeps every request within `proto::BATCH_ITEMS_MAX`.
 const ROUND_STRIPES_MAX: u64 = 1024;
-/// Most chunk bytes (n per stripe) one multi-object round plans: bounds degraded scratch.
+/// Most chunk bytes (n ranges per stripe) one multi-object round plans: bounds degraded scratch.
 const ROUND_BYTES_MAX: u64 = 256 << 20;
 const _: () = assert!(ROUND_STRIPES_MAX as usize <= proto::BATCH_ITEMS_MAX);
 
@@ -728,8 +728,17 @@ pub(crate) async fn read_many(
             }
             let window_end = (next + window_stripes(&info.meta)).min(end).min(next + ROUND_STRIPES_MAX - stripes);
             let n = info.meta.n() as u64;
+            // What a stripe of this read fetches per chunk (and decodes in scratch): the wanted
+            // range widened to whole checksum blocks, a chunk at most (a 4 KiB row of a gather
+            // costs a block or two, not a 1 MiB chunk).
+            let block = u64::from(info.meta.block_bytes).max(1);
+            let per_chunk = (lens[idx] as u64)
+                .div_ceil(block)
+                .saturating_add(1)
+                .saturating_mul(block)
+                .min(u64::from(info.meta.chunk_bytes));
             stripes += window_end - next;
-            bytes += (window_end - next) * n * u64::from(info.meta.chunk_bytes);
+            bytes += (window_end - next) * n * per_chunk;
             plans.push(Plan::new(client, info, next..window_end, *offset, lens[idx]));
             bufs.push(&mut buf[..lens[idx]]);
             owners.push(idx);

@@ -21,6 +21,14 @@ impl Pace {
         Self { bytes_per_s, paid_until: Mutex::new(None) }
     }
 
+    /// How long `bytes` take at this rate (zero without a limit).
+    pub fn duration_of(&self, bytes: u64) -> Duration {
+        if self.bytes_per_s == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(bytes as f64 / self.bytes_per_s as f64)
+    }
+
     /// Counts `bytes` just written and waits until the rate allows them.
     pub async fn after(&self, bytes: u64) {
         if let Some(until) = self.reserve(Instant::now(), bytes) {

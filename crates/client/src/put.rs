@@ -553,6 +553,16 @@ pub(crate) async fn relayout(
         tracing::info!(bucket = %meta.bucket, key = %meta.key, size = meta.size, "too large for one piece; left as it is");
         return Ok(None);
     }
+    // The lock goes stale after RELAYOUT_LOCK_STALE_MS (and another re-layout would then take
+    // it): a rewrite that the pace would stretch past half of that runs unpaced instead.
+    let pace = pace.filter(|p| {
+        let fits = p.duration_of(stored).as_millis() < u128::from(RELAYOUT_LOCK_STALE_MS / 2);
+        if !fits {
+            tracing::warn!(bucket = %meta.bucket, key = %meta.key, size = meta.size,
+                "the re-layout rate would hold this object's lock too long; rewriting it unpaced");
+        }
+        fits
+    });
     let lock = relayout_lock(meta);
     if !take_relayout_lock(client, &lock).await? {
         tracing::info!(bucket = %meta.bucket, key = %meta.key, "another re-layout of this version is running");

@@ -50,9 +50,10 @@ use sha2::Sha256;
 /// version 3 drive replacement, per-key "unavailable" and truncation flags, scrub and rebuild
 /// status; version 4 the cluster id and map version in the handshake, stale-map refusals and
 /// map updates; version 5 drive space (`Request::Space`); version 6 moving keys off a pool
-/// (`Request::Evict`); version 7 the aligned layout (`ObjectMeta::pads`, metadata format 2). postcard encodes enum variants by
-/// index and structs by position: any change to a message bumps this.
-pub const PROTOCOL_VERSION: u16 = 7;
+/// (`Request::Evict`); version 7 the aligned layout (`ObjectMeta::pads`, metadata format 2);
+/// version 8 `CsvFormat::empty_is_null` in `Request::RecordQuery`. postcard encodes enum
+/// variants by index and structs by position: any change to a message bumps this.
+pub const PROTOCOL_VERSION: u16 = 8;
 /// First four bytes of every frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"TSR1";
 /// Bytes of a frame header.
@@ -655,8 +656,9 @@ pub enum Request {
     /// object's listed splits, decoded as `format` says into a table of `schema` (an Arrow IPC
     /// stream holding only its schema, at most [`RECORD_SCHEMA_BYTES_MAX`]). The node reads a
     /// split from its own drives and the last record's tail from the neighbouring chunk, as
-    /// input splits do. Appended within protocol version 7 as `AggregateQuery` was: a node
-    /// that predates it fails to decode the request, and the client evaluates its splits.
+    /// input splits do. Appended within protocol version 7 as `AggregateQuery` was (a node
+    /// that predates it fails to decode the request, and the client evaluates its splits);
+    /// version 8 added [`CsvFormat::empty_is_null`].
     RecordQuery {
         scan: ScanSpec,
         aggregate: Option<AggregateSpec>,

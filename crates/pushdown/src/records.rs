@@ -290,8 +290,11 @@ impl Decoder {
     }
 
     fn json(schema: &SchemaRef, lines: Option<JsonLines>) -> Result<Self, ArrowError> {
+        // A string column takes numbers and booleans as their text (inference types a column
+        // of mixed values, or of no values in the sample, as a string).
         let decoder = datafusion::arrow::json::ReaderBuilder::new(Arc::clone(schema))
             .with_batch_size(BATCH_ROWS)
+            .with_coerce_primitive(true)
             .build_decoder()?;
         Ok(Decoder::Json(decoder, lines))
     }

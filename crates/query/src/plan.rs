@@ -213,9 +213,15 @@ impl ObjectTable {
         for key in keys {
             let info = client.head(bucket, &key).await?;
             let name = format!("{bucket}/{key}");
-            if sample.bytes.len() < RECORDS_SAMPLE_BYTES_MAX {
-                let head = read_record_head(client, &name, &info, &counters).await?;
+            // An empty object (an empty partition) has no header and no records.
+            if info.meta.size > 0 && sample.bytes.len() < RECORDS_SAMPLE_BYTES_MAX {
+                let head = read_record_head(client, &name, &info, &counters, RECORDS_HEAD_BYTES).await?;
                 sample.add(&format, &name, head)?;
+            } else if info.meta.size > 0 && matches!(&format, RecordFormat::Csv(csv) if csv.header) {
+                // Past the sample, every CSV object's header is still checked: its columns are
+                // read by position, and a reordered file must not answer with swapped columns.
+                let head = read_record_head(client, &name, &info, &counters, HEADER_GUESS_BYTES).await?;
+                sample.check_header(&format, &name, &head)?;
             }
             let splits = record_splits(&info, 0, u64::MAX);
             objects.push(TableObject { name, info, units: Units::Splits(splits) });
@@ -299,6 +305,8 @@ impl ObjectTable {
 const RECORDS_HEAD_BYTES: u64 = 64 << 10;
 const RECORDS_HEAD_BYTES_MAX: u64 = 1 << 20;
 const RECORDS_SAMPLE_BYTES_MAX: usize = 1 << 20;
+/// Bytes read first for the header line of a CSV object past the sample.
+const HEADER_GUESS_BYTES: u64 = 4 << 10;
 
 /// The first records of a table's first objects, whose values type its columns, as DuckDB's
 /// and DataFusion's CSV readers type theirs from a sample: a CSV table's columns are named by
@@ -324,11 +332,7 @@ impl RecordsSample {
                 "{name} holds a JSON array: a table's JSON objects hold one record per line (JSON lines)"
             )));
         }
-        let header_end = head.iter().position(|b| *b == b'\n').map_or(0, |i| i + 1);
-        let header = match format {
-            RecordFormat::Csv(csv) if csv.header => head[..header_end].trim_ascii_end().to_vec(),
-            _ => Vec::new(),
-        };
+        let (header, header_end) = header_line(format, &head);
         match &self.first {
             None => {
                 self.first = Some((name.to_owned(), header));
@@ -345,6 +349,17 @@ impl RecordsSample {
             }
         }
         Ok(())
+    }
+
+    /// Checks that `head`, the first line(s) of object `name`, has the sampled objects' header.
+    fn check_header(&self, format: &RecordFormat, name: &str, head: &[u8]) -> Result<(), Error> {
+        let (header, _) = header_line(format, head);
+        match &self.first {
+            Some((first, first_header)) if *first_header != header => Err(Error::BadQuery(format!(
+                "{name}'s header line differs from {first}'s: a table's CSV objects have the same columns"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// The table's columns as the sample types them: what Arrow's CSV or JSON schema inference
@@ -440,16 +455,30 @@ pub(crate) fn in_json_order(schema: &Schema, records: &[u8]) -> Schema {
     Schema::new_with_metadata(fields, schema.metadata().clone())
 }
 
-/// A record object's first whole records: its first [`RECORDS_HEAD_BYTES`] up to the last line
-/// break (all of it when it is that small), counted as bytes this client read.
+/// A CSV object's header line (without its line break) and where its records start; empty
+/// and 0 for records without one.
+fn header_line(format: &RecordFormat, head: &[u8]) -> (Vec<u8>, usize) {
+    match format {
+        RecordFormat::Csv(csv) if csv.header => {
+            let end = head.iter().position(|b| *b == b'\n').map_or(head.len(), |i| i + 1);
+            (head[..end].trim_ascii_end().to_vec(), end)
+        }
+        _ => (Vec::new(), 0),
+    }
+}
+
+/// A record object's first whole records: its first `first_read` bytes up to the last line
+/// break (all of it when it is that small; up to [`RECORDS_HEAD_BYTES_MAX`] when that holds
+/// no line break), counted as bytes this client read.
 async fn read_record_head(
     client: &Client,
     name: &str,
     info: &ObjectInfo,
     counters: &QueryCounters,
+    first_read: u64,
 ) -> Result<Vec<u8>, Error> {
     let size = info.meta.size;
-    for head_len in [RECORDS_HEAD_BYTES, RECORDS_HEAD_BYTES_MAX] {
+    for head_len in [first_read, RECORDS_HEAD_BYTES_MAX] {
         let len = size.min(head_len);
         let mut head = vec![0u8; len as usize];
         client.read_at(info, 0, &mut head).await?;
@@ -581,11 +610,12 @@ pub(crate) fn filters_sql(filters: &[Expr]) -> DfResult<Vec<String>> {
         .collect()
 }
 
-/// Whether `key` names a file a dataset's writers leave beside its data, which readers skip
-/// (Spark's and Hive's rule: a name starting with `_` or `.`, like `_SUCCESS`).
-fn is_hidden(key: &str) -> bool {
-    let name = key.rsplit('/').next().unwrap_or(key);
-    name.starts_with('_') || name.starts_with('.')
+/// Whether `key`, under `prefix`, names a file a dataset's writers leave beside its data,
+/// which readers skip (Hadoop's rule: a name or directory after the prefix starting with `_`
+/// or `.`, like `_SUCCESS`, `_temporary/...` or `.hive-staging_.../...`).
+fn is_hidden(prefix: &str, key: &str) -> bool {
+    let below = key.strip_prefix(prefix).unwrap_or(key);
+    below.split('/').any(|part| part.starts_with('_') || part.starts_with('.'))
 }
 
 /// Every key under `prefix` in `bucket`, in order (but those [`is_hidden`]), at most
@@ -595,7 +625,7 @@ async fn list_all(client: &Client, bucket: &str, prefix: &str) -> Result<Vec<Str
     let mut after = String::new();
     loop {
         let page = client.list(bucket, prefix, &after, 1000).await?;
-        keys.extend(page.entries.into_iter().map(|e| e.key).filter(|k| !k.ends_with('/') && !is_hidden(k)));
+        keys.extend(page.entries.into_iter().map(|e| e.key).filter(|k| !k.ends_with('/') && !is_hidden(prefix, k)));
         if keys.len() > TABLE_OBJECTS_MAX {
             return Err(Error::BadQuery(format!(
                 "{bucket}/{prefix} holds more than {TABLE_OBJECTS_MAX} objects: query a narrower prefix"
