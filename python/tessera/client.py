@@ -172,12 +172,13 @@ class Client:
         from . import tensor
 
         info = self._raw.head(bucket, key)
-        table = self._tables.get((bucket, key, info.version, row_bytes, str(dtype)))
+        cached = (bucket, key, info.version, row_bytes, str(dtype))
+        table = self._tables.get(cached)
         if table is None:
             table = tensor.table_of(self._raw, info, f"{bucket}/{key}", row_bytes, dtype)
             if len(self._tables) >= TABLES_CACHED_MAX:
                 self._tables.clear()
-            self._tables[(bucket, key, info.version, row_bytes, str(dtype))] = table
+            self._tables[cached] = table
         wanted = tensor.indices_of(indices, table.rows)
         out, target = tensor.output_of(out, len(wanted), table)
         if len(wanted):
@@ -215,16 +216,10 @@ class Client:
             raise tensor.GatherError(f"put_tensor takes a 2-D array, not one of shape {array.shape}")
         if array.dtype.hasobject:
             raise tensor.GatherError(f"put_tensor takes numbers, not {array.dtype}")
-        writer = self._raw.writer(bucket, key, "application/octet-stream", [])
-        try:
-            writer.write(tensor.npy_header(array))
-            data = memoryview(array.reshape(-1).view(np.uint8))
-            for start in range(0, len(data), PUT_PIECE_BYTES):
-                writer.write(data[start:start + PUT_PIECE_BYTES])
-        except BaseException:
-            writer.abort()
-            raise
-        return writer.close()
+        data = memoryview(array.reshape(-1).view(np.uint8))
+        pieces = [tensor.npy_header(array)]
+        pieces += [data[i:i + PUT_PIECE_BYTES] for i in range(0, len(data), PUT_PIECE_BYTES)]
+        return self._put_pieces(bucket, key, iter(pieces), "application/octet-stream", None)
 
     def put(self, bucket: str, key: str, data: Any, *, content_type: str | None = None, metadata: dict | None = None,
             align: bool = True) -> ObjectInfo:
@@ -241,25 +236,15 @@ class Client:
         return self._raw.put(bucket, key, data, content_type, _meta(metadata), align)
 
     def _put_stream(self, bucket: str, key: str, source: BinaryIO, content_type, metadata) -> ObjectInfo:
+        return self._put_pieces(bucket, key, _pieces_of(source), content_type, metadata)
+
+    def _put_pieces(self, bucket: str, key: str, pieces: Iterator[Any], content_type, metadata) -> ObjectInfo:
+        """A streaming PUT of ``pieces`` (each written before the next is made), aborted if
+        making or writing one fails."""
         writer = self._raw.writer(bucket, key, content_type, _meta(metadata))
         try:
-            readinto = getattr(source, "readinto", None)
-            if readinto is not None:
-                piece = bytearray(PUT_PIECE_BYTES)
-                view = memoryview(piece)
-                while True:
-                    n = readinto(view)
-                    if not n:
-                        break
-                    writer.write(view[:n])
-            else:
-                while True:
-                    data = source.read(PUT_PIECE_BYTES)
-                    if not data:
-                        break
-                    if isinstance(data, str):
-                        raise TypeError("put() needs a binary file, not a text file")
-                    writer.write(data)
+            for piece in pieces:
+                writer.write(piece)
         except BaseException:
             writer.abort()
             raise
@@ -341,6 +326,21 @@ class Client:
             if skip_to is not None and cursor.startswith(skip_to):
                 # Jump past every key under the rolled-up prefix (UTF-8 order = code point order).
                 cursor = skip_to + "\U0010ffff"
+
+
+def _pieces_of(source: BinaryIO) -> Iterator[Any]:
+    """A binary file's bytes in pieces of at most PUT_PIECE_BYTES; with ``readinto``, each in the
+    same buffer (the writer takes a piece before the next is read)."""
+    readinto = getattr(source, "readinto", None)
+    if readinto is not None:
+        view = memoryview(bytearray(PUT_PIECE_BYTES))
+        while n := readinto(view):
+            yield view[:n]
+        return
+    while data := source.read(PUT_PIECE_BYTES):
+        if isinstance(data, str):
+            raise TypeError("put() needs a binary file, not a text file")
+        yield data
 
 
 def _unpickle_client(config, address, secret, gather_cache_bytes=0) -> Client:

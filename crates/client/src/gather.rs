@@ -135,6 +135,17 @@ struct Run {
     rows: usize,
 }
 
+/// Refuses the first index past the table's end.
+fn check_indices(table: &RowTable, indices: &[u64]) -> Result<(), Error> {
+    match indices.iter().enumerate().find(|(_, row)| **row >= table.rows) {
+        Some((slot, row)) => Err(Error::BadGather(format!(
+            "index {row} (position {slot}) is out of range: the table has {} rows",
+            table.rows
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// How a gather reads its rows.
 #[derive(Debug)]
 struct Plan {
@@ -150,13 +161,8 @@ fn plan(table: &RowTable, indices: &[u64], served: &[bool]) -> Result<Plan, Erro
     let mut first_slot: HashMap<u64, usize> = HashMap::with_capacity(indices.len());
     let mut runs: Vec<Run> = Vec::new();
     let mut copies = Vec::new();
+    check_indices(table, indices)?;
     for (slot, &row) in indices.iter().enumerate() {
-        if row >= table.rows {
-            return Err(Error::BadGather(format!(
-                "index {row} (position {slot}) is out of range: the table has {} rows",
-                table.rows
-            )));
-        }
         if served.get(slot).copied().unwrap_or(false) {
             continue;
         }
@@ -202,12 +208,7 @@ impl Client {
                 indices.len().saturating_mul(row_bytes)
             )));
         }
-        if let Some((slot, row)) = indices.iter().enumerate().find(|(_, row)| **row >= table.rows) {
-            return Err(Error::BadGather(format!(
-                "index {row} (position {slot}) is out of range: the table has {} rows",
-                table.rows
-            )));
-        }
+        check_indices(table, indices)?;
         let object: Arc<str> = Arc::from(format!("{}/{}", info.meta.bucket, info.meta.key));
         let key = |row: u64| RowKey {
             object: Arc::clone(&object),

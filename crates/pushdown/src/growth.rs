@@ -43,13 +43,6 @@ pub fn check_plan(plan: &LogicalPlan) -> Result<(), Error> {
     }
 }
 
-/// Checks one expression against the bounds above.
-pub fn check_expr(expr: &Expr) -> Result<(), Error> {
-    let mut growth = Growth { factor: 1, refused: None };
-    growth.walk(expr);
-    growth.refused.map_or(Ok(()), |reason| Err(Error::BadQuery(reason)))
-}
-
 /// The growth factor so far, or why the plan is refused.
 struct Growth {
     factor: u64,

@@ -338,14 +338,9 @@ impl RecordsSample {
                 self.first = Some((name.to_owned(), header));
                 self.bytes.extend_from_slice(&head);
             }
-            Some((first, first_header)) => {
-                if *first_header != header {
-                    return Err(Error::BadQuery(format!(
-                        "{name}'s header line differs from {first}'s: a table's CSV objects have the same columns"
-                    )));
-                }
-                let records = if header.is_empty() { &head[..] } else { &head[header_end..] };
-                self.bytes.extend_from_slice(records);
+            Some(_) => {
+                self.check_header(format, name, &head)?;
+                self.bytes.extend_from_slice(&head[header_end..]);
             }
         }
         Ok(())
