@@ -164,10 +164,10 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
         .collect()
 }
 
-/// Rounds of metadata reads a key gets when its drives know a version acknowledged that they
-/// cannot show yet ([`Outcome::Unsettled`]), after the first, and the pause before the first
-/// of them (growing with each).
-const FLOOR_RETRIES: u32 = 3;
+/// Rounds of metadata reads a key gets when its drives know (or may hold) a version
+/// acknowledged that they cannot show yet ([`Outcome::Unsettled`]), after the first, and the
+/// pause before the first of them (growing with each: 300 ms in all).
+const FLOOR_RETRIES: u32 = 5;
 const FLOOR_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// What one round of metadata reads made of a key.
@@ -177,7 +177,9 @@ enum Outcome {
     /// object, not a delete, but too few of the answers hold it to read it: the read raced its
     /// write (drives answered before and after it landed), or its drives are out of reach.
     /// Neither "absent" nor the older version is a right answer: ask again, then fail with the
-    /// error.
+    /// error. Also a newer version that no floor names but that may be acknowledged (its
+    /// holders and the silent drives reach W) while fewer than k answers hold it
+    /// (`maybe_acknowledged_unreadable`).
     Unsettled(Error),
 }
 
@@ -270,12 +272,41 @@ fn newest_of_pools(client: &Client, bucket: &str, key: &str, chosen: Vec<PoolCho
             (None, None) => Outcome::Done(Box::new(Err(not_found()))),
         };
     }
+    if let Some((lookup, answer, meta)) = &picked
+        && let Some(e) = maybe_acknowledged_unreadable(client, bucket, key, lookup.placement, answer, meta)
+    {
+        return Outcome::Unsettled(e);
+    }
     Outcome::Done(Box::new(match (picked, unavailable) {
         (Some((_, _, meta)), _) if meta.deleted => Err(not_found()),
         (Some((lookup, answer, meta)), _) => Ok(info_of(client, lookup.placement, &answer, meta)),
         (None, Some(e)) => Err(e),
         (None, None) => Err(not_found()),
     }))
+}
+
+/// When `meta` is the version `choose_version` gave because it may be acknowledged (its holders
+/// and the silent drives reach W) although an older version is readable and no floor names it,
+/// the error that it cannot be read. It is a write in flight (soon committed everywhere or
+/// rolled back) or an acknowledged write whose finalize was lost, with drives out of reach:
+/// asked again ([`Outcome::Unsettled`]), then failed, never answered with the older version.
+fn maybe_acknowledged_unreadable(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    placement: Placement,
+    answers: &KeyAnswers,
+    meta: &ObjectMeta,
+) -> Option<Error> {
+    let replies = &answers.replies;
+    let marker_quorum = client.erasure_at(&placement).marker_quorum();
+    let tally = proto::VersionTally::of(replies);
+    let needed = meta.drives_to_read(marker_quorum);
+    let holders = tally.held.get(&meta.version).map_or(0, |(_, count)| *count);
+    let older_readable = tally.newest_readable(marker_quorum).is_some_and(|r| r.version < meta.version);
+    let acknowledged = tally.floor.is_some_and(|floor| floor >= meta.version);
+    (holders < needed && older_readable && !acknowledged)
+        .then(|| version_unreadable(client, bucket, key, placement, answers, meta.version, (holders, needed)))
 }
 
 /// For a read whose chosen version is older than `floor`, a version its drives know

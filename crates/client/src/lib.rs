@@ -1001,8 +1001,11 @@ enum Backoff {
 /// read, `k` for a version with chunks and `marker_quorum` for one without (a delete marker, an
 /// empty object). A newer version on fewer drives is a write in flight (or a failed one), and
 /// the older one it replaces is still there, so a read overlapping a commit returns the old or
-/// the new object. Failing that, the newest such version seen (reading it reports what is
-/// missing): never an older one, so a read never goes back behind an acknowledged write.
+/// the new object; but only while that newer version cannot have been acknowledged: when its
+/// holders plus the drives that did not answer reach `write_quorum` it may be (its finalize is
+/// best effort, so no floor need name it), and the read gets that version instead (reading it
+/// reports what is missing) rather than go back behind it. Failing all that, the newest such
+/// version seen: never an older one, so a read never goes back behind an acknowledged write.
 /// `None` if no reachable drive has the key, and also when no version is readable, no drive
 /// knows one acknowledged, and none can have been (its holders plus the drives that did not
 /// answer are fewer than `write_quorum`): the first PUT of a key still in flight, which the
@@ -1024,7 +1027,16 @@ fn choose_version(
     {
         return None;
     }
-    readable.or(newest).cloned()
+    // The newest version newer than the readable one that W drives may hold (the silent ones
+    // with it): with m drives out of reach an acknowledged version can be on fewer than k of
+    // those that answered, while the version it replaced is still on k (retained).
+    let maybe_acknowledged = tally
+        .candidates()
+        .rev()
+        .take_while(|(meta, _)| readable.is_none_or(|r| r.version < meta.version))
+        .find(|(_, count)| count + silent >= write_quorum)
+        .map(|(meta, _)| meta);
+    maybe_acknowledged.or(readable).or(newest).cloned()
 }
 
 /// Whether `meta`, which [`choose_version`] gave as the newest version seen when nothing was

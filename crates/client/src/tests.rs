@@ -108,6 +108,78 @@ fn retained_versions_keep_the_old_object_readable_while_an_overwrite_is_in_fligh
     check(&[Some((Some(2), vec![1])), Some((Some(2), vec![1])), Some((Some(1), vec![]))], Some(2));
 }
 
+/// 4+2, W = 5: `check` for that geometry (markers need W - m = 3 drives).
+fn check_4_2(replies: &[Reply], expected: Option<i64>) {
+    let mut replies: Vec<_> = replies.iter().map(versions_of).collect();
+    for meta in replies.iter_mut().flatten().flat_map(|v| v.current.iter_mut().chain(v.retained.iter_mut())) {
+        (meta.k, meta.m) = (4, 2);
+    }
+    let chosen = choose_version(&replies, 3, 5);
+    assert_eq!(
+        chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
+        expected
+    );
+}
+
+#[test]
+fn reads_never_go_back_behind_a_version_that_may_be_acknowledged_without_a_floor() {
+    // Chaos seed 7 (pool decommission under faults): version 2 was acknowledged on five of six
+    // drives (W = 5) and its finalize was lost; two of its drives are out of reach, the drive
+    // that missed it still has 1, and the three others retain 1 under 2. Version 1 is held by
+    // k = 4 answering drives and 2 by three, which with the two silent ones reach W: 2 may be
+    // acknowledged, so the read must report it unreadable, never return 1.
+    let acked_unseen = [
+        Some((Some(1), vec![])),
+        Some((Some(2), vec![1])),
+        Some((Some(2), vec![1])),
+        None,
+        None,
+        Some((Some(2), vec![1])),
+    ];
+    check_4_2(&acked_unseen, Some(2));
+    // A delete marker needs only W - m = 3 drives to be read, which an acknowledged one keeps
+    // with m drives silent: on two it cannot have been acknowledged, and the object stands.
+    let marker_in_flight = [
+        Some((Some(1), vec![])),
+        Some((Some(-2), vec![1])),
+        Some((Some(-2), vec![1])),
+        None,
+        None,
+        Some((Some(1), vec![])),
+    ];
+    check_4_2(&marker_in_flight, Some(1));
+    // With every drive answering, three holders cannot be W: a write in flight, the old object.
+    let in_flight = [
+        Some((Some(1), vec![])),
+        Some((Some(2), vec![1])),
+        Some((Some(2), vec![1])),
+        Some((Some(1), vec![])),
+        Some((Some(1), vec![])),
+        Some((Some(2), vec![1])),
+    ];
+    check_4_2(&in_flight, Some(1));
+    // One drive silent: 2 on three drives plus one silent is four, below W.
+    let one_silent = [
+        Some((Some(1), vec![])),
+        Some((Some(2), vec![1])),
+        Some((Some(2), vec![1])),
+        None,
+        Some((Some(1), vec![])),
+        Some((Some(2), vec![1])),
+    ];
+    check_4_2(&one_silent, Some(1));
+    // Readable newer versions win as before.
+    let readable = [
+        Some((Some(2), vec![1])),
+        Some((Some(2), vec![1])),
+        Some((Some(2), vec![1])),
+        None,
+        None,
+        Some((Some(2), vec![1])),
+    ];
+    check_4_2(&readable, Some(2));
+}
+
 #[test]
 fn delete_markers_need_their_own_quorum_and_hide_older_versions() {
     // A marker on one drive (in flight, or a failed delete) does not hide the object.

@@ -350,3 +350,45 @@ fn a_read_of_a_write_rolled_back_under_it_gives_way_to_the_version_it_replaced()
     let same = block_on(reader.head_after_failed_read(&info, lost));
     assert!(matches!(same, Err(client::Error::Unavailable { .. })), "{same:?}");
 }
+
+#[test]
+fn an_overwrite_acknowledged_without_its_finalize_is_never_read_past_with_two_holders_down() {
+    // Chaos seed 7 (decommission under faults): an overwrite was acknowledged on W = 5 drives,
+    // its finalize never landed, then two of its holders went down. The drives that answer hold
+    // it on 3 (fewer than k = 4) and the old version on 4 (one current, three retained): the
+    // old one is "readable", yet returning it goes back behind an acknowledged write.
+    let mut cluster = Cluster::start(Shape::default());
+    // Repair would give position 5 the overwrite from the others (and make it readable).
+    cluster.cli_ok(&["repair", "pause"]);
+    let (_old, info, map, overwrite) = object_and_overwrite(&cluster);
+    for position in 0..5 {
+        let outcome = hand_commit(&cluster, position, &overwrite, CommitCondition::None);
+        assert!(matches!(outcome, Response::Committed { .. }), "{outcome:?}");
+    }
+    let set = &map.sets[overwrite.set_idx as usize];
+    let down: Vec<usize> = (3..5).map(|position| set.drives[position].node_idx).collect();
+    for &node in &down {
+        cluster.kill_node(node);
+    }
+    let reader = cluster.client();
+    let failed = block_on(reader.head("bkt", "K")).expect_err("neither the old object nor absent is right");
+    let client::Error::Unavailable { available, needed, unreachable, .. } = &failed else {
+        panic!("expected Unavailable, got {failed}");
+    };
+    assert_eq!((*available, *needed), (3, 4), "{failed}");
+    // The fault happened: the killed holders are what the read misses.
+    for &node in &down {
+        let id = &map.nodes[node].id;
+        assert!(unreachable.iter().any(|f| &f.node == id), "{id} is named as unreachable: {failed}");
+    }
+    let get = block_on(reader.get("bkt", "K"));
+    assert!(matches!(get, Err(client::Error::Unavailable { .. })), "a GET fails the same way: {get:?}");
+    // Back up: the overwrite is readable and wins; the old version never came back meanwhile.
+    for &node in &down {
+        cluster.start_node(node);
+    }
+    cluster.wait_ready();
+    let head = block_on(cluster.client().head("bkt", "K")).unwrap();
+    assert_eq!(head.meta.version, overwrite.version);
+    assert!(head.meta.version > info.meta.version);
+}
