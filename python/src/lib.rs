@@ -269,6 +269,13 @@ impl RawClient {
         Ok(info.into())
     }
 
+    /// The current versions of `keys` ((bucket, key) pairs), in one metadata round per node;
+    /// the first error (`NotFound`, ...) is raised.
+    fn head_many(&self, py: Python<'_>, keys: Vec<(String, String)>) -> PyResult<Vec<ObjectInfo>> {
+        let infos = self.block(py, |c| async move { heads(&c, &keys).await })?;
+        Ok(infos.into_iter().map(ObjectInfo::from).collect())
+    }
+
     /// `length` bytes (all to the end if None) of the version `info` at `offset`, as new bytes.
     #[pyo3(signature = (info, offset, length))]
     fn read<'py>(
@@ -302,21 +309,35 @@ impl RawClient {
         indices: &Bound<'_, PyAny>,
         buffer: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let indices = Readable::get(indices)?;
-        let bytes = indices.as_slice();
-        if bytes.len() % 8 != 0 {
-            return Err(PyValueError::new_err("indices must be a buffer of int64"));
-        }
-        // A negative index becomes one past every table's end, which the gather refuses.
-        let wanted: Vec<u64> =
-            bytes.chunks_exact(8).map(|b| i64::from_ne_bytes(b.try_into().expect("8 bytes")) as u64).collect();
-        drop(indices);
+        let wanted = indices_of(indices)?;
         let mut target = Writable::get(buffer)?;
         let table = client::RowTable { data_offset, row_bytes, rows };
         let slice = target.as_mut_slice();
         let info = &info.inner;
         let cache = self.row_cache();
         self.block(py, |c| async move { c.gather(info, &table, &wanted, slice, cache.as_deref()).await })
+    }
+
+    /// [`RawClient::gather_into`] of several tables in one batched read: `items` of (info,
+    /// data_offset, row_bytes, rows, indices, buffer). The buffers must not overlap.
+    fn gather_many_into(&self, py: Python<'_>, items: Vec<GatherRequest<'_>>) -> PyResult<()> {
+        let mut wanted = Vec::with_capacity(items.len());
+        for (.., indices, _) in &items {
+            wanted.push(indices_of(indices)?);
+        }
+        let mut writables = items.iter().map(|(.., buffer)| Writable::get(buffer)).collect::<PyResult<Vec<_>>>()?;
+        let slices: Vec<RawSlice> = writables.iter_mut().map(|w| RawSlice::of(w.as_mut_slice())).collect();
+        check_disjoint(&slices)?;
+        let cache = self.row_cache();
+        let mut gathers = Vec::with_capacity(items.len());
+        for (((info, data_offset, row_bytes, rows, ..), indices), slice) in items.iter().zip(&wanted).zip(&slices) {
+            let table = client::RowTable { data_offset: *data_offset, row_bytes: *row_bytes, rows: *rows };
+            // SAFETY: the buffers are disjoint (checked above) and held by `writables` for the call.
+            gathers.push(client::GatherItem { info: &info.inner, table, indices, out: unsafe { slice.as_mut() } });
+        }
+        self.block(py, |c| async move { c.gather_many(&mut gathers, cache.as_deref()).await })?;
+        drop(writables);
+        Ok(())
     }
 
     /// Sets the capacity of this client's gather row cache in bytes (0 turns it off; a new
@@ -566,13 +587,27 @@ fn get_many_into<'py>(
     counts.into_iter().map(|n| n.into_pyobject(py).map(|b| b.into_any().unbind()).map_err(PyErr::from)).collect()
 }
 
+/// One table of a `gather_many_into`: (info, data_offset, row_bytes, rows, indices, buffer).
+type GatherRequest<'py> = (PyRef<'py, ObjectInfo>, u64, u64, u64, Bound<'py, PyAny>, Bound<'py, PyAny>);
+
+/// Gather indices from a buffer of native int64. A negative index becomes one past every
+/// table's end, which the gather refuses.
+fn indices_of(indices: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let indices = Readable::get(indices)?;
+    let bytes = indices.as_slice();
+    if bytes.len() % 8 != 0 {
+        return Err(PyValueError::new_err("indices must be a buffer of int64"));
+    }
+    Ok(bytes.chunks_exact(8).map(|b| i64::from_ne_bytes(b.try_into().expect("8 bytes")) as u64).collect())
+}
+
 /// Two buffers sharing memory would be two `&mut` to the same bytes.
 fn check_disjoint(slices: &[RawSlice]) -> PyResult<()> {
     let mut spans: Vec<(usize, usize)> =
         slices.iter().filter(|s| s.len > 0).map(|s| (s.ptr as usize, s.ptr as usize + s.len)).collect();
     spans.sort_unstable();
     if spans.windows(2).any(|w| w[1].0 < w[0].1) {
-        return Err(PyValueError::new_err("get_many buffers overlap"));
+        return Err(PyValueError::new_err("the output buffers overlap"));
     }
     Ok(())
 }

@@ -172,6 +172,42 @@ class Client:
         from . import tensor
 
         info = self._raw.head(bucket, key)
+        table = self._table(bucket, key, info, row_bytes, dtype)
+        wanted = tensor.indices_of(indices, table.rows)
+        out, target = tensor.output_of(out, len(wanted), table)
+        if len(wanted):
+            self._raw.gather_into(info, table.data_offset, table.row_bytes, table.rows, wanted, target)
+        return out
+
+    def gather_many(self, requests: Sequence[tuple]) -> list:
+        """Several gathers at once: ``requests`` of ``(bucket, key, indices)`` or ``(bucket, key,
+        indices, out)`` (``.npy`` tables; the same key may come more than once), returning the
+        outputs in order. One metadata round and one batched read for all of them: every node
+        gets one request per round for every table's rows (a mini-batch's features and labels
+        together). Everything is checked before a read is sent; the outputs must not overlap."""
+        from . import tensor
+
+        requests = [tuple(r) for r in requests]
+        for r in requests:
+            if len(r) not in (3, 4):
+                raise TypeError(f"expected (bucket, key, indices) or (bucket, key, indices, out), got {len(r)} items")
+        infos = self._raw.head_many([(r[0], r[1]) for r in requests]) if requests else []
+        items, outs = [], []
+        for r, info in zip(requests, infos):
+            table = self._table(r[0], r[1], info, None, None)
+            wanted = tensor.indices_of(r[2], table.rows)
+            out, target = tensor.output_of(r[3] if len(r) == 4 else None, len(wanted), table)
+            outs.append(out)
+            items.append((info, table.data_offset, table.row_bytes, table.rows, wanted, target))
+        if any(len(item[4]) for item in items):
+            self._raw.gather_many_into(items)
+        return outs
+
+    def _table(self, bucket: str, key: str, info: Any, row_bytes: int | None, dtype: Any) -> Any:
+        """The table description of version ``info`` of ``bucket/key`` (its ``.npy`` header read
+        once per version, or raw rows), cached."""
+        from . import tensor
+
         cached = (bucket, key, info.version, row_bytes, str(dtype))
         table = self._tables.get(cached)
         if table is None:
@@ -179,11 +215,7 @@ class Client:
             if len(self._tables) >= TABLES_CACHED_MAX:
                 self._tables.clear()
             self._tables[cached] = table
-        wanted = tensor.indices_of(indices, table.rows)
-        out, target = tensor.output_of(out, len(wanted), table)
-        if len(wanted):
-            self._raw.gather_into(info, table.data_offset, table.row_bytes, table.rows, wanted, target)
-        return out
+        return table
 
     def set_gather_cache(self, capacity_bytes: int) -> None:
         """Keeps hot rows of ``gather`` in a cache of at most ``capacity_bytes`` (0, the default,
@@ -204,16 +236,17 @@ class Client:
     # Writes --------------------------------------------------------------------------------
 
     def put_tensor(self, bucket: str, key: str, array: Any) -> ObjectInfo:
-        """Writes ``array`` (a 2-D NumPy array or CPU torch tensor) as the ``.npy`` file
-        ``bucket/key`` that ``gather`` reads rows of, streamed from the array's own memory."""
+        """Writes ``array`` (a 2-D NumPy array or CPU torch tensor, or a 1-D one: a value per
+        row) as the ``.npy`` file ``bucket/key`` that ``gather`` reads rows of, streamed from
+        the array's own memory."""
         from . import tensor
 
         np = tensor._numpy()
         if type(array).__module__.startswith("torch"):
             array = array.detach().cpu().numpy()
         array = np.ascontiguousarray(array)
-        if array.ndim != 2:
-            raise tensor.GatherError(f"put_tensor takes a 2-D array, not one of shape {array.shape}")
+        if array.ndim not in (1, 2):
+            raise tensor.GatherError(f"put_tensor takes a 2-D (or 1-D) array, not one of shape {array.shape}")
         if array.dtype.hasobject:
             raise tensor.GatherError(f"put_tensor takes numbers, not {array.dtype}")
         data = memoryview(array.reshape(-1).view(np.uint8))

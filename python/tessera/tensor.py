@@ -1,5 +1,5 @@
-"""Tensor objects: 2-D feature tables stored as ``.npy`` files (or raw row-major bytes), read
-by row with ``Client.gather`` straight into a NumPy array or a CPU torch tensor.
+"""Tensor objects: 2-D feature tables (and 1-D ones: labels, one value per row) stored as
+``.npy`` files (or raw row-major bytes), read by row with ``Client.gather`` straight into a NumPy array or a CPU torch tensor.
 
 Every check on the input (indices, output, the object's header) runs before a read is sent;
 the rows then come in one batched request per node per round, checksummed, rebuilt from
@@ -29,6 +29,12 @@ class Table:
     rows: int
     dtype: Any  # numpy.dtype
     columns: int
+    # A 1-D array (one value per row): gathers give 1-D outputs.
+    vector: bool = False
+
+    def shape_of(self, count: int) -> tuple:
+        """The shape of ``count`` gathered rows."""
+        return (count,) if self.vector else (count, self.columns)
 
 
 def _numpy():
@@ -79,9 +85,9 @@ def table_of(raw: Any, info: Any, name: str, row_bytes: int | None, dtype: Any) 
         raise GatherError(f"{name} holds {dt}, not {np.dtype(dtype)} (dtype= is for raw rows, with row_bytes=)")
     if fortran and len(shape) > 1:
         raise GatherError(f"{name} is in Fortran order: its rows are not contiguous")
-    if len(shape) != 2:
-        raise GatherError(f"{name} has shape {shape}: a feature table is 2-D")
-    rows, columns = shape
+    if len(shape) not in (1, 2):
+        raise GatherError(f"{name} has shape {shape}: a feature table is 2-D (or 1-D, a value per row)")
+    rows, columns = (shape[0], 1) if len(shape) == 1 else shape
     row_bytes = columns * dt.itemsize
     if stream.tell() + rows * row_bytes != size:
         raise GatherError(
@@ -90,7 +96,7 @@ def table_of(raw: Any, info: Any, name: str, row_bytes: int | None, dtype: Any) 
         )
     if row_bytes == 0:
         raise GatherError(f"{name} has rows of 0 bytes")
-    return Table(stream.tell(), row_bytes, rows, dt, columns)
+    return Table(stream.tell(), row_bytes, rows, dt, columns, vector=len(shape) == 1)
 
 
 def indices_of(indices: Any, rows: int) -> Any:
@@ -119,7 +125,7 @@ def indices_of(indices: Any, rows: int) -> Any:
 def output_of(out: Any, count: int, table: Table) -> tuple[Any, Any]:
     """The array the rows go to (``out``, or a new one) and a writable byte view of it."""
     np = _numpy()
-    shape = (count, table.columns)
+    shape = table.shape_of(count)
     if out is None:
         out = np.empty(shape, table.dtype)
         return out, out.reshape(-1).view(np.uint8)

@@ -159,3 +159,37 @@ def bucket(client, request) -> str:
 
 def pytest_report_header(config):
     return f"tessera binary: {TESSERA_BIN}; python {sys.version.split()[0]}"
+
+
+RECOVERY_TIMEOUT_S = 30.0
+#: Where `nodes_down` writes to learn that the restarted nodes take writes again.
+PROBE_BUCKET = "t-degraded-probe"
+
+
+@pytest.fixture
+def nodes_down(cluster, client):
+    """Kills the given node indexes; restarts them (and waits until writes work) at teardown."""
+    killed = []
+    if not client.bucket_exists(PROBE_BUCKET):
+        client.make_bucket(PROBE_BUCKET)
+
+    def kill(*indexes):
+        for idx in indexes:
+            cluster.kill(idx)
+            killed.append(idx)
+
+    yield kill
+    import tessera
+
+    for idx in killed:
+        cluster.start(idx)
+    cluster.wait_ready()
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while True:  # the client plans around recently failed nodes for a short backoff
+        try:
+            client.put(PROBE_BUCKET, "probe", b"ok")
+            break
+        except (tessera.Unavailable, tessera.NodeUnavailable):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

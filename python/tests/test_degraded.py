@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from torch.utils.data import DataLoader
@@ -11,40 +9,12 @@ from torch.utils.data import DataLoader
 import tessera
 import tessera.torch as tt
 
-RECOVERY_TIMEOUT_S = 30.0
-
 
 def blob(i: int) -> bytes:
     return np.random.default_rng(1000 + i).integers(0, 256, 30_000 + 4099 * i, dtype=np.uint8).tobytes()
 
 
-@pytest.fixture
-def nodes_down(cluster, client):
-    """Kills the given node indexes; restarts them (and waits until writes work) at teardown."""
-    killed = []
-
-    def kill(*indexes):
-        for idx in indexes:
-            cluster.kill(idx)
-            killed.append(idx)
-
-    yield kill
-    for idx in killed:
-        cluster.start(idx)
-    cluster.wait_ready()
-    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-    while True:  # the client plans around recently failed nodes for a short backoff
-        try:
-            client.put("t-degraded-probe", "probe", b"ok")
-            break
-        except (tessera.Unavailable, tessera.NodeUnavailable):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def test_reads_with_2_nodes_down_return_the_original_bytes(client, bucket, nodes_down):
-    client.make_bucket("t-degraded-probe")
     keys = [f"k{i:02}" for i in range(24)]
     for i, key in enumerate(keys):
         client.put(bucket, key, blob(i))
@@ -64,7 +34,6 @@ def test_reads_with_2_nodes_down_return_the_original_bytes(client, bucket, nodes
 
 
 def test_reads_with_3_nodes_down_raise_unavailable_with_chunk_counts(client, bucket, nodes_down):
-    client.make_bucket("t-degraded-probe")
     client.put(bucket, "x", blob(1))
     nodes_down(0, 2, 5)
     with pytest.raises(tessera.Unavailable) as e:

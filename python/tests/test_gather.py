@@ -106,10 +106,10 @@ def test_bad_gathers_are_refused_before_anything_is_read(client, bucket, table):
     np.save(saved, np.zeros((2, 3, 4), np.float32))
     client.put(bucket, "cube.npy", saved.getvalue())
     refused("2-D", "cube.npy", [0])
+    with pytest.raises(tessera.GatherError, match="2-D"):
+        client.put_tensor(bucket, "cube2.npy", np.zeros((2, 3, 4)))
     refused("whole number", "plain.txt", [0], row_bytes=4)
     refused("multiple", "plain.txt", [0], row_bytes=3, dtype=np.float32)
-    with pytest.raises(tessera.GatherError, match="2-D"):
-        client.put_tensor(bucket, "flat.npy", np.zeros(10))
     refused("not float16", "t.npy", [0], dtype=np.float16)
     # The caller's buffer is untouched by a refused gather, in Python's checks and in Rust's.
     mine = np.full((2, COLUMNS), 7, np.float32)
@@ -155,3 +155,39 @@ def test_a_gather_cache_serves_hot_rows_and_survives_pickling(client, bucket, ta
     # Off.
     cached.set_gather_cache(0)
     assert cached.gather_cache_stats()["capacity_bytes"] == 0
+
+
+def test_gather_many_reads_several_tables_in_one_call(client, bucket, table):
+    labels = np.random.default_rng(3).integers(0, 40, ROWS).astype(np.int64)
+    client.put_tensor(bucket, "many/x.npy", table)
+    client.put_tensor(bucket, "many/y.npy", labels)
+    halves = np.ascontiguousarray(table[:, : COLUMNS // 2]).astype(np.float64)
+    client.put_tensor(bucket, "many/h.npy", halves)
+    idx = _indices(2000, seed=5)
+    into = torch.empty((2000, COLUMNS // 2), dtype=torch.float64)
+    x, y, h, again = client.gather_many([
+        (bucket, "many/x.npy", idx),
+        (bucket, "many/y.npy", torch.from_numpy(idx)),
+        (bucket, "many/h.npy", idx, into),
+        (bucket, "many/x.npy", idx[::-1].copy()),
+    ])
+    assert np.array_equal(x, table[idx])
+    # A 1-D table (labels): 1-D rows out.
+    assert y.shape == (2000,) and y.dtype == np.int64 and np.array_equal(y, labels[idx])
+    assert h is into and torch.equal(into, torch.from_numpy(halves[idx]))
+    assert np.array_equal(again, table[idx[::-1]])
+    assert client.gather(bucket, "many/y.npy", [3, 1, 3]).tolist() == labels[[3, 1, 3]].tolist()
+    assert client.gather_many([]) == []
+    # Everything is checked before a read: one bad item leaves every output untouched.
+    mine = np.full((2, COLUMNS), 7, np.float32)
+    with pytest.raises(tessera.GatherError, match="out of range"):
+        client.gather_many([(bucket, "many/x.npy", [0, 1], mine), (bucket, "many/y.npy", [ROWS])])
+    assert (mine == 7).all()
+    with pytest.raises(tessera.NotFound):
+        client.gather_many([(bucket, "many/x.npy", [0]), (bucket, "many/absent.npy", [0])])
+    # Two outputs sharing memory would be written twice at once: refused.
+    shared = np.zeros((4, COLUMNS), np.float32)
+    with pytest.raises(ValueError, match="overlap"):
+        client.gather_many([(bucket, "many/x.npy", [0, 1], shared[:2]), (bucket, "many/x.npy", [2, 3], shared[:2])])
+    with pytest.raises(TypeError, match="bucket, key, indices"):
+        client.gather_many([(bucket, "many/x.npy")])

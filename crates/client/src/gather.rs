@@ -155,13 +155,13 @@ struct Plan {
     copies: Vec<(usize, usize)>,
 }
 
-/// The plan that gathers `indices` of `table`, but for the slots `served` already holds.
-fn plan(table: &RowTable, indices: &[u64], served: &[bool]) -> Result<Plan, Error> {
+/// The plan that gathers `indices` of `table` (checked), but for the slots `served` already holds.
+fn plan(table: &RowTable, indices: &[u64], served: &[bool]) -> Plan {
     let run_rows_max = (GATHER_RUN_BYTES_MAX / table.row_bytes).max(1) as usize;
     let mut first_slot: HashMap<u64, usize> = HashMap::with_capacity(indices.len());
     let mut runs: Vec<Run> = Vec::new();
     let mut copies = Vec::new();
-    check_indices(table, indices)?;
+    debug_assert!(check_indices(table, indices).is_ok(), "indices are checked before planning");
     for (slot, &row) in indices.iter().enumerate() {
         if served.get(slot).copied().unwrap_or(false) {
             continue;
@@ -178,7 +178,49 @@ fn plan(table: &RowTable, indices: &[u64], served: &[bool]) -> Result<Plan, Erro
             _ => runs.push(Run { slot, row, rows: 1 }),
         }
     }
-    Ok(Plan { runs, copies })
+    Plan { runs, copies }
+}
+
+/// One table's part of a [`Client::gather_many`]: rows `indices` of `table` in object `info`,
+/// into `out` (row `indices[i]` into `out[i * row_bytes..][..row_bytes]`).
+#[derive(Debug)]
+pub struct GatherItem<'a> {
+    pub info: &'a ObjectInfo,
+    pub table: RowTable,
+    pub indices: &'a [u64],
+    pub out: &'a mut [u8],
+}
+
+impl GatherItem<'_> {
+    /// Refuses a table that does not fit its object, an output of the wrong size and an index
+    /// out of range.
+    fn check(&self) -> Result<usize, Error> {
+        self.table.check(self.info.meta.size)?;
+        let row_bytes = usize::try_from(self.table.row_bytes).map_err(|_| Error::BadGather("rows too large".into()))?;
+        if Some(self.out.len()) != self.indices.len().checked_mul(row_bytes) {
+            return Err(Error::BadGather(format!(
+                "{}/{}: the output has {} bytes; {} rows of {row_bytes} bytes need {}",
+                self.info.meta.bucket,
+                self.info.meta.key,
+                self.out.len(),
+                self.indices.len(),
+                self.indices.len().saturating_mul(row_bytes)
+            )));
+        }
+        check_indices(&self.table, self.indices)?;
+        Ok(row_bytes)
+    }
+
+    /// The cache key of one of its rows.
+    fn row_key(&self, object: &Arc<str>, row: u64) -> RowKey {
+        RowKey {
+            object: Arc::clone(object),
+            version: self.info.meta.version,
+            data_offset: self.table.data_offset,
+            row_bytes: self.table.row_bytes,
+            row,
+        }
+    }
 }
 
 impl Client {
@@ -195,72 +237,79 @@ impl Client {
         out: &mut [u8],
         cache: Option<&RowCache>,
     ) -> Result<(), Error> {
-        table.check(info.meta.size)?;
-        if indices.len() > GATHER_ROWS_MAX {
-            return Err(Error::BadGather(format!("{} indices: at most {GATHER_ROWS_MAX} per gather", indices.len())));
+        self.gather_many(&mut [GatherItem { info, table: *table, indices, out }], cache).await
+    }
+
+    /// [`Client::gather`] of several tables (or several index lists of one) at once: one
+    /// batched request per node per round for all of them (a GNN mini-batch's features,
+    /// labels and embeddings in one go). Every item is checked before anything is read; at
+    /// most [`GATHER_ROWS_MAX`] indices in all. The first error fails the whole call (the
+    /// outputs are then partly written).
+    pub async fn gather_many(&self, items: &mut [GatherItem<'_>], cache: Option<&RowCache>) -> Result<(), Error> {
+        let total: usize = items.iter().map(|item| item.indices.len()).sum();
+        if total > GATHER_ROWS_MAX {
+            return Err(Error::BadGather(format!("{total} indices: at most {GATHER_ROWS_MAX} per gather")));
         }
-        let row_bytes = usize::try_from(table.row_bytes).map_err(|_| Error::BadGather("rows too large".into()))?;
-        if Some(out.len()) != indices.len().checked_mul(row_bytes) {
-            return Err(Error::BadGather(format!(
-                "the output has {} bytes; {} rows of {row_bytes} bytes need {}",
-                out.len(),
-                indices.len(),
-                indices.len().saturating_mul(row_bytes)
-            )));
-        }
-        check_indices(table, indices)?;
-        let object: Arc<str> = Arc::from(format!("{}/{}", info.meta.bucket, info.meta.key));
-        let key = |row: u64| RowKey {
-            object: Arc::clone(&object),
-            version: info.meta.version,
-            data_offset: table.data_offset,
-            row_bytes: table.row_bytes,
-            row,
-        };
-        let mut served = vec![false; if cache.is_some() { indices.len() } else { 0 }];
-        if let Some(cache) = cache {
-            for (slot, &row) in indices.iter().enumerate() {
-                if let Some(bytes) = cache.rows.get(&key(row)).filter(|b| b.len() == row_bytes) {
-                    out[slot * row_bytes..(slot + 1) * row_bytes].copy_from_slice(&bytes);
-                    served[slot] = true;
+        let row_bytes: Vec<usize> = items.iter().map(GatherItem::check).collect::<Result<_, _>>()?;
+        let objects: Vec<Arc<str>> =
+            items.iter().map(|item| Arc::from(format!("{}/{}", item.info.meta.bucket, item.info.meta.key))).collect();
+        let mut plans = Vec::with_capacity(items.len());
+        for ((item, object), &row_bytes) in items.iter_mut().zip(&objects).zip(&row_bytes) {
+            let mut served = vec![false; if cache.is_some() { item.indices.len() } else { 0 }];
+            if let Some(cache) = cache {
+                for (slot, &row) in item.indices.iter().enumerate() {
+                    let key = item.row_key(object, row);
+                    if let Some(bytes) = cache.rows.get(&key).filter(|b| b.len() == row_bytes) {
+                        item.out[slot * row_bytes..(slot + 1) * row_bytes].copy_from_slice(&bytes);
+                        served[slot] = true;
+                    }
                 }
+                let hits = served.iter().filter(|s| **s).count() as u64;
+                cache.hits.fetch_add(hits, Ordering::Relaxed);
+                cache.misses.fetch_add(item.indices.len() as u64 - hits, Ordering::Relaxed);
             }
-            let hits = served.iter().filter(|s| **s).count() as u64;
-            cache.hits.fetch_add(hits, Ordering::Relaxed);
-            cache.misses.fetch_add(indices.len() as u64 - hits, Ordering::Relaxed);
+            plans.push(plan(&item.table, item.indices, &served));
         }
-        let Plan { runs, copies } = plan(table, indices, &served)?;
-        // Carve `out` into the runs' slots (in slot order, so each split is past the last).
-        let mut reads: Vec<(&ObjectInfo, u64, &mut [u8])> = Vec::with_capacity(runs.len());
-        let mut rest: &mut [u8] = out;
-        let mut at = 0usize;
-        for run in &runs {
-            let tail = std::mem::take(&mut rest);
-            let (_, from_run) = tail.split_at_mut((run.slot - at) * row_bytes);
-            let (slots, after) = from_run.split_at_mut(run.rows * row_bytes);
-            rest = after;
-            at = run.slot + run.rows;
-            reads.push((info, table.data_offset + run.row * table.row_bytes, slots));
+        // Carve each output into its runs' slots (in slot order, so each split is past the
+        // last), all items' runs into one batched read.
+        let mut reads: Vec<(&ObjectInfo, u64, &mut [u8])> =
+            Vec::with_capacity(plans.iter().map(|p| p.runs.len()).sum());
+        let mut owners: Vec<usize> = Vec::with_capacity(reads.capacity());
+        for (idx, ((item, plan), &row_bytes)) in items.iter_mut().zip(&plans).zip(&row_bytes).enumerate() {
+            let mut rest: &mut [u8] = &mut *item.out;
+            let mut at = 0usize;
+            for run in &plan.runs {
+                let tail = std::mem::take(&mut rest);
+                let (_, from_run) = tail.split_at_mut((run.slot - at) * row_bytes);
+                let (slots, after) = from_run.split_at_mut(run.rows * row_bytes);
+                rest = after;
+                at = run.slot + run.rows;
+                reads.push((item.info, item.table.data_offset + run.row * item.table.row_bytes, slots));
+                owners.push(idx);
+            }
         }
         let wanted: Vec<usize> = reads.iter().map(|(_, _, buf)| buf.len()).collect();
-        for (result, wanted) in self.read_many(reads).await.into_iter().zip(wanted) {
+        for ((result, wanted), idx) in self.read_many(reads).await.into_iter().zip(wanted).zip(owners) {
             let read = result?;
             if read != wanted {
+                let meta = &items[idx].info.meta;
                 return Err(Error::BadGather(format!(
                     "{}/{} ended early: {read} of {wanted} bytes",
-                    info.meta.bucket, info.meta.key
+                    meta.bucket, meta.key
                 )));
             }
         }
-        for (slot, earlier) in copies {
-            out.copy_within(earlier * row_bytes..(earlier + 1) * row_bytes, slot * row_bytes);
-        }
-        if let Some(cache) = cache {
-            for run in &runs {
-                for i in 0..run.rows {
-                    let slot = run.slot + i;
-                    let bytes: Arc<[u8]> = Arc::from(&out[slot * row_bytes..(slot + 1) * row_bytes]);
-                    cache.rows.insert(key(run.row + i as u64), bytes);
+        for (((item, plan), object), &row_bytes) in items.iter_mut().zip(plans).zip(&objects).zip(&row_bytes) {
+            for (slot, earlier) in plan.copies {
+                item.out.copy_within(earlier * row_bytes..(earlier + 1) * row_bytes, slot * row_bytes);
+            }
+            if let Some(cache) = cache {
+                for run in &plan.runs {
+                    for i in 0..run.rows {
+                        let slot = run.slot + i;
+                        let bytes: Arc<[u8]> = Arc::from(&item.out[slot * row_bytes..(slot + 1) * row_bytes]);
+                        cache.rows.insert(item.row_key(object, run.row + i as u64), bytes);
+                    }
                 }
             }
         }
@@ -278,7 +327,7 @@ mod tests {
 
     #[test]
     fn consecutive_rows_in_consecutive_slots_are_one_run() {
-        let Plan { runs, copies } = plan(&table(100, 16), &[5, 6, 7, 9, 10, 3], &[]).unwrap();
+        let Plan { runs, copies } = plan(&table(100, 16), &[5, 6, 7, 9, 10, 3], &[]);
         assert_eq!(
             runs,
             vec![Run { slot: 0, row: 5, rows: 3 }, Run { slot: 3, row: 9, rows: 2 }, Run { slot: 5, row: 3, rows: 1 }]
@@ -288,7 +337,7 @@ mod tests {
 
     #[test]
     fn repeated_rows_are_read_once_and_copied() {
-        let Plan { runs, copies } = plan(&table(100, 16), &[4, 4, 5, 4], &[]).unwrap();
+        let Plan { runs, copies } = plan(&table(100, 16), &[4, 4, 5, 4], &[]);
         // Slot 1 repeats slot 0; slot 2's row 5 follows row 4 but not its slot: its own run.
         assert_eq!(runs, vec![Run { slot: 0, row: 4, rows: 1 }, Run { slot: 2, row: 5, rows: 1 }]);
         assert_eq!(copies, vec![(1, 0), (3, 0)]);
@@ -297,7 +346,7 @@ mod tests {
     #[test]
     fn served_slots_are_holes_in_the_runs() {
         let served = [false, true, false, false];
-        let Plan { runs, copies } = plan(&table(100, 16), &[1, 2, 3, 3], &served).unwrap();
+        let Plan { runs, copies } = plan(&table(100, 16), &[1, 2, 3, 3], &served);
         assert_eq!(runs, vec![Run { slot: 0, row: 1, rows: 1 }, Run { slot: 2, row: 3, rows: 1 }]);
         assert_eq!(copies, vec![(3, 2)]);
     }
@@ -305,13 +354,13 @@ mod tests {
     #[test]
     fn runs_stop_at_their_byte_bound() {
         let row_bytes = GATHER_RUN_BYTES_MAX / 2;
-        let runs = plan(&table(10, row_bytes), &[0, 1, 2, 3, 4], &[]).unwrap().runs;
+        let runs = plan(&table(10, row_bytes), &[0, 1, 2, 3, 4], &[]).runs;
         assert_eq!(runs.iter().map(|r| r.rows).collect::<Vec<_>>(), vec![2, 2, 1]);
     }
 
     #[test]
     fn bad_input_is_refused_with_the_reason() {
-        let error = plan(&table(10, 16), &[1, 10], &[]).unwrap_err().to_string();
+        let error = check_indices(&table(10, 16), &[1, 10]).unwrap_err().to_string();
         assert!(error.contains("index 10 (position 1) is out of range"), "{error}");
         assert!(table(10, 0).check(1000).unwrap_err().to_string().contains("at least one byte"));
         assert!(table(10, 100).check(1000).unwrap_err().to_string().contains("do not fit"));

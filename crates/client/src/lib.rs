@@ -49,7 +49,7 @@ use conn::{Conn, MapIdentity, Pool};
 
 pub use admin::{NodeMap, NodeSpace};
 pub use coalesce::MetadataCounts;
-pub use gather::{GATHER_ROWS_MAX, GATHER_RUN_BYTES_MAX, RowCache, RowCacheStats, RowTable};
+pub use gather::{GATHER_ROWS_MAX, GATHER_RUN_BYTES_MAX, GatherItem, RowCache, RowCacheStats, RowTable};
 pub use list::ListPage;
 pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
 pub use pace::Pace;
