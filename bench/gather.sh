@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Feature gathers on a fresh local 6-node 4+2 cluster (1 MiB chunks) against numpy.memmap of
-# the same table, warm (bench/gather_bench.py). A first measurement for issue 12; the full
-# benchmark (cold runs, MinIO, fio, a cache) is still to come.
-# Usage: bench/gather.sh   (env: TABLE_GIB=1 BATCHES=20 BASE_PORT=27401)
-# Needs the Python package in .venv (python/run-tests.sh builds it).
+# the same table (bench/gather_bench.py): warm, then with COLD=1 (root) cold, every batch after
+# dropping the page cache, for Tessera with and without the nodes' read-ahead hints and for
+# numpy.memmap, with fio's 4 KiB random reads at queue depth 1 and 32 as the disk's limits.
+# Usage: bench/gather.sh   (env: TABLE_GIB=1 BATCHES=20 COLD=1 BASE_PORT=27401, and
+# BENCH_ARGS for bench/gather_bench.py: "--uniform" for neighbours without hot rows, "--seeds N")
+# Needs the Python package in .venv (python/run-tests.sh builds it); COLD=1 needs fio.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,5 +14,23 @@ bench_name=gather
 # shellcheck source=bench/local-cluster.sh
 . "$root/bench/local-cluster.sh"
 for i in 1 2 3 4 5 6; do start_node "$i"; done
-"$root/.venv/bin/python" "$root/bench/gather_bench.py" --config "$TESSERA_CONFIG" \
-    --table-gib "${TABLE_GIB:-1}" --batches "${BATCHES:-20}" --dir "$work/local"
+run() {
+    "$root/.venv/bin/python" "$root/bench/gather_bench.py" --config "$TESSERA_CONFIG" \
+        --table-gib "${TABLE_GIB:-1}" --batches "${BATCHES:-20}" --dir "$work/local" ${BENCH_ARGS:-} "$@"
+}
+run
+if [ -n "${COLD:-}" ]; then
+    [ "$(id -u)" -eq 0 ] || { echo "error: COLD=1 drops the page cache and needs root" >&2; exit 1; }
+    command -v fio >/dev/null || { echo "error: COLD=1 needs fio (apt-get install fio)" >&2; exit 1; }
+    run --cold
+    for i in 1 2 3 4 5 6; do kill_node "$i"; done
+    for i in 1 2 3 4 5 6; do start_node "$i" --no-read-hints; done
+    run --cold --only tessera --label "no read hints"
+    for qd in 1 32; do
+        iops=$(fio --name="qd$qd" --filename="$work/fio.dat" --size=2G --rw=randread --bs=4k --direct=1 \
+            --ioengine=libaio --iodepth="$qd" --runtime=10 --time_based --output-format=json \
+            | "$root/.venv/bin/python" -c 'import json,sys; print(round(json.load(sys.stdin)["jobs"][0]["read"]["iops"]))')
+        echo "{\"system\": \"fio randread 4 KiB direct\", \"iodepth\": $qd, \"iops\": $iops}"
+    done
+    rm -f "$work/fio.dat"
+fi

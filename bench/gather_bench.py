@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Feature gathers as GNN training does them: rows/s of Tessera's `gather` against
-`numpy.memmap` of the same table in a local file, read with the same indices (warm: the file
-is in the page cache, as is the cluster's data; the cold runs, MinIO and fio of issue 12's
-full benchmark are not here yet).
+`numpy.memmap` of the same table in a local file, read with the same indices.
+
+Warm (default): the file is in the page cache, as is the cluster's data. Cold (`--cold`, needs
+root): the page cache is dropped before every mini-batch, for both systems, so every row comes
+from the disk: what a table far larger than memory costs.
 
 Mini-batches of --seeds seed rows plus their sampled 2-hop neighbours (fanout 10, 5), drawn
 from a power-law (Zipf) distribution over the rows, as neighbour sampling of a power-law graph
 hits hub nodes. Prints one JSON line per system and the ratio.
 
-    bench/gather_bench.py --config tessera-data/cluster.toml --table-gib 1 --dir /tmp/gather
+    bench/gather_bench.py --config tessera-data/cluster.toml --table-gib 1 --dir /tmp/gather [--cold]
 """
 
 from __future__ import annotations
@@ -23,20 +25,33 @@ import numpy as np
 import tessera
 
 
-def batches(rows: int, seeds: int, count: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Index arrays of `count` mini-batches: seeds, then 10 and 5 neighbours per node per hop."""
+def batches(rows: int, seeds: int, count: int, rng: np.random.Generator, uniform: bool = False) -> list[np.ndarray]:
+    """Index arrays of `count` mini-batches: seeds, then 10 and 5 neighbours per node per hop
+    (Zipf-distributed, or with `uniform` uniformly: every row a random read)."""
     out = []
     for _ in range(count):
         hop0 = rng.integers(0, rows, seeds)
-        hop1 = (rng.zipf(1.5, seeds * 10) - 1) % rows
-        hop2 = (rng.zipf(1.5, seeds * 50) - 1) % rows
+        if uniform:
+            hop1, hop2 = rng.integers(0, rows, seeds * 10), rng.integers(0, rows, seeds * 50)
+        else:
+            hop1 = (rng.zipf(1.5, seeds * 10) - 1) % rows
+            hop2 = (rng.zipf(1.5, seeds * 50) - 1) % rows
         out.append(np.concatenate([hop0, hop1, hop2]).astype(np.int64))
     return out
 
 
-def timed(name: str, fn, work: list[np.ndarray], row_bytes: int) -> dict:
+def drop_page_cache() -> None:
+    """Writes back and drops the page cache (root only): the next reads come from the disk."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def timed(name: str, fn, work: list[np.ndarray], row_bytes: int, cold: bool = False) -> dict:
     times = []
     for indices in work:
+        if cold:
+            drop_page_cache()
         start = time.perf_counter()
         fn(indices)
         times.append(time.perf_counter() - start)
@@ -48,6 +63,8 @@ def timed(name: str, fn, work: list[np.ndarray], row_bytes: int) -> dict:
         "rows_per_s": rows / total,
         "gb_per_s": rows * row_bytes / total / 1e9,
         "p99_batch_ms": float(np.percentile(times, 99) * 1000),
+        "cache": "cold" if cold else "warm",
+        "distinct_rows": int(sum(len(np.unique(i)) for i in work)),
     }
     print(json.dumps(result))
     return result
@@ -62,6 +79,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1024)
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--dir", required=True, help="where the local copy for numpy.memmap goes")
+    parser.add_argument("--cold", action="store_true", help="drop the page cache before every batch (root)")
+    parser.add_argument("--only", choices=["tessera", "memmap"], help="measure one system")
+    parser.add_argument("--label", default="", help="appended to Tessera's system name")
+    parser.add_argument("--uniform", action="store_true", help="uniform neighbours instead of Zipf (no hot rows)")
+    parser.add_argument("--plain-upload", action="store_true",
+                        help="upload the .npy file as bytes (64 KiB checksum blocks) instead of with put_tensor")
     args = parser.parse_args()
 
     columns = args.row_bytes // 4
@@ -80,19 +103,31 @@ def main() -> None:
         table.flush()
         del table
     if not client.exists(args.bucket, "features.npy"):
-        with open(path, "rb") as f:
-            client.put(args.bucket, "features.npy", f)
+        if args.plain_upload:
+            with open(path, "rb") as f:  # as any S3 client would: 64 KiB checksum blocks
+                client.put(args.bucket, "features.npy", f)
+        else:  # rows 4 KiB-aligned in the file, small checksum blocks
+            client.put_tensor(args.bucket, "features.npy", np.load(path, mmap_mode="r"))
+    blocks = client.stat(args.bucket, "features.npy").block_bytes
     local = np.load(path, mmap_mode="r")
-    work = batches(rows, args.seeds, args.batches, rng)
-    # Warm both: one pass each over the same indices, then the measured passes.
-    client.gather(args.bucket, "features.npy", work[0])
-    local[work[0]]
-    ours = timed("tessera gather", lambda i: client.gather(args.bucket, "features.npy", i), work, args.row_bytes)
-    theirs = timed("numpy.memmap", lambda i: local[i], work, args.row_bytes)
+    work = batches(rows, args.seeds, args.batches, rng, args.uniform)
+    name = f"tessera gather, {blocks // 1024} KiB blocks" + (f" ({args.label})" if args.label else "")
+    gather = lambda i: client.gather(args.bucket, "features.npy", i)  # noqa: E731
+    results = {}
+    if args.only in (None, "tessera"):
+        if not args.cold:
+            gather(work[0])  # warm: one pass over the same indices first
+        results["tessera"] = timed(name, gather, work, args.row_bytes, args.cold)
+    if args.only in (None, "memmap"):
+        if not args.cold:
+            local[work[0]]
+        results["memmap"] = timed("numpy.memmap", lambda i: local[i], work, args.row_bytes, args.cold)
     check = work[-1][:100]
     assert np.array_equal(client.gather(args.bucket, "features.npy", check), local[check])
-    print(json.dumps({"ratio_tessera_over_memmap": ours["rows_per_s"] / theirs["rows_per_s"],
-                      "table_gib": args.table_gib, "row_bytes": args.row_bytes}))
+    if len(results) == 2:
+        print(json.dumps({"ratio_tessera_over_memmap": results["tessera"]["rows_per_s"] / results["memmap"]["rows_per_s"],
+                          "cache": "cold" if args.cold else "warm", "table_gib": args.table_gib,
+                          "row_bytes": args.row_bytes}))
 
 
 if __name__ == "__main__":

@@ -110,6 +110,13 @@ impl ObjectInfo {
     fn chunk_bytes(&self) -> u32 {
         self.inner.meta.chunk_bytes
     }
+
+    /// Bytes per checksum block: a ranged read fetches and verifies whole blocks.
+    #[getter]
+    fn block_bytes(&self) -> u32 {
+        self.inner.meta.block_bytes
+    }
+
     /// "aligned" (each Parquet row group inside one chunk) or "plain".
     #[getter]
     fn layout(&self) -> &'static str {
@@ -427,16 +434,19 @@ impl RawClient {
     }
 
     /// A streaming PUT of `bucket/key`: `write` pieces, then `close` (or `abort`). Name errors
-    /// come from the PUT, at the first `write` that fills a piece or at `close`.
-    #[pyo3(signature = (bucket, key, content_type, user_meta))]
+    /// come from the PUT, at the first `write` that fills a piece or at `close`. `block_bytes`:
+    /// the object's checksum block size (`client::PutOptions::block_bytes`).
+    #[pyo3(signature = (bucket, key, content_type, user_meta, block_bytes=None))]
     fn writer(
         &self,
         bucket: String,
         key: String,
         content_type: Option<String>,
         user_meta: Vec<(String, String)>,
+        block_bytes: Option<u32>,
     ) -> PyResult<writer::Writer> {
-        Ok(writer::Writer::start(self.client()?, bucket, key, put_options(content_type, user_meta)))
+        let options = client::PutOptions { block_bytes, ..put_options(content_type, user_meta) };
+        Ok(writer::Writer::start(self.client()?, bucket, key, options))
     }
 
     fn delete(&self, py: Python<'_>, bucket: String, key: String) -> PyResult<()> {

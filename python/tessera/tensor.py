@@ -152,8 +152,28 @@ def output_of(out: Any, count: int, table: Table) -> tuple[Any, Any]:
     return out, out.reshape(-1).view(np.uint8)
 
 
-def npy_header(array: Any) -> bytes:
-    """The ``.npy`` header NumPy writes for ``array`` (format 1.0, or 2.0 when it must)."""
+#: Where ``put_tensor`` starts a table's rows in its file (the header padded with spaces, as
+#: the format allows): 4 KiB rows then each lie in one 4 KiB checksum block.
+DATA_ALIGN = 4096
+#: Data checksum blocks ``put_tensor`` aims for at most: 4 bytes each in the object's metadata,
+#: which every read of the object's metadata carries (1 MiB of checksums for the data, more
+#: for parity).
+TABLE_BLOCKS_MAX = 1 << 18
+_BLOCK_BYTES_MIN, _BLOCK_BYTES_MAX = 4 << 10, 64 << 10
+
+
+def block_bytes_for(data_bytes: int) -> int:
+    """The checksum block size for a table of ``data_bytes``: the smallest power of two from
+    4 KiB to 64 KiB that keeps it within ``TABLE_BLOCKS_MAX`` blocks (4 KiB up to 1 GiB)."""
+    block = _BLOCK_BYTES_MIN
+    while block < _BLOCK_BYTES_MAX and data_bytes > block * TABLE_BLOCKS_MAX:
+        block *= 2
+    return block
+
+
+def npy_header(array: Any, align: int = 64) -> bytes:
+    """The ``.npy`` header NumPy writes for ``array`` (format 1.0, or 2.0 when it must), padded
+    with spaces so the data starts at a multiple of ``align`` bytes (NumPy's own is 64)."""
     np = _numpy()
     stream = io.BytesIO()
     header = np.lib.format.header_data_from_array_1_0(array)
@@ -162,4 +182,12 @@ def npy_header(array: Any) -> bytes:
     except ValueError:
         stream = io.BytesIO()
         np.lib.format.write_array_header_2_0(stream, header)
-    return stream.getvalue()
+    written = stream.getvalue()
+    length_bytes = 2 if written[6] == 1 else 4
+    prefix = 8 + length_bytes
+    pad = -len(written) % align
+    if pad == 0 or (length_bytes == 2 and len(written) - prefix + pad > 0xFFFF):
+        return written
+    # The header text ends with a newline; spaces before it are part of the format.
+    text = written[prefix:-1] + b" " * pad + b"\n"
+    return written[:8] + len(text).to_bytes(length_bytes, "little") + text

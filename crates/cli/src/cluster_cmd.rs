@@ -133,6 +133,10 @@ pub(crate) struct NodeArgs {
     /// the next heartbeat at the latest.
     #[arg(long, default_value = "5s", value_parser = heartbeat_interval)]
     query_heartbeat: Duration,
+    /// Serve batched reads without telling the kernel about their ranges first (read-ahead
+    /// hints let the disk work on many small ranges at once): for measuring what they gain.
+    #[arg(long)]
+    no_read_hints: bool,
 }
 
 fn heartbeat_interval(text: &str) -> Result<Duration, String> {
@@ -288,6 +292,7 @@ pub(crate) fn node(args: &NodeArgs) -> anyhow::Result<()> {
         deep_scrub_interval: args.deep_scrub_interval,
         query_memory_bytes: usize::try_from(args.query_memory).unwrap_or(usize::MAX),
         query_heartbeat: args.query_heartbeat,
+        read_hints: !args.no_read_hints,
     };
     let server = node::Server::bind(config).with_context(|| format!("start node {}", args.id))?;
     server.serve().context("serve")?;

@@ -114,7 +114,15 @@ pub struct PutOptions {
     pub condition: CommitCondition,
     /// Store the object in the aligned layout: these byte ranges each inside one data chunk.
     pub align: Option<Alignment>,
+    /// Checksum block size (a power of two from [`CHECKSUM_BLOCK_BYTES_MIN`] to 64 KiB; capped at
+    /// the chunk size): a ranged read fetches and verifies whole blocks, so an object read in
+    /// small pieces (a feature table's 4 KiB rows) wants small blocks, at 4 bytes of metadata
+    /// per block. `None`: 64 KiB.
+    pub block_bytes: Option<u32>,
 }
+
+/// The smallest checksum block a PUT may ask for ([`PutOptions::block_bytes`]).
+pub const CHECKSUM_BLOCK_BYTES_MIN: u32 = 4 << 10;
 
 /// Byte ranges of an object to store each inside one data chunk, on one drive: a Parquet
 /// file's row groups, so that the node holding a row group evaluates it from its own drive.
@@ -224,6 +232,9 @@ pub enum Error {
     /// A gather's input is wrong (an index out of range, an output of the wrong size).
     #[error("gather: {0}")]
     BadGather(String),
+    /// `PutOptions::block_bytes` is not a power of two in range.
+    #[error("checksum block size {0}: a power of two from 4 KiB to 64 KiB")]
+    BadBlockSize(u32),
 }
 
 /// A node that could not serve a request, and why (the error, which names the node).

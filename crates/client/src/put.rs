@@ -33,6 +33,21 @@ pub(crate) fn block_bytes(chunk_bytes: u32) -> u32 {
     CHECKSUM_BLOCK_BYTES.min(chunk_bytes)
 }
 
+/// The checksum block size a PUT asked for (`PutOptions::block_bytes`), checked, for chunks of
+/// `chunk_bytes`.
+fn chosen_block_bytes(asked: Option<u32>, chunk_bytes: usize) -> Result<usize, Error> {
+    let chunk_bytes = u32::try_from(chunk_bytes).unwrap_or(u32::MAX);
+    match asked {
+        None => Ok(block_bytes(chunk_bytes) as usize),
+        Some(asked)
+            if asked.is_power_of_two() && (crate::CHECKSUM_BLOCK_BYTES_MIN..=CHECKSUM_BLOCK_BYTES).contains(&asked) =>
+        {
+            Ok(asked.min(chunk_bytes) as usize)
+        }
+        Some(asked) => Err(Error::BadBlockSize(asked)),
+    }
+}
+
 /// Sends one chunk on `conn` and waits for the node's answer; a failed connection is dropped.
 async fn send_chunk(
     conn: &mut Option<Conn>,
@@ -118,6 +133,8 @@ struct StripeBuffer {
     /// Block checksums of every chunk, chunk by chunk.
     crcs: Vec<u32>,
     blocks_per_chunk: usize,
+    /// The object's checksum block size.
+    block_bytes: usize,
 }
 
 /// The PUT in progress: one connection per set position, `None` once that drive failed.
@@ -163,6 +180,7 @@ pub(crate) async fn put_in(
         let codec = client.codec(map.erasure.k, map.erasure.m)?;
         let (chunk_bytes, mut padding) = Padding::plan(options.align.as_ref(), map.erasure.k, map.chunk_bytes);
         let mut current = StripeBuffer::take(client, map.erasure.n(), chunk_bytes);
+        current.block_bytes = chosen_block_bytes(options.block_bytes, chunk_bytes)?;
         let (target, filled) = tokio::join!(
             client.write_target(bucket, key, only),
             fill_stripe(&codec, source, &mut current, &mut md5, &mut padding)
@@ -174,6 +192,7 @@ pub(crate) async fn put_in(
         let codec = client.codec(erasure.k, erasure.m)?;
         let (chunk_bytes, mut padding) = Padding::plan(options.align.as_ref(), erasure.k, map.chunk_bytes);
         let mut current = StripeBuffer::take(client, erasure.n(), chunk_bytes);
+        current.block_bytes = chosen_block_bytes(options.block_bytes, chunk_bytes)?;
         let filled = fill_stripe(&codec, source, &mut current, &mut md5, &mut padding).await;
         (Ok(target), current, filled, padding)
     };
@@ -252,7 +271,7 @@ async fn upload(
     let (k, n) = (erasure.k, erasure.n());
     assert_eq!((current.k, current.n), (k, n), "the first stripe is cut for the target's k+m");
     let codec = client.codec(erasure.k, erasure.m)?;
-    let chunk_bytes = current.chunk_bytes;
+    let (chunk_bytes, block_bytes) = (current.chunk_bytes, current.block_bytes);
     let (bucket, key, version, placement) = (target.bucket, target.key, target.version, target.placement);
     let mut crcs = Vec::new();
     let mut size = 0u64;
@@ -276,7 +295,7 @@ async fn upload(
                 size += current.data_len as u64;
                 break;
             }
-            let following = next.get_or_insert_with(|| StripeBuffer::take(client, n, chunk_bytes));
+            let following = next.get_or_insert_with(|| StripeBuffer::take_like(client, n, &current));
             // Send this stripe while the next one is read and encoded: two stripes in flight.
             let (sent, filled) = tokio::join!(
                 fanout.send_stripe(&current, stripe_idx, offset, &placement),
@@ -328,7 +347,7 @@ async fn upload(
         k: k as u8,
         m: erasure.m as u8,
         chunk_bytes: chunk_bytes as u32,
-        block_bytes: block_bytes(chunk_bytes as u32),
+        block_bytes: block_bytes as u32,
         set_idx: placement.set_idx as u32,
         rotation: placement.rotation as u8,
         crcs,
@@ -441,6 +460,8 @@ async fn rewrite(
         let mut reader = reader;
         let codec = client.codec(erasure.k, erasure.m)?;
         let mut current = StripeBuffer::take(client, erasure.n(), chunk_bytes as usize);
+        // A copy keeps the source's checksum blocks (a feature table's small ones above all).
+        current.block_bytes = (meta.block_bytes as usize).min(chunk_bytes as usize);
         let mut md5 = Md5::new();
         if let Err(e) = fill_stripe(&codec, &mut reader, &mut current, &mut md5, &mut padding).await {
             current.give_back(client);
@@ -770,7 +791,25 @@ impl StripeBuffer {
             None
         };
         let bytes = pooled.filter(|b| b.len() == bytes).unwrap_or_else(|| vec![0u8; bytes]);
-        Self { bytes, chunk_bytes, k: 0, n: 0, data_len: 0, chunk_len: 0, crcs: Vec::new(), blocks_per_chunk: 0 }
+        Self {
+            bytes,
+            chunk_bytes,
+            k: 0,
+            n: 0,
+            data_len: 0,
+            chunk_len: 0,
+            crcs: Vec::new(),
+            blocks_per_chunk: 0,
+            block_bytes: block_bytes(chunk_bytes as u32) as usize,
+        }
+    }
+
+    /// [`StripeBuffer::take`] of `n` chunks with the chunk and checksum block sizes of `like`
+    /// (the next stripe of its object).
+    fn take_like(client: &Client, n: usize, like: &StripeBuffer) -> Self {
+        let mut stripe = Self::take(client, n, like.chunk_bytes);
+        stripe.block_bytes = like.block_bytes;
+        stripe
     }
 
     fn give_back(self, client: &Client) {
@@ -854,7 +893,7 @@ async fn fill_stripe(
     let data: Vec<&[u8]> = data.chunks(chunk_len).collect();
     let mut parity: Vec<&mut [u8]> = parity.chunks_mut(chunk_len).collect();
     codec.encode(&data, &mut parity)?;
-    let block = block_bytes(chunk_bytes as u32) as usize;
+    let block = stripe.block_bytes;
     stripe.blocks_per_chunk = chunk_len.div_ceil(block);
     for chunk_idx in 0..n {
         let chunk = &stripe.bytes[chunk_idx * chunk_len..(chunk_idx + 1) * chunk_len];
@@ -994,7 +1033,7 @@ impl<'a> Fanout<'a> {
     ) -> Result<(), Error> {
         let timeout = self.client.inner.options.request_timeout;
         let (bucket, version) = (self.bucket, self.version);
-        let target = ChunkTarget { bucket, version, offset, block_bytes: block_bytes(stripe.chunk_bytes as u32) };
+        let target = ChunkTarget { bucket, version, offset, block_bytes: stripe.block_bytes as u32 };
         let target = &target;
         let sends = self.conns.iter_mut().zip(&self.drives).enumerate().map(|(position, (conn, drive))| {
             let chunk_idx = placement.chunk_at(stripe_idx, position);

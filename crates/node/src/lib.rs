@@ -153,6 +153,10 @@ pub struct NodeConfig {
     /// How often a near-data query with nothing to send says it is alive
     /// ([`QUERY_HEARTBEAT_DEFAULT`]); at most a quarter of `client::QUERY_SILENCE_MAX`.
     pub query_heartbeat: Duration,
+    /// Tell the kernel about every range of a batched read before sending the first
+    /// (`POSIX_FADV_WILLNEED`), so their disk reads run at the device's queue depth instead of
+    /// one page fault at a time. On unless `tessera node --no-read-hints`.
+    pub read_hints: bool,
 }
 
 /// How often a query scanning without results sends a heartbeat unless `tessera node
@@ -203,6 +207,8 @@ struct State {
     pending: Mutex<VecDeque<(u64, TcpStream)>>,
     /// Near-data queries: their runtime and turns.
     queries: query::Queries,
+    /// `NodeConfig::read_hints`.
+    read_hints: bool,
 }
 
 /// Setting names on the node's first drive.
@@ -403,6 +409,7 @@ impl Server {
             connections: AtomicUsize::new(0),
             pending: Mutex::new(VecDeque::new()),
             queries: query::Queries::new(config.query_memory_bytes, config.query_heartbeat),
+            read_hints: config.read_hints,
         };
         Ok(Self { listener, state: Arc::new(state) })
     }

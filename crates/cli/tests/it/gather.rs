@@ -181,3 +181,63 @@ fn a_row_cache_stays_within_its_capacity() {
     assert!(stats.bytes <= stats.capacity_bytes, "{stats:?}");
     assert!(stats.rows > 0 && stats.rows < ROWS, "{stats:?}");
 }
+
+#[test]
+fn small_checksum_blocks_and_several_tables_in_one_gather() {
+    let cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let (plain, small) =
+        (payload((HEADER + ROWS * ROW_BYTES) as usize, 11), payload((HEADER + ROWS * ROW_BYTES) as usize, 12));
+    let table = RowTable { data_offset: HEADER, row_bytes: ROW_BYTES, rows: ROWS };
+    let (plain_info, small_info) = block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        let options = client::PutOptions { block_bytes: Some(4096), ..Default::default() };
+        client.put_bytes("bkt", "plain", &plain, &Default::default()).await.unwrap();
+        client.put_bytes("bkt", "small", &small, &options).await.unwrap();
+        for bad in [3000, 2048, 128 << 10] {
+            let options = client::PutOptions { block_bytes: Some(bad), ..Default::default() };
+            let error = client.put_bytes("bkt", "bad", &small, &options).await.unwrap_err();
+            assert!(matches!(error, client::Error::BadBlockSize(b) if b == bad), "{error}");
+        }
+        assert!(matches!(client.head("bkt", "bad").await, Err(client::Error::NotFound { .. })), "nothing written");
+        (client.head("bkt", "plain").await.unwrap(), client.head("bkt", "small").await.unwrap())
+    });
+    assert_eq!((plain_info.meta.block_bytes, small_info.meta.block_bytes), (64 << 10, 4096));
+    // Every stored byte of n1 flipped: 4 KiB blocks catch it as 64 KiB ones do.
+    let indices = indices();
+    let on_n1 = indices
+        .iter()
+        .filter(|&&row| small_info.drives[small_info.position_of(HEADER + row * ROW_BYTES).unwrap()].0 == "n1")
+        .count();
+    assert!(on_n1 > 100, "the gather must read rows held by n1 ({on_n1})");
+    for file in cluster.data_files(0) {
+        let bytes = std::fs::read(&file).unwrap();
+        std::fs::write(&file, bytes.iter().map(|b| b ^ 0xa5).collect::<Vec<u8>>()).unwrap();
+    }
+    let reversed: Vec<u64> = indices.iter().rev().copied().collect();
+    let mut outs = [
+        vec![0u8; indices.len() * ROW_BYTES as usize],
+        vec![0u8; indices.len() * ROW_BYTES as usize],
+        vec![0u8; reversed.len() * ROW_BYTES as usize],
+    ];
+    let [a, b, c] = &mut outs;
+    let mut items = [
+        client::GatherItem { info: &plain_info, table, indices: &indices, out: a },
+        client::GatherItem { info: &small_info, table, indices: &indices, out: b },
+        client::GatherItem { info: &small_info, table, indices: &reversed, out: c },
+    ];
+    block_on(client.gather_many(&mut items, None)).expect("gather_many");
+    assert!(outs[0] == expected(&plain, &indices), "plain table differs");
+    assert!(outs[1] == expected(&small, &indices), "small-block table differs");
+    assert!(outs[2] == expected(&small, &reversed), "second list of the same table differs");
+    // One bad item fails the call before anything is read.
+    let mut out = vec![7u8; 2 * ROW_BYTES as usize];
+    let mut other = vec![7u8; ROW_BYTES as usize];
+    let mut items = [
+        client::GatherItem { info: &plain_info, table, indices: &[1, 2], out: &mut out },
+        client::GatherItem { info: &small_info, table, indices: &[ROWS], out: &mut other },
+    ];
+    let error = block_on(client.gather_many(&mut items, None)).unwrap_err().to_string();
+    assert!(error.contains("out of range"), "{error}");
+    assert!(out.iter().chain(&other).all(|&b| b == 7), "nothing was written");
+}
