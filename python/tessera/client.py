@@ -159,18 +159,24 @@ class Client:
         raise ValueError(f"unsupported mode {mode!r}: use 'rb' or 'wb'")
 
     def gather(self, bucket: str, key: str, indices: Any, out: Any = None, *, row_bytes: int | None = None,
-               dtype: Any = None) -> Any:
+               dtype: Any = None, device: Any = None) -> Any:
         """Rows ``indices`` of the 2-D table in ``bucket/key`` (a ``.npy`` file, or raw rows of
         ``row_bytes`` bytes of ``dtype``), row ``indices[i]`` into ``out[i]``: a NumPy array or
         a CPU torch tensor (pinned memory accepted) of shape ``(len(indices), columns)`` and the
         table's dtype, C-contiguous and writable, or a new NumPy array when ``out`` is None.
         Indices may repeat and come in any order. Returns ``out``.
 
+        GPUs (untested: no GPU where this was built): ``out`` may be a CUDA tensor, or
+        ``device="cuda"`` makes a new one; the rows then land in pinned host memory and go to
+        the GPU with an asynchronous copy on the current stream (``tensor.gather_to_cuda``).
+
         Every index is checked before a read is sent (``GatherError``, a ``ValueError``). The rows
         come in one batched request per node per round, straight into ``out``, checksummed and
         rebuilt from parity where a chunk is missing; the GIL is released meanwhile."""
         from . import tensor
 
+        if tensor.wants_cuda(out, device):
+            return tensor.gather_to_cuda(self, bucket, key, indices, out, device, row_bytes, dtype)
         info = self._raw.head(bucket, key)
         table = self._table(bucket, key, info, row_bytes, dtype)
         wanted = tensor.indices_of(indices, table.rows)

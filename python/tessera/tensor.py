@@ -191,3 +191,40 @@ def npy_header(array: Any, align: int = 64) -> bytes:
     # The header text ends with a newline; spaces before it are part of the format.
     text = written[prefix:-1] + b" " * pad + b"\n"
     return written[:8] + len(text).to_bytes(length_bytes, "little") + text
+
+
+def wants_cuda(out: Any, device: Any) -> bool:
+    """Whether a gather goes to GPU memory: ``out`` is a CUDA tensor, or ``device`` names one."""
+    if device is not None:
+        return str(device).startswith("cuda")
+    return type(out).__module__.startswith("torch") and out.device.type == "cuda"
+
+
+def gather_to_cuda(client: Any, bucket: str, key: str, indices: Any, out: Any, device: Any,
+                   row_bytes: int | None, dtype: Any) -> Any:
+    """A gather into GPU memory: the rows land in a pinned host tensor (the smart client writes
+    only host memory), then one asynchronous copy on the current CUDA stream moves them to
+    ``out`` (or a new tensor on ``device``). PyTorch's pinned-memory allocator keeps the staging
+    tensor until the copy has run. Not tested here (no GPU on the machines this was built on);
+    without CUDA it fails with a ``GatherError`` before any read."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise GatherError("a CUDA output needs a GPU, and torch sees none (torch.cuda.is_available() is False)")
+    if out is not None and device is not None and torch.device(device) != out.device:
+        raise GatherError(f"out is on {out.device}, not {device}")
+    info = client.stat(bucket, key)
+    table = client._table(bucket, key, info, row_bytes, dtype)
+    wanted = indices_of(indices, table.rows)
+    shape = table.shape_of(len(wanted))
+    torch_dtype = torch.from_numpy(_numpy().empty(0, table.dtype)).dtype
+    if out is None:
+        out = torch.empty(shape, dtype=torch_dtype, device=device)
+    elif tuple(out.shape) != shape or out.dtype != torch_dtype or not out.is_contiguous():
+        raise GatherError(f"out is {tuple(out.shape)} {out.dtype}; the rows need {shape} {torch_dtype}, contiguous")
+    staging = torch.empty(shape, dtype=torch_dtype, pin_memory=True)
+    if len(wanted):
+        client._raw.gather_into(info, table.data_offset, table.row_bytes, table.rows, wanted,
+                                staging.reshape(-1).view(torch.uint8).numpy())
+    out.copy_(staging, non_blocking=True)
+    return out

@@ -196,3 +196,22 @@ def test_gather_many_reads_several_tables_in_one_call(client, bucket, table):
         client.gather_many([(bucket, "many/x.npy", [0, 1], shared[:2]), (bucket, "many/x.npy", [2, 3], shared[:2])])
     with pytest.raises(TypeError, match="bucket, key, indices"):
         client.gather_many([(bucket, "many/x.npy")])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: the CUDA output path cannot run here")
+def test_gather_into_cuda_tensors(client, bucket, table):
+    client.put_tensor(bucket, "cuda.npy", table)
+    idx = _indices(1000, seed=9)
+    out = client.gather(bucket, "cuda.npy", idx, device="cuda")
+    assert out.device.type == "cuda" and torch.equal(out.cpu(), torch.from_numpy(table[idx]))
+    into = torch.zeros((1000, COLUMNS), device="cuda")
+    assert client.gather(bucket, "cuda.npy", idx, out=into) is into
+    torch.cuda.synchronize()
+    assert torch.equal(into.cpu(), torch.from_numpy(table[idx]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_a_cuda_output_without_a_gpu_is_a_clear_error(client, bucket, table):
+    client.put_tensor(bucket, "nogpu.npy", table[:10])
+    with pytest.raises(tessera.GatherError, match="needs a GPU"):
+        client.gather(bucket, "nogpu.npy", [1, 2], device="cuda")
