@@ -9,7 +9,7 @@ attribute's rows, straight into the output tensors, checksummed and rebuilt from
 node is down.
 
     store = tessera.pyg.FeatureStore(client, "graphs", "products/")
-    store["_", "x", None] = features          # put_tensor: a .npy object per attribute
+    store.put_tensor(features, group_name=None, attr_name="x", index=None)  # products/_/x.npy
     graph = torch_geometric.distributed.LocalGraphStore.from_data(edge_ids, edge_index, num_nodes)
     loader = NeighborLoader((store, graph), num_neighbors=[10, 5], batch_size=1024, ...)
 
@@ -86,7 +86,8 @@ class FeatureStore(_PygFeatureStore):
     # PyG's FeatureStore ----------------------------------------------------------------------
 
     def _put_tensor(self, tensor: Any, attr: TensorAttr) -> bool:
-        if attr.index is not None and attr.index != slice(None):
+        whole = attr.index is None or (isinstance(attr.index, slice) and attr.index == slice(None))
+        if not whole:
             raise ValueError(
                 f"{self.key_of(attr)}: Tessera objects are written whole; put the full tensor (index=None)")
         self._client.put_tensor(self._bucket, self.key_of(attr), tensor)
