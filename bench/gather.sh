@@ -2,7 +2,8 @@
 # Feature gathers on a fresh local 6-node 4+2 cluster (1 MiB chunks) against numpy.memmap of
 # the same table (bench/gather_bench.py): warm, then with COLD=1 (root) cold, every batch after
 # dropping the page cache, for Tessera with and without the nodes' read-ahead hints and for
-# numpy.memmap, with fio's 4 KiB random reads at queue depth 1 and 32 as the disk's limits.
+# numpy.memmap, with fio's 4 KiB random reads at queue depth 1 and 32 as the disk's limits; and
+# the row cache's hit ratio against LRU's on the same trace (bench/gather_cache.py).
 # Usage: bench/gather.sh   (env: TABLE_GIB=1 BATCHES=20 COLD=1 BASE_PORT=27401, and
 # BENCH_ARGS for bench/gather_bench.py: "--uniform" for neighbours without hot rows, "--seeds N")
 # Needs the Python package in .venv (python/run-tests.sh builds it); COLD=1 needs fio.
@@ -19,6 +20,9 @@ run() {
         --table-gib "${TABLE_GIB:-1}" --batches "${BATCHES:-20}" --dir "$work/local" ${BENCH_ARGS:-} "$@"
 }
 run
+# The row cache (S3-FIFO) against LRU on the same Zipf trace, a cache of 10% of a 256 MiB table.
+"$root/.venv/bin/python" "$root/bench/gather_cache.py" --config "$TESSERA_CONFIG" --table-mib 256 \
+    --batches "${BATCHES:-20}"
 if [ -n "${COLD:-}" ]; then
     [ "$(id -u)" -eq 0 ] || { echo "error: COLD=1 drops the page cache and needs root" >&2; exit 1; }
     command -v fio >/dev/null || { echo "error: COLD=1 needs fio (apt-get install fio)" >&2; exit 1; }
