@@ -5,7 +5,11 @@
 # numpy.memmap, with fio's 4 KiB random reads at queue depth 1 and 32 as the disk's limits; and
 # the row cache's hit ratio against LRU's on the same trace (bench/gather_cache.py).
 # Usage: bench/gather.sh   (env: TABLE_GIB=1 BATCHES=20 COLD=1 BASE_PORT=27401, and
-# BENCH_ARGS for bench/gather_bench.py: "--uniform" for neighbours without hot rows, "--seeds N")
+# BENCH_ARGS for bench/gather_bench.py: "--rmat" to sample an R-MAT graph with a node per row
+# (TABLE_GIB=8: 2 M nodes), "--minio" to add boto3 ranged GETs against MinIO, "--uniform" for
+# neighbours without hot rows, "--seeds N", "--plain-upload" for 64 KiB checksum blocks)
+# The full issue-12 run: COLD=1 TABLE_GIB=8 BATCHES=10 BENCH_ARGS="--rmat" bench/gather.sh
+# (20 GB of disk), and MinIO at 1 GiB: COLD=1 BENCH_ARGS="--rmat --minio" bench/gather.sh.
 # Needs the Python package in .venv (python/run-tests.sh builds it); COLD=1 needs fio.
 set -euo pipefail
 
@@ -17,7 +21,8 @@ bench_name=gather
 for i in 1 2 3 4 5 6; do start_node "$i"; done
 run() {
     "$root/.venv/bin/python" "$root/bench/gather_bench.py" --config "$TESSERA_CONFIG" \
-        --table-gib "${TABLE_GIB:-1}" --batches "${BATCHES:-20}" --dir "$work/local" ${BENCH_ARGS:-} "$@"
+        --table-gib "${TABLE_GIB:-1}" --batches "${BATCHES:-20}" --dir "$work/local" --cluster-data "$work/d" \
+        ${BENCH_ARGS:-} "$@"
 }
 run
 # The row cache (S3-FIFO) against LRU on the same Zipf trace, a cache of 10% of a 256 MiB table.
