@@ -1031,12 +1031,14 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
         finals, problems = final_reads(workload)
         anomalies = workload.corrupt + problems + check_history(workload.ops, finals) + decommission_problems
         anomalies += unavailable_reads(workload.ops, faults.impaired)
+        # The operator frees space before restarting anything: a node whose only drive is full
+        # to the last byte refuses to start (it cannot prove the drive writable).
+        cluster.grow_full_drive()
         if removed:
             for i in range(1, NODES + 1):
                 cluster.start(i)
             for i in range(1, NODES + 1):
                 cluster.wait_ready(i)
-        cluster.grow_full_drive()
         anomalies += wait_repaired(workload, frozenset(f"n{i}" for i in range(1, NODES + 1)) if removed else frozenset())
         anomalies += probe_redundancy(workload, finals, rng, first=NODES + 1 if removed else 1)
         counts: dict[str, int] = {}

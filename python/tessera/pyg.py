@@ -39,8 +39,8 @@ _SUFFIX = ".npy"
 
 def _name_part(value: Any, what: str) -> str:
     """A group or attribute name as one path component of a key."""
-    if isinstance(value, tuple):  # an edge type (src, rel, dst)
-        value = "__".join(value)
+    if isinstance(value, tuple):
+        raise ValueError(f"edge-type groups ({value!r}) are not stored here: PyG's loaders fetch node features")
     if not isinstance(value, str) or not value:
         raise ValueError(f"a {what} name must be a non-empty string, not {value!r}")
     if "/" in value or value.startswith(".") or value == DEFAULT_GROUP and what == "group":
@@ -102,17 +102,17 @@ class FeatureStore(_PygFeatureStore):
 
     def _multi_get_tensor(self, attrs: list) -> list:
         """Every attribute's rows in one ``gather_many``: one request per node per round."""
-        requests = []
-        for attr in attrs:
-            key = self.key_of(attr)
-            index = attr.index
-            if index is None or isinstance(index, (slice, int)):
-                # A slice, one row, or the whole tensor: those rows' indices.
-                everything = torch.arange(self._rows_of(key))
-                index = everything[index] if isinstance(index, slice) else (
-                    everything if index is None else everything[torch.tensor([index])])
-            requests.append((self._bucket, key, index))
         try:
+            requests = []
+            for attr in attrs:
+                key = self.key_of(attr)
+                index = attr.index
+                if index is None or isinstance(index, (slice, int)):
+                    # A slice, one row, or the whole tensor: those rows' indices.
+                    everything = torch.arange(self._rows_of(key))
+                    index = everything[index] if isinstance(index, slice) else (
+                        everything if index is None else everything[torch.tensor([index])])
+                requests.append((self._bucket, key, index))
             outs = self._client.gather_many(requests)
         except NotFound as e:
             raise KeyError(f"no tensor {e}") from None

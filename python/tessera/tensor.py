@@ -211,7 +211,10 @@ def gather_to_cuda(client: Any, bucket: str, key: str, indices: Any, out: Any, d
 
     if not torch.cuda.is_available():
         raise GatherError("a CUDA output needs a GPU, and torch sees none (torch.cuda.is_available() is False)")
-    if out is not None and device is not None and torch.device(device) != out.device:
+    wanted_device = torch.device(device) if device is not None else None
+    if out is not None and wanted_device is not None and (
+            wanted_device.type != out.device.type
+            or (wanted_device.index is not None and wanted_device.index != out.device.index)):
         raise GatherError(f"out is on {out.device}, not {device}")
     info = client.stat(bucket, key)
     table = client._table(bucket, key, info, row_bytes, dtype)

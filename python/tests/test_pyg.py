@@ -64,6 +64,10 @@ def test_feature_store_crud_over_npy_objects(client, bucket):
         store.get_tensor("paper", "x", torch.tensor([300]))
     with pytest.raises(KeyError):
         store.get_tensor("paper", "absent", idx)
+    with pytest.raises(KeyError):
+        store.get_tensor("paper", "absent", None)
+    with pytest.raises(ValueError, match="edge-type"):
+        store.put_tensor(x, group_name=("paper", "cites", "paper"), attr_name="w", index=None)
     assert torch.equal(store["paper", "x", None], x), "the refused partial put changed nothing"
     # Picklable (DataLoader workers), and removal.
     again = pickle.loads(pickle.dumps(store))

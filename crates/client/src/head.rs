@@ -633,13 +633,14 @@ fn choose(
     key: &str,
     placement: Placement,
     answers: &KeyAnswers,
+    promote: crate::Promote,
 ) -> Result<Option<ObjectMeta>, Error> {
     let replies = &answers.replies;
     let drives = client.set_drives(&placement);
     let erasure = client.erasure_at(&placement);
     let k = erasure.k;
     let reachable = replies.iter().filter(|r| r.is_some()).count();
-    let Some(meta) = choose_version(replies, erasure.marker_quorum(), erasure.write_quorum()) else {
+    let Some(meta) = choose_version(replies, erasure.marker_quorum(), erasure.write_quorum(), promote) else {
         if reachable < k {
             let unreachable = drives
                 .iter()
@@ -679,8 +680,10 @@ fn choose(
 /// without (a delete marker above all) would be taken as it is, and a failed delete's marker
 /// left on one drive (its rollback did not reach a drive killed mid-commit) would read as
 /// "absent" over an acknowledged PUT whose holders are out of reach. Unless a drive knows it
-/// acknowledged, such a version is not an answer: the read fails. (The mover's `holdings`
-/// takes `choose` as it is: it sorts leftovers out itself.)
+/// acknowledged, such a version is not an answer: the read fails. Readers promote a newer
+/// version that may be acknowledged over the readable one (`choose_version`). (The mover's
+/// `holdings` takes `choose` as it is, without promotion: it sorts leftovers and doubtful
+/// versions out itself.)
 fn choose_readable(
     client: &Client,
     bucket: &str,
@@ -688,7 +691,7 @@ fn choose_readable(
     placement: Placement,
     answers: &KeyAnswers,
 ) -> Result<Option<ObjectMeta>, Error> {
-    let Some(meta) = choose(client, bucket, key, placement, answers)? else {
+    let Some(meta) = choose(client, bucket, key, placement, answers, crate::Promote::Yes)? else {
         return Ok(None);
     };
     let replies = &answers.replies;
@@ -807,7 +810,9 @@ pub(crate) async fn holdings(client: &Client, bucket: &str, key: &str) -> Result
     }
     let mut holdings = Vec::with_capacity(asked.len());
     for (lookup, answer) in asked.iter().zip(answers) {
-        let chosen = choose(client, bucket, key, lookup.placement, &answer)?;
+        // Without promotion: `PoolHolding::of` sorts out newer versions that may be
+        // acknowledged but cannot be read (doubtful) against the readable one itself.
+        let chosen = choose(client, bucket, key, lookup.placement, &answer, crate::Promote::No)?;
         holdings.push(PoolHolding::of(client, lookup, &answer, chosen));
     }
     Ok(holdings)

@@ -1020,11 +1020,14 @@ enum Backoff {
 /// `None` if no reachable drive has the key, and also when no version is readable, no drive
 /// knows one acknowledged, and none can have been (its holders plus the drives that did not
 /// answer are fewer than `write_quorum`): the first PUT of a key still in flight, which the
-/// read may order before itself, rather than an error.
+/// read may order before itself, rather than an error. With [`Promote::No`] (the mover, which
+/// sorts doubtful versions out itself) a version that may be acknowledged is not promoted over
+/// the readable one.
 fn choose_version(
     replies: &[Option<proto::KeyVersions>],
     marker_quorum: usize,
     write_quorum: usize,
+    promote: Promote,
 ) -> Option<ObjectMeta> {
     let tally = proto::VersionTally::of(replies);
     let readable = tally.newest_readable(marker_quorum);
@@ -1038,16 +1041,42 @@ fn choose_version(
     {
         return None;
     }
-    // The newest version newer than the readable one that W drives may hold (the silent ones
-    // with it): with m drives out of reach an acknowledged version can be on fewer than k of
-    // those that answered, while the version it replaced is still on k (retained).
+    // The newest version newer than the readable one that W drives may hold (with the drives
+    // that may hold it unseen): with m drives out of reach an acknowledged version can be on
+    // fewer than k of those that answered, while the version it replaced is still on k
+    // (retained).
     let maybe_acknowledged = tally
         .candidates()
         .rev()
-        .take_while(|(meta, _)| readable.is_none_or(|r| r.version < meta.version))
-        .find(|(_, count)| count + silent >= write_quorum)
+        .take_while(|(meta, _)| promote == Promote::Yes && readable.is_none_or(|r| r.version < meta.version))
+        .find(|(meta, count)| count + unseen_holders(replies, meta.version) >= write_quorum)
         .map(|(meta, _)| meta);
     maybe_acknowledged.or(readable).or(newest).cloned()
+}
+
+/// Whether [`choose_version`] may promote a version that may be acknowledged over the readable
+/// one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Promote {
+    Yes,
+    No,
+}
+
+/// Drives that may hold `version` without showing it: those that did not answer, and those
+/// whose retained versions were cut from the answer while their current one is newer (retained
+/// versions are older than the current one, so a drive whose current is older cannot).
+fn unseen_holders(replies: &[Option<proto::KeyVersions>], version: proto::VersionId) -> usize {
+    replies
+        .iter()
+        .filter(|reply| match reply {
+            None => true,
+            Some(v) => {
+                v.retained_truncated
+                    && v.current.as_ref().is_some_and(|c| c.version > version)
+                    && v.all().all(|m| m.version != version)
+            }
+        })
+        .count()
 }
 
 /// Whether `meta`, which [`choose_version`] gave as the newest version seen when nothing was

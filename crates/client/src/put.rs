@@ -171,6 +171,8 @@ pub(crate) async fn put_in(
     only: Option<cluster::ErasureConfig>,
 ) -> Result<(ObjectInfo, Vec<String>), Error> {
     let map = Arc::clone(&client.topo.map);
+    // A bad block size fails before anything is sent.
+    chosen_block_bytes(options.block_bytes, map.chunk_bytes as usize)?;
     let mut md5 = Md5::new();
     // The version read (a round trip to the sets) overlaps reading and encoding the first
     // stripe when every pool has the cluster's k+m; else the target's k+m must be known first.
@@ -569,7 +571,9 @@ pub(crate) async fn relayout(
     // streaming the first 100 GiB of it.
     let stored = meta.size + padding.pads.iter().map(|p| u64::from(p.len)).sum::<u64>();
     let stripes = stored.div_ceil((erasure.k * chunk_bytes) as u64);
-    let blocks = (chunk_bytes as u64).div_ceil(u64::from(block_bytes(chunk_bytes as u32)));
+    // The rewrite keeps the source's checksum blocks (`rewrite`).
+    let block = meta.block_bytes.clamp(1, chunk_bytes as u32);
+    let blocks = (chunk_bytes as u64).div_ceil(u64::from(block));
     if stripes.saturating_mul((erasure.k + erasure.m) as u64).saturating_mul(blocks) > CHECKSUMS_PER_OBJECT_MAX as u64 {
         tracing::info!(bucket = %meta.bucket, key = %meta.key, size = meta.size, "too large for one piece; left as it is");
         return Ok(None);

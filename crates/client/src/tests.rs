@@ -41,7 +41,7 @@ fn check_finalized(replies: &[Reply], finalized: &[Option<u64>], expected: Optio
             })
         })
         .collect();
-    let chosen = choose_version(&replies, 2, 3);
+    let chosen = choose_version(&replies, 2, 3, Promote::Yes);
     assert_eq!(
         chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
         expected
@@ -67,7 +67,7 @@ fn versions_of(reply: &Reply) -> Option<proto::KeyVersions> {
 /// `k` = 2 data chunks of 2+1; markers need `marker_quorum` = 2 drives; W = 3.
 fn check(replies: &[Reply], expected: Option<i64>) {
     let replies: Vec<_> = replies.iter().map(versions_of).collect();
-    let chosen = choose_version(&replies, 2, 3);
+    let chosen = choose_version(&replies, 2, 3, Promote::Yes);
     assert_eq!(
         chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
         expected
@@ -114,7 +114,7 @@ fn check_4_2(replies: &[Reply], expected: Option<i64>) {
     for meta in replies.iter_mut().flatten().flat_map(|v| v.current.iter_mut().chain(v.retained.iter_mut())) {
         (meta.k, meta.m) = (4, 2);
     }
-    let chosen = choose_version(&replies, 3, 5);
+    let chosen = choose_version(&replies, 3, 5, Promote::Yes);
     assert_eq!(
         chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
         expected
@@ -168,6 +168,33 @@ fn reads_never_go_back_behind_a_version_that_may_be_acknowledged_without_a_floor
         Some((Some(2), vec![1])),
     ];
     check_4_2(&one_silent, Some(1));
+    // Answers cut short (retained versions left out: large metadata) hide nothing newer than
+    // their current version: an overwrite in flight on one drive is not promoted.
+    let mut truncated: Vec<_> = [
+        Some((Some(2), vec![1])),
+        Some((Some(1), vec![])),
+        Some((Some(1), vec![])),
+        Some((Some(1), vec![])),
+        Some((Some(1), vec![])),
+        Some((Some(1), vec![])),
+    ]
+    .iter()
+    .map(versions_of)
+    .collect();
+    for reply in truncated.iter_mut().flatten() {
+        reply.retained_truncated = true;
+        for meta in reply.current.iter_mut().chain(reply.retained.iter_mut()) {
+            (meta.k, meta.m) = (4, 2);
+        }
+    }
+    let chosen = choose_version(&truncated, 3, 5, Promote::Yes).map(|m| m.version.unix_ns);
+    assert_eq!(chosen, Some(1), "one holder of 2 and no drive that could hide it");
+    // The mover chooses without promotion: the readable version, its doubts its own.
+    let mut acked: Vec<_> = acked_unseen.iter().map(versions_of).collect();
+    for meta in acked.iter_mut().flatten().flat_map(|v| v.current.iter_mut().chain(v.retained.iter_mut())) {
+        (meta.k, meta.m) = (4, 2);
+    }
+    assert_eq!(choose_version(&acked, 3, 5, Promote::No).map(|m| m.version.unix_ns), Some(1));
     // Readable newer versions win as before.
     let readable = [
         Some((Some(2), vec![1])),
@@ -206,7 +233,7 @@ fn a_failed_deletes_leftover_marker_is_no_answer_unless_acknowledged() {
     // and 2 are out of reach: 3 may be acknowledged (1 holder + 2 silent reach W), nothing is
     // readable, and the newest version seen is the marker.
     let replies: Vec<_> = [Some((Some(-5), vec![3])), None, None].iter().map(versions_of).collect();
-    let chosen = choose_version(&replies, 2, 3).expect("3 may be acknowledged: not absent");
+    let chosen = choose_version(&replies, 2, 3, Promote::Yes).expect("3 may be acknowledged: not absent");
     assert!(chosen.deleted && chosen.version.unix_ns == 5);
     assert!(is_unconfirmed(&replies, &chosen, 2), "one holder of a marker that needs two: no answer");
     // Acknowledged (a drive's floor names it): the key is deleted.

@@ -641,7 +641,8 @@ fn hint_reads(items: &[ReadItem], files: &[Option<Arc<File>>]) {
     }
     let mut hinted = 0u64;
     for (item, file) in items.iter().zip(files) {
-        let Some(file) = file else { continue };
+        // A zero length would advise the whole rest of the file.
+        let Some(file) = file.as_ref().filter(|_| item.len > 0) else { continue };
         hinted += u64::from(item.len);
         if hinted > READ_HINT_BYTES_MAX {
             break;
