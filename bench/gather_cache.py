@@ -14,25 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections import OrderedDict
 
 import numpy as np
 
 import tessera
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gather_bench import batches  # noqa: E402  (the same mini-batches as the gather benchmark)
+
 ROW_BYTES = 4096
 # quick_cache counts each row's bytes plus this much bookkeeping (client::gather's ROW_OVERHEAD_BYTES).
 ROW_OVERHEAD_BYTES = 96
-
-
-def batches(rows: int, seeds: int, count: int, rng: np.random.Generator) -> list[np.ndarray]:
-    out = []
-    for _ in range(count):
-        hop0 = rng.integers(0, rows, seeds)
-        hop1 = (rng.zipf(1.5, seeds * 10) - 1) % rows
-        hop2 = (rng.zipf(1.5, seeds * 50) - 1) % rows
-        out.append(np.concatenate([hop0, hop1, hop2]).astype(np.int64))
-    return out
 
 
 def lru_hits(work: list[np.ndarray], capacity_rows: int) -> tuple[int, int]:

@@ -42,10 +42,12 @@ fn check_finalized(replies: &[Reply], finalized: &[Option<u64>], expected: Optio
         })
         .collect();
     let chosen = choose_version(&replies, 2, 3, Promote::Yes);
-    assert_eq!(
-        chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
-        expected
-    );
+    assert_eq!(signed(chosen), expected);
+}
+
+/// A chosen version as `check` numbers it: negative for a delete marker.
+fn signed(chosen: Option<ObjectMeta>) -> Option<i64> {
+    chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 })
 }
 
 fn versions_of(reply: &Reply) -> Option<proto::KeyVersions> {
@@ -68,10 +70,7 @@ fn versions_of(reply: &Reply) -> Option<proto::KeyVersions> {
 fn check(replies: &[Reply], expected: Option<i64>) {
     let replies: Vec<_> = replies.iter().map(versions_of).collect();
     let chosen = choose_version(&replies, 2, 3, Promote::Yes);
-    assert_eq!(
-        chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
-        expected
-    );
+    assert_eq!(signed(chosen), expected);
 }
 
 #[test]
@@ -108,17 +107,19 @@ fn retained_versions_keep_the_old_object_readable_while_an_overwrite_is_in_fligh
     check(&[Some((Some(2), vec![1])), Some((Some(2), vec![1])), Some((Some(1), vec![]))], Some(2));
 }
 
-/// 4+2, W = 5: `check` for that geometry (markers need W - m = 3 drives).
-fn check_4_2(replies: &[Reply], expected: Option<i64>) {
+/// `versions_of` every reply, as versions of 4+2 objects.
+fn versions_4_2(replies: &[Reply]) -> Vec<Option<proto::KeyVersions>> {
     let mut replies: Vec<_> = replies.iter().map(versions_of).collect();
     for meta in replies.iter_mut().flatten().flat_map(|v| v.current.iter_mut().chain(v.retained.iter_mut())) {
         (meta.k, meta.m) = (4, 2);
     }
-    let chosen = choose_version(&replies, 3, 5, Promote::Yes);
-    assert_eq!(
-        chosen.map(|m| if m.deleted { -(m.version.unix_ns as i64) } else { m.version.unix_ns as i64 }),
-        expected
-    );
+    replies
+}
+
+/// 4+2, W = 5: `check` for that geometry (markers need W - m = 3 drives).
+fn check_4_2(replies: &[Reply], expected: Option<i64>) {
+    let chosen = choose_version(&versions_4_2(replies), 3, 5, Promote::Yes);
+    assert_eq!(signed(chosen), expected);
 }
 
 #[test]
@@ -170,31 +171,21 @@ fn reads_never_go_back_behind_a_version_that_may_be_acknowledged_without_a_floor
     check_4_2(&one_silent, Some(1));
     // Answers cut short (retained versions left out: large metadata) hide nothing newer than
     // their current version: an overwrite in flight on one drive is not promoted.
-    let mut truncated: Vec<_> = [
+    let mut truncated = versions_4_2(&[
         Some((Some(2), vec![1])),
         Some((Some(1), vec![])),
         Some((Some(1), vec![])),
         Some((Some(1), vec![])),
         Some((Some(1), vec![])),
         Some((Some(1), vec![])),
-    ]
-    .iter()
-    .map(versions_of)
-    .collect();
+    ]);
     for reply in truncated.iter_mut().flatten() {
         reply.retained_truncated = true;
-        for meta in reply.current.iter_mut().chain(reply.retained.iter_mut()) {
-            (meta.k, meta.m) = (4, 2);
-        }
     }
     let chosen = choose_version(&truncated, 3, 5, Promote::Yes).map(|m| m.version.unix_ns);
     assert_eq!(chosen, Some(1), "one holder of 2 and no drive that could hide it");
     // The mover chooses without promotion: the readable version, its doubts its own.
-    let mut acked: Vec<_> = acked_unseen.iter().map(versions_of).collect();
-    for meta in acked.iter_mut().flatten().flat_map(|v| v.current.iter_mut().chain(v.retained.iter_mut())) {
-        (meta.k, meta.m) = (4, 2);
-    }
-    assert_eq!(choose_version(&acked, 3, 5, Promote::No).map(|m| m.version.unix_ns), Some(1));
+    assert_eq!(signed(choose_version(&versions_4_2(&acked_unseen), 3, 5, Promote::No)), Some(1));
     // Readable newer versions win as before.
     let readable = [
         Some((Some(2), vec![1])),
