@@ -283,6 +283,21 @@ impl RawClient {
         Ok(infos.into_iter().map(ObjectInfo::from).collect())
     }
 
+    /// The smallest checksum block an object of `size` bytes may have in this cluster
+    /// (`client::Client::smallest_block_bytes`).
+    fn smallest_block_bytes(&self, size: u64) -> u32 {
+        self.template.smallest_block_bytes(size)
+    }
+
+    /// [`RawClient::head_many`] for objects read again and again (gathered tables): the drives
+    /// are asked for versions only, and the block checksums of a version this client read
+    /// before come from its cache (`client::Client::head_many_cached`).
+    fn head_many_cached(&self, py: Python<'_>, keys: Vec<(String, String)>) -> PyResult<Vec<ObjectInfo>> {
+        let infos = self
+            .block(py, |c| async move { c.head_many_cached(&keys).await.into_iter().collect::<Result<Vec<_>, _>>() })?;
+        Ok(infos.into_iter().map(ObjectInfo::from).collect())
+    }
+
     /// `length` bytes (all to the end if None) of the version `info` at `offset`, as new bytes.
     #[pyo3(signature = (info, offset, length))]
     fn read<'py>(

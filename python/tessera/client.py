@@ -177,7 +177,7 @@ class Client:
 
         if tensor.wants_cuda(out, device):
             return tensor.gather_to_cuda(self, bucket, key, indices, out, device, row_bytes, dtype)
-        info = self._raw.head(bucket, key)
+        info = self._raw.head_many_cached([(bucket, key)])[0]
         table = self._table(bucket, key, info, row_bytes, dtype)
         wanted = tensor.indices_of(indices, table.rows)
         out, target = tensor.output_of(out, len(wanted), table)
@@ -197,7 +197,7 @@ class Client:
         for r in requests:
             if len(r) not in (3, 4):
                 raise TypeError(f"expected (bucket, key, indices) or (bucket, key, indices, out), got {len(r)} items")
-        infos = self._raw.head_many([(r[0], r[1]) for r in requests]) if requests else []
+        infos = self._raw.head_many_cached([(r[0], r[1]) for r in requests]) if requests else []
         items, outs = [], []
         for r, info in zip(requests, infos):
             table = self._table(r[0], r[1], info, None, None)
@@ -245,8 +245,10 @@ class Client:
         """Writes ``array`` (a 2-D NumPy array or CPU torch tensor, or a 1-D one: a value per
         row) as the ``.npy`` file ``bucket/key`` that ``gather`` reads rows of, streamed from
         the array's own memory. The header is padded so the rows start 4 KiB into the file, and
-        the object gets small checksum blocks (4 KiB for tables up to 1 GiB, growing with the
-        table), so a gathered row costs about its own bytes, not a 64 KiB block."""
+        the object gets the smallest checksum blocks its metadata can carry (4 KiB for tables up
+        to about 16 GiB on a 4+2 cluster, growing past that), so a gathered row costs about its
+        own bytes, not a 64 KiB block; readers that gather from it again fetch those checksums
+        once per process (``head_many_cached``)."""
         from . import tensor
 
         np = tensor._numpy()
@@ -261,7 +263,7 @@ class Client:
         pieces = [tensor.npy_header(array, align=tensor.DATA_ALIGN)]
         pieces += [data[i:i + PUT_PIECE_BYTES] for i in range(0, len(data), PUT_PIECE_BYTES)]
         return self._put_pieces(bucket, key, iter(pieces), "application/octet-stream", None,
-                                block_bytes=tensor.block_bytes_for(len(data)))
+                                block_bytes=self._raw.smallest_block_bytes(len(pieces[0]) + len(data)))
 
     def put(self, bucket: str, key: str, data: Any, *, content_type: str | None = None, metadata: dict | None = None,
             align: bool = True) -> ObjectInfo:

@@ -155,22 +155,6 @@ def output_of(out: Any, count: int, table: Table) -> tuple[Any, Any]:
 #: Where ``put_tensor`` starts a table's rows in its file (the header padded with spaces, as
 #: the format allows): 4 KiB rows then each lie in one 4 KiB checksum block.
 DATA_ALIGN = 4096
-#: Data checksum blocks ``put_tensor`` aims for at most: 4 bytes each in the object's metadata,
-#: which every read of the object's metadata carries (1 MiB of checksums for the data, more
-#: for parity).
-TABLE_BLOCKS_MAX = 1 << 18
-_BLOCK_BYTES_MIN, _BLOCK_BYTES_MAX = 4 << 10, 64 << 10
-
-
-def block_bytes_for(data_bytes: int) -> int:
-    """The checksum block size for a table of ``data_bytes``: the smallest power of two from
-    4 KiB to 64 KiB that keeps it within ``TABLE_BLOCKS_MAX`` blocks (4 KiB up to 1 GiB)."""
-    block = _BLOCK_BYTES_MIN
-    while block < _BLOCK_BYTES_MAX and data_bytes > block * TABLE_BLOCKS_MAX:
-        block *= 2
-    return block
-
-
 def npy_header(array: Any, align: int = 64) -> bytes:
     """The ``.npy`` header NumPy writes for ``array`` (format 1.0, or 2.0 when it must), padded
     with spaces so the data starts at a multiple of ``align`` bytes (NumPy's own is 64)."""
@@ -216,7 +200,7 @@ def gather_to_cuda(client: Any, bucket: str, key: str, indices: Any, out: Any, d
             wanted_device.type != out.device.type
             or (wanted_device.index is not None and wanted_device.index != out.device.index)):
         raise GatherError(f"out is on {out.device}, not {device}")
-    info = client.stat(bucket, key)
+    info = client._raw.head_many_cached([(bucket, key)])[0]
     table = client._table(bucket, key, info, row_bytes, dtype)
     wanted = indices_of(indices, table.rows)
     shape = table.shape_of(len(wanted))

@@ -33,6 +33,15 @@ def _indices(count: int, seed: int = 2) -> np.ndarray:
     return idx
 
 
+def test_tables_get_the_smallest_checksum_blocks_their_metadata_can_carry(client):
+    # A 4+2 cluster: every version's checksums must fit one 32 MiB frame, so 4 KiB blocks up
+    # to about 16 GiB (the 8 GiB table included), then larger ones.
+    raw = client._raw
+    assert raw.smallest_block_bytes(4096 + (8 << 30)) == 4096
+    assert raw.smallest_block_bytes(64 << 30) == 16 << 10
+    assert raw.smallest_block_bytes(1 << 50) == 64 << 10
+
+
 def test_gather_matches_numpy_indexing_into_arrays_and_tensors(client, bucket, table):
     info = client.put_tensor(bucket, "features.npy", table)
     # Rows start 4 KiB into the file and checksum blocks are 4 KiB (the test cluster's chunks

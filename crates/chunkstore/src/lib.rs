@@ -1056,7 +1056,14 @@ impl Drive {
             let meta = self.decode_meta(value.value())?;
             if row.value() == object_key.as_slice() { current = Some(meta) } else { retained.push(meta) }
         }
-        Ok(KeyVersions { current, retained, finalized: None, unavailable: false, retained_truncated: false })
+        Ok(KeyVersions {
+            current,
+            retained,
+            finalized: None,
+            unavailable: false,
+            retained_truncated: false,
+            checksums_left_out: false,
+        })
     }
 
     /// The drive's current metadata of `bucket/key` (a delete marker counts).

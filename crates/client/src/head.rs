@@ -117,7 +117,7 @@ async fn settle(
     detail: MetaDetail,
 ) -> Vec<KeyAnswers> {
     let mut answers = readable(answers);
-    if detail == MetaDetail::WithFloor {
+    if detail.with_floor() {
         return answers;
     }
     let unsure: Vec<usize> = (0..asked.len())
@@ -128,9 +128,8 @@ async fn settle(
         .collect();
     if !unsure.is_empty() {
         let again: Vec<Lookup<'_>> = unsure.iter().map(|&i| asked[i]).collect();
-        for (i, answer) in unsure
-            .into_iter()
-            .zip(readable(versions_many(client, &again, MetaDetail::WithFloor, Sharing::Shared).await))
+        for (i, answer) in
+            unsure.into_iter().zip(readable(versions_many(client, &again, detail.floored(), Sharing::Shared).await))
         {
             answers[i] = answer;
         }
@@ -140,7 +139,26 @@ async fn settle(
 
 /// Metadata of `keys` (names already validated), in order.
 pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
-    let mut outcomes = head_round(client, keys).await;
+    head_many_with(client, keys, Checksums::Included).await
+}
+
+/// Whether a head's answers carry the versions' block checksums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Checksums {
+    Included,
+    /// Left out ([`MetaDetail::VersionsBrief`]): the [`ObjectInfo`]s say which version to read
+    /// but cannot read it until their checksums are filled in ([`ObjectMeta::validate`] fails).
+    LeftOut,
+}
+
+/// [`head_many`], with or without the block checksums.
+pub(crate) async fn head_many_with(
+    client: &Client,
+    keys: &[(String, String)],
+    checksums: Checksums,
+) -> Vec<Result<ObjectInfo, Error>> {
+    let brief = checksums == Checksums::LeftOut;
+    let mut outcomes = head_round(client, keys, brief).await;
     for attempt in 1..=FLOOR_RETRIES {
         let unsettled: Vec<usize> =
             (0..outcomes.len()).filter(|&i| matches!(outcomes[i], Outcome::Unsettled(_))).collect();
@@ -151,7 +169,7 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
         // of reach): ask those keys again.
         tokio::time::sleep(FLOOR_RETRY_PAUSE * attempt).await;
         let again: Vec<(String, String)> = unsettled.iter().map(|&i| keys[i].clone()).collect();
-        for (i, outcome) in unsettled.into_iter().zip(head_round(client, &again).await) {
+        for (i, outcome) in unsettled.into_iter().zip(head_round(client, &again, brief).await) {
             outcomes[i] = outcome;
         }
     }
@@ -186,13 +204,13 @@ enum Outcome {
 /// One pool's lookup of a key, its drives' answers and the version chosen from them.
 type PoolChoice<'a> = (Lookup<'a>, KeyAnswers, Result<Option<ObjectMeta>, Error>);
 
-/// One round of [`head_many`].
-async fn head_round(client: &Client, keys: &[(String, String)]) -> Vec<Outcome> {
+/// One round of [`head_many`] (`brief`: without block checksums).
+async fn head_round(client: &Client, keys: &[(String, String)], brief: bool) -> Vec<Outcome> {
     let pools = client.topo.map.pools.iter().filter(|pool| pool.is_read()).count();
     let mut asked: Vec<Lookup<'_>> = keys.iter().flat_map(|(bucket, key)| lookups(client, bucket, key)).collect();
     debug_assert_eq!(asked.len(), keys.len() * pools, "one lookup per key and active pool");
     // One pool: floors only when the newest version is not readable (`settle`); several: always.
-    let detail = if pools > 1 { MetaDetail::WithFloor } else { MetaDetail::Versions };
+    let detail = MetaDetail::of(pools > 1, brief);
     let answers = versions_many(client, &asked, detail, Sharing::Shared).await;
     let mut answers = settle(client, &asked, answers, detail).await;
     if pools > 1 {
@@ -432,9 +450,11 @@ pub(crate) struct WriterView {
 /// not be acknowledged.
 pub(crate) async fn writer_view(client: &Client, bucket: &str, key: &str) -> Result<WriterView, Error> {
     let mut asked = lookups(client, bucket, key);
-    let mut answers = versions_many(client, &asked, MetaDetail::WithFloor, Sharing::Own).await;
+    // Versions only: a writer never reads what it replaces (a large table's checksums would
+    // be megabytes from every drive).
+    let mut answers = versions_many(client, &asked, MetaDetail::WithFloorBrief, Sharing::Own).await;
     if asked.len() > 1 {
-        widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::WithFloor, false, Sharing::Own).await;
+        widen_unclear_probes(client, &mut asked, &mut answers, MetaDetail::WithFloorBrief, false, Sharing::Own).await;
     }
     let pools = &client.topo.map.pools;
     // The pool the key lives in is where its newest live version is (versions a move evicted
@@ -536,7 +556,7 @@ async fn versions_seen_in(
         for position in silent {
             let drive = &drives[position];
             let item = MetaKey { drive: drive.drive_idx as u32, bucket: bucket.to_owned(), key: key.to_owned() };
-            let request = Request::MetaGet { items: vec![item], detail: MetaDetail::WithFloor };
+            let request = Request::MetaGet { items: vec![item], detail: MetaDetail::WithFloorBrief };
             client.count_metadata_request(1);
             if let Ok(Response::Versions { mut keys }) = client.call_now(drive.node_idx, &request).await
                 && keys.len() == 1

@@ -24,6 +24,7 @@
 //! ```
 
 mod admin;
+mod checksum_cache;
 mod coalesce;
 mod conn;
 mod gather;
@@ -48,6 +49,7 @@ use proto::{ObjectMeta, Request, Response, VersionId};
 use conn::{Conn, MapIdentity, Pool};
 
 pub use admin::{NodeMap, NodeSpace};
+pub use checksum_cache::CHECKSUM_CACHE_BYTES_MAX;
 pub use coalesce::MetadataCounts;
 pub use gather::{GATHER_ROWS_MAX, GATHER_RUN_BYTES_MAX, GatherItem, RowCache, RowCacheStats, RowTable};
 pub use list::ListPage;
@@ -336,6 +338,8 @@ struct Inner {
     /// Metadata requests sent and items they asked about (see [`MetadataCounts`]).
     meta_requests: AtomicU64,
     meta_items: AtomicU64,
+    /// Block checksums of versions read before ([`Client::head_many_cached`]).
+    checksums: checksum_cache::ChecksumCache,
 }
 
 /// Keys whose pool a client remembers at most (about 16 bytes each).
@@ -372,6 +376,7 @@ impl Client {
             finalizing: std::sync::atomic::AtomicUsize::new(0),
             pool_hints: std::sync::Mutex::new(std::collections::HashMap::new()),
             meta_requests: AtomicU64::new(0),
+            checksums: checksum_cache::ChecksumCache::default(),
             meta_items: AtomicU64::new(0),
             finalized: tokio::sync::Notify::new(),
         };
@@ -531,8 +536,38 @@ impl Client {
         self.inner.meta_items.fetch_add(items as u64, Ordering::Relaxed);
     }
 
+    /// The smallest checksum block ([`PutOptions::block_bytes`], [`CHECKSUM_BLOCK_BYTES_MIN`]
+    /// up to 64 KiB) with which an object of `size` bytes keeps its checksums within what one
+    /// version may carry in any active pool (a 4+2 pool: 4 KiB up to about 16 GiB). Larger
+    /// objects get 64 KiB.
+    pub fn smallest_block_bytes(&self, size: u64) -> u32 {
+        let map = self.current().topo.map.clone();
+        let fits = |block: u32| {
+            map.pools.iter().filter(|pool| pool.is_active()).all(|pool| {
+                let (k, n) = (pool.erasure.k as u64, (pool.erasure.k + pool.erasure.m) as u64);
+                let chunk = u64::from(map.chunk_bytes);
+                let stripes = size.div_ceil(k * chunk);
+                let blocks = chunk.div_ceil(u64::from(block.min(map.chunk_bytes)));
+                stripes.saturating_mul(n).saturating_mul(blocks) <= put::CHECKSUMS_PER_OBJECT_MAX as u64
+            })
+        };
+        let mut block = CHECKSUM_BLOCK_BYTES_MIN;
+        while block < put::CHECKSUM_BLOCK_BYTES && !fits(block) {
+            block *= 2;
+        }
+        block
+    }
+
     /// Metadata of many objects: one metadata request per node covers all of them.
     pub async fn head_many(&self, keys: &[(String, String)]) -> Vec<Result<ObjectInfo, Error>> {
+        self.head_many_checked(keys, head::Checksums::Included).await
+    }
+
+    async fn head_many_checked(
+        &self,
+        keys: &[(String, String)],
+        checksums: head::Checksums,
+    ) -> Vec<Result<ObjectInfo, Error>> {
         let mut results: Vec<Option<Result<ObjectInfo, Error>>> = keys
             .iter()
             .map(|(bucket, key)| match proto::validate_bucket(bucket).and_then(|()| proto::validate_key(key)) {
@@ -543,13 +578,13 @@ impl Client {
         let valid: Vec<(String, String)> =
             keys.iter().zip(&results).filter(|(_, r)| r.is_none()).map(|(k, _)| k.clone()).collect();
         let mut client = self.current();
-        let mut heads = head::head_many(&client, &valid).await;
+        let mut heads = head::head_many_with(&client, &valid, checksums).await;
         for _ in 1..MAP_ATTEMPTS {
             if !self.refreshed_after(&client, heads.iter().any(Result::is_err)).await {
                 break;
             }
             client = self.current();
-            heads = head::head_many(&client, &valid).await;
+            heads = head::head_many_with(&client, &valid, checksums).await;
         }
         let mut heads = heads.into_iter();
         for slot in results.iter_mut().filter(|r| r.is_none()) {

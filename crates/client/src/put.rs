@@ -21,12 +21,12 @@ const FINALIZES_IN_FLIGHT_MAX: usize = 256;
 /// Bytes per checksum block (`ObjectMeta::block_bytes`): a ranged read fetches and verifies
 /// whole blocks, so smaller blocks mean less read amplification and more metadata (4 bytes per
 /// block: 64 B per 1 MiB chunk at 64 KiB).
-const CHECKSUM_BLOCK_BYTES: u32 = 64 << 10;
+pub(crate) const CHECKSUM_BLOCK_BYTES: u32 = 64 << 10;
 
 /// Most block checksums one object's metadata may carry: its record must fit one frame
-/// (postcard spends up to 5 bytes per u32; 1 MiB is left for the other fields). About 136 GiB
+/// (postcard spends up to 5 bytes per u32; 1 MiB is left for the other fields). About 270 GiB
 /// per piece at 4+2 with 64 KiB blocks; larger objects go through multipart.
-const CHECKSUMS_PER_OBJECT_MAX: usize = (proto::CONTROL_BODY_BYTES_MAX - (1 << 20)) / 5;
+pub(crate) const CHECKSUMS_PER_OBJECT_MAX: usize = (proto::CONTROL_BODY_BYTES_MAX - (1 << 20)) / 5;
 
 /// The checksum block size for chunks of `chunk_bytes`.
 pub(crate) fn block_bytes(chunk_bytes: u32) -> u32 {

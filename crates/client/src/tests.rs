@@ -1,6 +1,6 @@
 use super::*;
 
-fn meta(version: u64) -> ObjectMeta {
+pub(crate) fn meta(version: u64) -> ObjectMeta {
     ObjectMeta {
         format: proto::META_FORMAT_VERSION,
         bucket: "b".into(),
@@ -63,6 +63,7 @@ fn versions_of(reply: &Reply) -> Option<proto::KeyVersions> {
         finalized: None,
         unavailable: false,
         retained_truncated: false,
+        checksums_left_out: false,
     })
 }
 

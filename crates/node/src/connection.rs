@@ -412,16 +412,17 @@ fn meta_get(state: &State, items: &[proto::MetaKey], detail: proto::MetaDetail) 
         let unavailable = proto::KeyVersions { unavailable: true, ..Default::default() };
         let versions = match state.drives.get(item.drive as usize) {
             Some(_) if state.is_rebuilding(item.drive as usize) => Ok(unavailable.clone()),
-            Some(drive) => match detail {
-                proto::MetaDetail::WithFloor => drive.get_versions_with_floor(&item.bucket, &item.key),
-                proto::MetaDetail::Versions => drive.get_versions(&item.bucket, &item.key),
-            },
+            Some(drive) if detail.with_floor() => drive.get_versions_with_floor(&item.bucket, &item.key),
+            Some(drive) => drive.get_versions(&item.bucket, &item.key),
             None => Ok(unavailable.clone()),
         };
         let mut versions = versions.unwrap_or_else(|e| {
             tracing::error!(error = %e, "metadata read failed; reporting the drive unavailable for the key");
             unavailable
         });
+        if detail.brief() {
+            versions.leave_out_checksums();
+        }
         if versions.retained.len() > proto::RETAINED_PER_KEY_MAX {
             // Kept past the bound by an eviction (never by a commit): the answer carries the
             // newest and says it left some out.

@@ -53,14 +53,14 @@ use sha2::Sha256;
 /// (`Request::Evict`); version 7 the aligned layout (`ObjectMeta::pads`, metadata format 2);
 /// version 8 `CsvFormat::empty_is_null` in `Request::RecordQuery`. postcard encodes enum
 /// variants by index and structs by position: any change to a message bumps this.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 /// First four bytes of every frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"TSR1";
 /// Bytes of a frame header.
 pub const FRAME_HEADER_BYTES: usize = 12;
-/// Largest postcard body of one frame (16 MiB): a metadata record with the checksums of a
-/// multi-TiB object fits; anything larger is refused before allocation.
-pub const CONTROL_BODY_BYTES_MAX: usize = 16 << 20;
+/// Largest postcard body of one frame (32 MiB): a metadata record with the 4 KiB-block
+/// checksums of a 16 GiB table (4+2) fits; anything larger is refused before allocation.
+pub const CONTROL_BODY_BYTES_MAX: usize = 32 << 20;
 /// Largest raw payload following one message item: one chunk.
 pub const CHUNK_BYTES_MAX: usize = cluster::CHUNK_BYTES_MAX as usize;
 /// Most items in one batched read or metadata request.
@@ -495,6 +495,9 @@ pub struct KeyVersions {
     /// Retained versions were left out of this answer (they did not fit the frame): readers
     /// cannot tell what the drive holds besides its current version.
     pub retained_truncated: bool,
+    /// The versions come without block checksums (`crcs` empty, also in parts), as a brief
+    /// [`MetaDetail`] asked: enough to choose a version, not to read it.
+    pub checksums_left_out: bool,
 }
 
 /// What the drives of a key's set hold, counted: every version with how many drives hold it
@@ -538,6 +541,14 @@ impl KeyVersions {
     /// Every version, current first.
     pub fn all(&self) -> impl Iterator<Item = &ObjectMeta> {
         self.current.iter().chain(self.retained.iter().rev())
+    }
+
+    /// This answer without block checksums (what a brief [`MetaDetail`] asks for).
+    pub fn leave_out_checksums(&mut self) {
+        for meta in self.current.iter_mut().chain(self.retained.iter_mut()) {
+            meta.leave_out_checksums();
+        }
+        self.checksums_left_out = true;
     }
 }
 
@@ -788,6 +799,39 @@ pub enum MetaDetail {
     Versions,
     /// Also the acknowledged floor: for reads whose newest version is not readable.
     WithFloor,
+    /// [`MetaDetail::Versions`] without block checksums ([`KeyVersions::checksums_left_out`]):
+    /// a client that holds a version's checksums already asks only which version to read
+    /// (a large table's checksums are megabytes from every drive).
+    VersionsBrief,
+    /// [`MetaDetail::WithFloor`] without block checksums.
+    WithFloorBrief,
+}
+
+impl MetaDetail {
+    /// Whether the answer carries each drive's acknowledged floor.
+    pub fn with_floor(self) -> bool {
+        matches!(self, MetaDetail::WithFloor | MetaDetail::WithFloorBrief)
+    }
+
+    /// Whether the answer leaves block checksums out.
+    pub fn brief(self) -> bool {
+        matches!(self, MetaDetail::VersionsBrief | MetaDetail::WithFloorBrief)
+    }
+
+    /// The same detail with the floor.
+    pub fn floored(self) -> Self {
+        if self.brief() { MetaDetail::WithFloorBrief } else { MetaDetail::WithFloor }
+    }
+
+    /// [`MetaDetail::Versions`] or [`MetaDetail::WithFloor`], brief if asked.
+    pub fn of(with_floor: bool, brief: bool) -> Self {
+        match (with_floor, brief) {
+            (false, false) => MetaDetail::Versions,
+            (true, false) => MetaDetail::WithFloor,
+            (false, true) => MetaDetail::VersionsBrief,
+            (true, true) => MetaDetail::WithFloorBrief,
+        }
+    }
 }
 
 /// An admin's change to a node's background repair.
@@ -1101,7 +1145,11 @@ impl Response {
                         max: RETAINED_PER_KEY_MAX,
                     });
                 }
-                versions.all().try_for_each(ObjectMeta::validate)
+                if versions.checksums_left_out {
+                    versions.all().try_for_each(ObjectMeta::validate_brief)
+                } else {
+                    versions.all().try_for_each(ObjectMeta::validate)
+                }
             }),
             _ => Ok(()),
         }

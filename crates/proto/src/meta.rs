@@ -222,6 +222,44 @@ impl ObjectMeta {
 
     /// Checks internal consistency of a record received from a peer or read from disk.
     pub fn validate(&self) -> Result<(), Error> {
+        self.validate_with(true)
+    }
+
+    /// [`ObjectMeta::validate`] for a record whose block checksums were left out
+    /// ([`ObjectMeta::leave_out_checksums`]): everything else must hold, and no checksum is there.
+    pub fn validate_brief(&self) -> Result<(), Error> {
+        if !self.crcs.is_empty() || self.parts.iter().any(|p| !p.crcs.is_empty()) {
+            let reason = "checksums in a record that says it left them out".to_string();
+            return Err(Error::Invalid { what: "object metadata", reason });
+        }
+        self.validate_with(false)
+    }
+
+    /// Drops the block checksums (the record's bulk for a large object); the rest stays.
+    pub fn leave_out_checksums(&mut self) {
+        self.crcs = Vec::new();
+        for part in &mut self.parts {
+            part.crcs = Vec::new();
+        }
+    }
+
+    /// This record without its block checksums, copied (the checksums are not).
+    pub fn brief(&self) -> ObjectMeta {
+        ObjectMeta {
+            crcs: Vec::new(),
+            parts: self.parts.iter().map(|p| PartPiece { crcs: Vec::new(), ..p.clone() }).collect(),
+            user_meta: self.user_meta.clone(),
+            headers: self.headers.clone(),
+            pads: self.pads.clone(),
+            bucket: self.bucket.clone(),
+            key: self.key.clone(),
+            etag: self.etag.clone(),
+            content_type: self.content_type.clone(),
+            ..*self
+        }
+    }
+
+    fn validate_with(&self, checksums: bool) -> Result<(), Error> {
         let invalid = |reason: String| Err(Error::Invalid { what: "object metadata", reason });
         if self.format != META_FORMAT_VERSION {
             return Err(Error::UnsupportedVersion {
@@ -248,12 +286,13 @@ impl ObjectMeta {
         self.validate_pads()?;
         let single_piece = !self.deleted && self.parts.is_empty();
         let expected = if single_piece { self.checksums_for(self.stored_size()) } else { 0 };
-        if self.crcs.len() as u128 != expected {
+        if checksums && self.crcs.len() as u128 != expected {
             return invalid(format!("{} checksums, the layout needs {expected}", self.crcs.len()));
         }
         let mut total = 0u64;
         for part in &self.parts {
-            if part.crcs.len() as u128 != self.checksums_for(part.size) || usize::from(part.rotation) >= self.n() {
+            let crcs_match = !checksums || part.crcs.len() as u128 == self.checksums_for(part.size);
+            if !crcs_match || usize::from(part.rotation) >= self.n() {
                 return invalid(format!("part {} does not match its layout", part.number));
             }
             total = total.saturating_add(part.size);

@@ -298,6 +298,38 @@ fn metadata_with_wrong_checksum_count_is_invalid() {
 }
 
 #[test]
+fn brief_records_leave_out_every_checksum_and_say_so() {
+    let whole = meta(10 << 20, 4, 2, 1 << 20);
+    let mut brief = whole.clone();
+    brief.leave_out_checksums();
+    assert_eq!(brief, whole.brief());
+    assert!(brief.crcs.is_empty() && brief.validate_brief().is_ok());
+    assert!(brief.validate().is_err(), "a brief record is not one to read with");
+    assert!(whole.validate_brief().is_err(), "checksums in a record that says it has none");
+    let mut bad = brief.clone();
+    bad.k = 0;
+    assert!(bad.validate_brief().is_err(), "the rest is checked as before");
+
+    // In an answer: `checksums_left_out` says which check applies.
+    let answer = |versions: KeyVersions| decode_response(&encode_body(&Response::Versions { keys: vec![versions] }));
+    let mut versions =
+        KeyVersions { current: Some(whole.clone()), retained: vec![whole.clone()], ..Default::default() };
+    assert!(answer(versions.clone()).is_ok());
+    versions.leave_out_checksums();
+    assert!(versions.checksums_left_out && versions.all().all(|m| m.crcs.is_empty()));
+    assert!(answer(versions.clone()).is_ok());
+    versions.checksums_left_out = false;
+    assert!(answer(versions).is_err(), "a whole answer without checksums is refused");
+    let sneaked = KeyVersions { current: Some(whole), checksums_left_out: true, ..Default::default() };
+    assert!(answer(sneaked).is_err());
+
+    for detail in [MetaDetail::Versions, MetaDetail::WithFloor, MetaDetail::VersionsBrief, MetaDetail::WithFloorBrief] {
+        assert_eq!(MetaDetail::of(detail.with_floor(), detail.brief()), detail);
+        assert!(detail.floored().with_floor() && detail.floored().brief() == detail.brief());
+    }
+}
+
+#[test]
 fn version_hex_round_trips_and_orders_by_time_then_writer() {
     let a = VersionId { unix_ns: 5, writer: u64::MAX };
     let b = VersionId { unix_ns: 6, writer: 0 };

@@ -241,3 +241,71 @@ fn small_checksum_blocks_and_several_tables_in_one_gather() {
     assert!(error.contains("out of range"), "{error}");
     assert!(out.iter().chain(&other).all(|&b| b == 7), "nothing was written");
 }
+
+/// A table read again and again (every mini-batch heads it) costs one round of versions only:
+/// the drives leave the block checksums out, the client fills them in from what it read
+/// before, and an overwrite is followed at once (its checksums are fetched whole).
+#[test]
+fn repeated_heads_ask_for_versions_only_and_follow_an_overwrite() {
+    use proto::{MetaDetail, MetaKey, Request, Response};
+    let cluster = Cluster::start(Shape::default());
+    let client = cluster.client();
+    let (first, second) =
+        (payload((HEADER + ROWS * ROW_BYTES) as usize, 21), payload((HEADER + ROWS * ROW_BYTES) as usize, 22));
+    let options = client::PutOptions { block_bytes: Some(4096), ..Default::default() };
+    let keys = [("bkt".to_owned(), "t".to_owned())];
+    let cached = || block_on(client.head_many_cached(&keys)).pop().unwrap().expect("head_many_cached");
+    let rounds = |head: &dyn Fn() -> ObjectInfo| {
+        let before = client.metadata_counts().requests;
+        let info = head();
+        (info, client.metadata_counts().requests - before)
+    };
+    let whole = block_on(async {
+        client.make_bucket("bkt").await.unwrap();
+        client.put_bytes("bkt", "t", &first, &options).await.unwrap();
+        client.head("bkt", "t").await.unwrap()
+    });
+    let (info, asked_first) = rounds(&cached);
+    assert_eq!(info.meta, whole.meta, "the same record as a whole head, checksums included");
+    let (info, asked_again) = rounds(&cached);
+    assert_eq!(info.meta, whole.meta);
+    assert_eq!(asked_first, 2 * asked_again, "the first head asks twice (versions, then whole), later ones once");
+    let indices = indices();
+    let table = RowTable { data_offset: HEADER, row_bytes: ROW_BYTES, rows: ROWS };
+    let mut out = vec![0u8; indices.len() * ROW_BYTES as usize];
+    block_on(client.gather(&info, &table, &indices, &mut out, None)).expect("gather with cached checksums");
+    assert!(out == expected(&first, &indices));
+
+    // The drives' brief answers carry no checksums, and say so.
+    let map = client.map();
+    let placement = map.placement_in(0, "bkt", "t");
+    let drive = map.sets[placement.set_idx].drives[0];
+    let mut session =
+        crate::protocol::RawSession::open(map.nodes[drive.node_idx].addr, &crate::protocol::secret_of(&cluster));
+    let item = MetaKey { drive: drive.drive_idx as u32, bucket: "bkt".into(), key: "t".into() };
+    for (detail, left_out) in
+        [(MetaDetail::VersionsBrief, true), (MetaDetail::WithFloorBrief, true), (MetaDetail::Versions, false)]
+    {
+        match session.call(&Request::MetaGet { items: vec![item.clone()], detail }) {
+            Response::Versions { keys } => {
+                let current = keys[0].current.as_ref().expect("the drive holds the table");
+                assert_eq!(keys[0].checksums_left_out, left_out, "{detail:?}");
+                assert_eq!(current.crcs.is_empty(), left_out, "{detail:?}");
+                assert_eq!(keys[0].finalized.is_some(), detail.with_floor(), "{detail:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // Overwritten (by another client): the next head reads the new version's checksums whole.
+    let newer = block_on(async {
+        let other = cluster.client();
+        other.put_bytes("bkt", "t", &second, &options).await.unwrap();
+        other.head("bkt", "t").await.unwrap()
+    });
+    let (info, asked) = rounds(&cached);
+    assert_eq!(info.meta, newer.meta);
+    assert_eq!(asked, asked_first, "a version not seen before is asked for whole");
+    block_on(client.gather(&info, &table, &indices, &mut out, None)).expect("gather of the new version");
+    assert!(out == expected(&second, &indices));
+}
