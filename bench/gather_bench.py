@@ -166,6 +166,8 @@ def main() -> None:
     parser.add_argument("--minio", action="store_true", help="also boto3 ranged GETs against MinIO (6 processes)")
     parser.add_argument("--minio-rows", type=int, default=2000, help="rows per batch boto3 fetches")
     parser.add_argument("--cluster-data", help="the cluster's data directory (for the fincore check)")
+    parser.add_argument("--row-cache", type=float, default=0.1,
+                        help="also Tessera with a row cache of this share of the table (0: not measured)")
     args = parser.parse_args()
 
     columns = args.row_bytes // 4
@@ -211,6 +213,12 @@ def main() -> None:
     systems = {}
     if args.only in (None, "tessera"):
         systems[name] = (lambda i: client.gather(args.bucket, "features.npy", i), whole)
+        if args.row_cache > 0:
+            # A client of its own (a row cache is per client), warming up over the batches.
+            cached = tessera.connect(args.config)
+            cached.set_gather_cache(int(args.row_cache * rows * args.row_bytes))
+            systems[f"{name}, {args.row_cache:.0%} row cache"] = (
+                lambda i: cached.gather(args.bucket, "features.npy", i), whole)
     if args.only in (None, "memmap"):
         systems["numpy.memmap"] = (lambda i: opened["local"][i], whole)
     if args.minio and args.only is None:
@@ -224,9 +232,8 @@ def main() -> None:
     results = interleaved(systems, work, args.row_bytes, args.cold, cold_start)
     check = work[-1][:100]
     assert np.array_equal(client.gather(args.bucket, "features.npy", check), opened["local"][check])
-    ours = results.get(name)
-    ratios = {f"tessera_over_{k}": ours["rows_per_s"] / v["rows_per_s"] for k, v in results.items() if k != name} \
-        if ours else {}
+    ratios = {f"{ours} over {theirs}": results[ours]["rows_per_s"] / results[theirs]["rows_per_s"]
+              for ours in results if ours.startswith("tessera") for theirs in results if not theirs.startswith("tessera")}
     if ratios:
         print(json.dumps({"ratios": ratios, "cache": "cold" if args.cold else "warm", "table_gib": args.table_gib,
                           "row_bytes": args.row_bytes}))

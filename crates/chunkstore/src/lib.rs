@@ -1043,7 +1043,30 @@ impl Drive {
         Ok(versions)
     }
 
+    /// [`Drive::get_versions`] (with the floor if asked) without block checksums
+    /// ([`KeyVersions::checksums_left_out`]): read past, never decoded into memory.
+    pub fn get_versions_brief(&self, bucket: &str, key: &str, with_floor: bool) -> Result<KeyVersions, Error> {
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
+        let mut versions = self.versions_in_as(&txn, bucket, key, true)?;
+        if with_floor {
+            let table = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
+            let value = table.get(object_key(bucket, key).as_slice()).map_err(|e| self.db_err(e))?;
+            versions.finalized = value.map(|v| version_of_bytes(v.value()));
+        }
+        Ok(versions)
+    }
+
     fn versions_in(&self, txn: &redb::ReadTransaction, bucket: &str, key: &str) -> Result<KeyVersions, Error> {
+        self.versions_in_as(txn, bucket, key, false)
+    }
+
+    fn versions_in_as(
+        &self,
+        txn: &redb::ReadTransaction,
+        bucket: &str,
+        key: &str,
+        brief: bool,
+    ) -> Result<KeyVersions, Error> {
         let objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
         let object_key = object_key(bucket, key);
         // The key's row, then its retained rows (`object_key NUL version`), in one range.
@@ -1053,7 +1076,12 @@ impl Drive {
         let mut retained = Vec::new();
         for entry in objects.range(object_key.as_slice()..end.as_slice()).map_err(|e| self.db_err(e))? {
             let (row, value) = entry.map_err(|e| self.db_err(e))?;
-            let meta = self.decode_meta(value.value())?;
+            let meta = if brief {
+                ObjectMeta::decode_stored_brief(value.value())
+                    .map_err(|source| Error::CorruptMeta { path: self.root.clone(), source })?
+            } else {
+                self.decode_meta(value.value())?
+            };
             if row.value() == object_key.as_slice() { current = Some(meta) } else { retained.push(meta) }
         }
         Ok(KeyVersions {
@@ -1062,7 +1090,7 @@ impl Drive {
             finalized: None,
             unavailable: false,
             retained_truncated: false,
-            checksums_left_out: false,
+            checksums_left_out: brief,
         })
     }
 

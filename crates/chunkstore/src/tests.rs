@@ -106,6 +106,19 @@ fn older_version_is_retained_beside_the_newer_one() {
     assert_eq!(versions.current.unwrap().version, version(9));
     let retained: Vec<_> = versions.retained.iter().map(|m| m.version).collect();
     assert_eq!(retained, [version(3), version(5)]);
+    // Read brief: the same versions without their checksums, floor as asked.
+    drive.finalize("bkt", "a", version(9), &[], 1_000).unwrap();
+    let whole = drive.get_versions_with_floor("bkt", "a").unwrap();
+    assert!(whole.all().all(|m| !m.crcs.is_empty()));
+    for with_floor in [false, true] {
+        let brief = drive.get_versions_brief("bkt", "a", with_floor).unwrap();
+        let mut expected = whole.clone();
+        expected.leave_out_checksums();
+        if !with_floor {
+            expected.finalized = None;
+        }
+        assert_eq!(brief, expected);
+    }
 }
 
 #[test]

@@ -412,6 +412,7 @@ fn meta_get(state: &State, items: &[proto::MetaKey], detail: proto::MetaDetail) 
         let unavailable = proto::KeyVersions { unavailable: true, ..Default::default() };
         let versions = match state.drives.get(item.drive as usize) {
             Some(_) if state.is_rebuilding(item.drive as usize) => Ok(unavailable.clone()),
+            Some(drive) if detail.brief() => drive.get_versions_brief(&item.bucket, &item.key, detail.with_floor()),
             Some(drive) if detail.with_floor() => drive.get_versions_with_floor(&item.bucket, &item.key),
             Some(drive) => drive.get_versions(&item.bucket, &item.key),
             None => Ok(unavailable.clone()),
@@ -421,7 +422,9 @@ fn meta_get(state: &State, items: &[proto::MetaKey], detail: proto::MetaDetail) 
             unavailable
         });
         if detail.brief() {
-            versions.leave_out_checksums();
+            // Read brief already; the unavailable answer says so too.
+            debug_assert!(versions.all().all(|m| m.crcs.is_empty()));
+            versions.checksums_left_out = true;
         }
         if versions.retained.len() > proto::RETAINED_PER_KEY_MAX {
             // Kept past the bound by an eviction (never by a commit): the answer carries the

@@ -102,7 +102,130 @@ pub struct PartPiece {
     pub crcs: Vec<u32>,
 }
 
+/// A stored `Vec<u32>` read past without keeping it: only its length.
+struct Skipped(usize);
+
+impl<'de> Deserialize<'de> for Skipped {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Counter;
+        impl<'de> serde::de::Visitor<'de> for Counter {
+            type Value = Skipped;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a sequence of u32")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Skipped, A::Error> {
+                let mut count = 0;
+                while seq.next_element::<u32>()?.is_some() {
+                    count += 1;
+                }
+                Ok(Skipped(count))
+            }
+        }
+        deserializer.deserialize_seq(Counter)
+    }
+}
+
+/// [`ObjectMeta`] as stored (the current format), its checksums read past: what a brief
+/// metadata answer needs, without allocating megabytes of checksums for a large table.
+#[derive(Deserialize)]
+struct BriefRecord {
+    format: u16,
+    bucket: String,
+    key: String,
+    version: VersionId,
+    deleted: bool,
+    size: u64,
+    etag: String,
+    content_type: String,
+    user_meta: Vec<(String, String)>,
+    headers: Vec<(String, String)>,
+    modified_ms: u64,
+    k: u8,
+    m: u8,
+    chunk_bytes: u32,
+    set_idx: u32,
+    rotation: u8,
+    block_bytes: u32,
+    crcs: Skipped,
+    parts: Vec<BriefPart>,
+    pads: Vec<Pad>,
+}
+
+/// [`PartPiece`] as stored, its checksums read past.
+#[derive(Deserialize)]
+struct BriefPart {
+    number: u32,
+    piece_key: String,
+    version: VersionId,
+    size: u64,
+    etag: String,
+    set_idx: u32,
+    rotation: u8,
+    crcs: Skipped,
+}
+
 impl ObjectMeta {
+    /// [`ObjectMeta::decode_stored`] and [`ObjectMeta::validate`] of a record whose checksums
+    /// are left out ([`ObjectMeta::brief`]): they are read past, counted against the layout,
+    /// and never allocated.
+    pub fn decode_stored_brief(bytes: &[u8]) -> Result<Self, Error> {
+        const WHAT: &str = "stored object metadata";
+        let (format, _) =
+            postcard::take_from_bytes::<u16>(bytes).map_err(|source| Error::Decode { what: WHAT, source })?;
+        if format != META_FORMAT_VERSION {
+            let mut meta = Self::decode_stored(bytes)?;
+            meta.validate()?;
+            meta.leave_out_checksums();
+            return Ok(meta);
+        }
+        let record: BriefRecord = crate::decode_message(bytes, WHAT)?;
+        let part_counts: Vec<usize> = record.parts.iter().map(|p| p.crcs.0).collect();
+        let meta = ObjectMeta {
+            format: record.format,
+            bucket: record.bucket,
+            key: record.key,
+            version: record.version,
+            deleted: record.deleted,
+            size: record.size,
+            etag: record.etag,
+            content_type: record.content_type,
+            user_meta: record.user_meta,
+            headers: record.headers,
+            modified_ms: record.modified_ms,
+            k: record.k,
+            m: record.m,
+            chunk_bytes: record.chunk_bytes,
+            set_idx: record.set_idx,
+            rotation: record.rotation,
+            block_bytes: record.block_bytes,
+            crcs: Vec::new(),
+            parts: record
+                .parts
+                .into_iter()
+                .map(|p| PartPiece {
+                    number: p.number,
+                    piece_key: p.piece_key,
+                    version: p.version,
+                    size: p.size,
+                    etag: p.etag,
+                    set_idx: p.set_idx,
+                    rotation: p.rotation,
+                    crcs: Vec::new(),
+                })
+                .collect(),
+            pads: record.pads,
+        };
+        meta.validate_brief()?;
+        // What `validate` checks of the checksums: their number.
+        let expected = if !meta.deleted && meta.parts.is_empty() { meta.checksums_for(meta.stored_size()) } else { 0 };
+        let parts_match = meta.parts.iter().zip(&part_counts).all(|(p, n)| *n as u128 == meta.checksums_for(p.size));
+        if record.crcs.0 as u128 != expected || !parts_match {
+            let reason = format!("{} checksums, the layout needs {expected}", record.crcs.0);
+            return Err(Error::Invalid { what: "object metadata", reason });
+        }
+        Ok(meta)
+    }
+
     /// Decodes a record read from a drive: the current format, or format 1 (no pads: the plain
     /// layout), which comes back as the current format.
     pub fn decode_stored(bytes: &[u8]) -> Result<Self, Error> {
@@ -179,7 +302,7 @@ impl ObjectMeta {
     }
 
     /// Block checksums a piece of `size` bytes has with this record's layout.
-    fn checksums_for(&self, size: u64) -> u128 {
+    pub(crate) fn checksums_for(&self, size: u64) -> u128 {
         let geometry = StripeGeometry::new(size, usize::from(self.k), self.chunk_bytes);
         if geometry.stripes == 0 {
             return 0;

@@ -474,6 +474,55 @@ fn format_1_records_stay_readable_as_the_plain_layout() {
     assert_eq!(ObjectMeta::decode_stored(&stored).unwrap(), current);
     assert!(decode_message::<ObjectMeta>(&bytes, "meta").is_err());
     assert!(ObjectMeta::decode_stored(&bytes[..bytes.len() - 1]).is_err());
+    // Read brief, both formats give the record without its checksums.
+    assert_eq!(ObjectMeta::decode_stored_brief(&bytes).unwrap(), current.brief());
+    assert_eq!(ObjectMeta::decode_stored_brief(&stored).unwrap(), current.brief());
+}
+
+#[test]
+fn brief_decoding_reads_past_the_checksums_and_still_counts_them() {
+    let mut whole = meta(3 << 20, 4, 2, 1 << 20);
+    whole.block_bytes = 4096;
+    whole.crcs =
+        (0..whole.checksums_for(whole.stored_size()) as u32).map(|i: u32| i.wrapping_mul(0x9e37_79b9)).collect();
+    whole.pads = Vec::new();
+    assert!(whole.validate().is_ok());
+    let stored = encode_body(&whole);
+    assert_eq!(ObjectMeta::decode_stored_brief(&stored).unwrap(), whole.brief());
+    // A record with one checksum too many or too few is as corrupt read brief as read whole.
+    for delta in [1i64, -1] {
+        let mut bad = whole.clone();
+        if delta > 0 {
+            bad.crcs.push(7)
+        } else {
+            bad.crcs.pop();
+        }
+        let bytes = encode_body(&bad);
+        assert!(ObjectMeta::decode_stored(&bytes).unwrap().validate().is_err());
+        assert!(ObjectMeta::decode_stored_brief(&bytes).is_err(), "{delta}");
+    }
+    assert!(ObjectMeta::decode_stored_brief(&stored[..stored.len() - 1]).is_err(), "cut short");
+    // A multipart record: each part's checksums are read past and counted.
+    let mut multipart = meta(0, 4, 2, 1 << 20);
+    multipart.crcs = Vec::new();
+    multipart.parts = (1..=2)
+        .map(|number| PartPiece {
+            number,
+            piece_key: format!("piece-{number}"),
+            version: VersionId { unix_ns: 100 + u64::from(number), writer: 1 },
+            size: 5 << 20,
+            etag: "00".into(),
+            set_idx: 0,
+            rotation: 0,
+            crcs: vec![1; multipart.checksums_for(5 << 20) as usize],
+        })
+        .collect();
+    multipart.size = 10 << 20;
+    assert!(multipart.validate().is_ok());
+    let stored = encode_body(&multipart);
+    assert_eq!(ObjectMeta::decode_stored_brief(&stored).unwrap(), multipart.brief());
+    multipart.parts[1].crcs.pop();
+    assert!(ObjectMeta::decode_stored_brief(&encode_body(&multipart)).is_err());
 }
 
 /// A record of the stored stream `pads` make of `size` object bytes.

@@ -395,13 +395,14 @@ fn concurrent_reads_share_metadata_requests_and_read_byte_exact() {
 
 #[test]
 fn a_metadata_answer_too_large_for_one_frame_comes_in_parts() {
-    // A 48 MiB object in 64 KiB chunks carries 1,152 block CRCs in its metadata (about 6 KB).
+    // A 96 MiB object in 64 KiB chunks carries 2,304 block CRCs in its metadata (about 12 KB).
     // 4,096 heads of it (`BATCH_ITEMS_MAX`) ask each node for 4,096 items in one request: about
-    // 24 MB of answer, more than one frame holds (16 MiB). The node answers the items that fit
+    // 48 MB of answer, more than one frame holds (32 MiB). The node answers the items that fit
     // and the client asks again for the rest; before, the node dropped the connection.
+    const { assert!(4096 * 2304 * 5 > proto::CONTROL_BODY_BYTES_MAX, "the answer must not fit one frame") };
     let cluster = Cluster::start(Shape::default());
     let client = cluster.client();
-    let data = payload(48 << 20, 7);
+    let data = payload(96 << 20, 7);
     block_on(async {
         client.make_bucket("bkt").await.unwrap();
         client.put_bytes("bkt", "big", &data, &Default::default()).await.unwrap();
