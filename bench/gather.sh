@@ -7,9 +7,12 @@
 # Usage: bench/gather.sh   (env: TABLE_GIB=1 BATCHES=20 COLD=1 BASE_PORT=27401, and
 # BENCH_ARGS for bench/gather_bench.py: "--rmat" to sample an R-MAT graph with a node per row
 # (TABLE_GIB=8: 2 M nodes), "--minio" to add boto3 ranged GETs against MinIO, "--uniform" for
-# neighbours without hot rows, "--seeds N", "--plain-upload" for 64 KiB checksum blocks)
-# The full issue-12 run: COLD=1 TABLE_GIB=8 BATCHES=10 BENCH_ARGS="--rmat" bench/gather.sh
-# (20 GB of disk), and MinIO at 1 GiB: COLD=1 BENCH_ARGS="--rmat --minio" bench/gather.sh.
+# neighbours without hot rows, "--seeds N", "--plain-upload" for 64 KiB checksum blocks,
+# "--reuse-out" to gather into one output array allocated once, "--row-cache 0.1" the share of
+# the table the second Tessera client caches, 0 for none)
+# The full issue-12 run: COLD=1 TABLE_GIB=8 BATCHES=10 BENCH_ARGS="--rmat --minio" bench/gather.sh
+# (34 GB of disk: the table, the cluster's and MinIO's copies; more than 24 GiB of page cache, so
+# its warm memmap is not warm: run without --minio for the warm ratios, 20 GB).
 # Needs the Python package in .venv (python/run-tests.sh builds it); COLD=1 needs fio.
 set -euo pipefail
 

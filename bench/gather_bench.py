@@ -166,6 +166,8 @@ def main() -> None:
     parser.add_argument("--minio", action="store_true", help="also boto3 ranged GETs against MinIO (6 processes)")
     parser.add_argument("--minio-rows", type=int, default=2000, help="rows per batch boto3 fetches")
     parser.add_argument("--cluster-data", help="the cluster's data directory (for the fincore check)")
+    parser.add_argument("--reuse-out", action="store_true",
+                        help="Tessera gathers into one output array allocated once (as a training loop's staging buffer)")
     parser.add_argument("--row-cache", type=float, default=0.1,
                         help="also Tessera with a row cache of this share of the table (0: not measured)")
     args = parser.parse_args()
@@ -212,13 +214,22 @@ def main() -> None:
     whole = lambda i: i  # noqa: E731
     systems = {}
     if args.only in (None, "tessera"):
-        systems[name] = (lambda i: client.gather(args.bucket, "features.npy", i), whole)
+        outs = {}
+
+        def gather_with(c, i):
+            if not args.reuse_out:
+                return c.gather(args.bucket, "features.npy", i)
+            out = outs.setdefault(id(c), np.empty((max(len(w) for w in work), columns), np.float32))
+            return c.gather(args.bucket, "features.npy", i, out=out[:len(i)])
+
+        if args.reuse_out:
+            name += ", output reused"
+        systems[name] = (lambda i: gather_with(client, i), whole)
         if args.row_cache > 0:
             # A client of its own (a row cache is per client), warming up over the batches.
             cached = tessera.connect(args.config)
             cached.set_gather_cache(int(args.row_cache * rows * args.row_bytes))
-            systems[f"{name}, {args.row_cache:.0%} row cache"] = (
-                lambda i: cached.gather(args.bucket, "features.npy", i), whole)
+            systems[f"{name}, {args.row_cache:.0%} row cache"] = (lambda i: gather_with(cached, i), whole)
     if args.only in (None, "memmap"):
         systems["numpy.memmap"] = (lambda i: opened["local"][i], whole)
     if args.minio and args.only is None:

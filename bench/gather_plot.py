@@ -5,6 +5,7 @@ per second (what the storage must read) against fio's 4 KiB random-read IOPS at 
 """
 
 import json
+import os
 import sys
 
 import matplotlib
@@ -52,7 +53,8 @@ def main() -> None:
             for i, value in enumerate(values):
                 ax.text(value, i, f" {value / 1000:,.1f} k", va="center", fontsize=8)
             nodes = graph.get("nodes", 0)
-            ax.set_title(f"{cache}: {graph.get('graph', '')} {nodes / 1e6:.1f} M nodes, {nodes * 4096 / 2**30:.0f} GiB table",
+            run = os.path.basename(path).rsplit(".", 1)[0]
+            ax.set_title(f"{run}, {cache}: {graph.get('graph', '')} {nodes / 1e6:.1f} M nodes, {nodes * 4096 / 2**30:.0f} GiB table",
                          fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
