@@ -525,15 +525,47 @@ def test_copy_object_onto_itself_needs_replace_and_then_updates_metadata(s3, buc
 
 
 def test_bucket_conflicts_have_s3_error_codes(s3, bucket):
-    # S3 answers 409 BucketAlreadyOwnedByYou in every region but us-east-1 (200 there, for legacy
-    # reasons); MinIO and the others answer 409 everywhere, and so must we.
-    with s3_error("BucketAlreadyOwnedByYou", 409):
-        s3.create_bucket(Bucket=bucket)
+    # S3 answers CreateBucket of a bucket you own with 200 in us-east-1 (this gateway's default
+    # region), leaving the bucket as it is; 409 BucketAlreadyOwnedByYou elsewhere
+    # (test_hardening.py, a gateway started with --region).
     s3.put_object(Bucket=bucket, Key="k", Body=b"x")
+    assert s3.create_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"x", "the bucket is untouched"
+    assert s3.get_bucket_location(Bucket=bucket).get("LocationConstraint") is None
     with s3_error("BucketNotEmpty", 409):
         s3.delete_bucket(Bucket=bucket)
     s3.delete_object(Bucket=bucket, Key="k")
     s3.delete_bucket(Bucket=bucket)
+
+
+def test_list_buckets_paginates_by_prefix_max_buckets_and_continuation_token(s3, bucket_name):
+    prefix = bucket_name[:40] + "-p"
+    names = sorted(f"{prefix}-{i}" for i in range(5))
+    for name in names:
+        s3.create_bucket(Bucket=name)
+    try:
+        seen, token, pages = [], None, 0
+        while True:
+            args = {"Prefix": prefix, "MaxBuckets": 2, **({"ContinuationToken": token} if token else {})}
+            page = s3.list_buckets(**args)
+            pages += 1
+            assert page["Prefix"] == prefix
+            assert len(page["Buckets"]) <= 2 and all(b["BucketRegion"] == "us-east-1" for b in page["Buckets"])
+            seen += [b["Name"] for b in page["Buckets"]]
+            token = page.get("ContinuationToken")
+            if not token:
+                break
+        assert (seen, pages) == (names, 3)
+        # Without max-buckets: every bucket at once, no token; another region's: none.
+        assert [b["Name"] for b in s3.list_buckets(Prefix=prefix)["Buckets"]] == names
+        assert "ContinuationToken" not in s3.list_buckets(Prefix=prefix)
+        assert s3.list_buckets(Prefix=prefix, BucketRegion="eu-west-1")["Buckets"] == []
+        for bad in ({"MaxBuckets": 10_001}, {"ContinuationToken": "not*a*token"}):  # botocore refuses 0 itself
+            with s3_error("InvalidArgument", 400):
+                s3.list_buckets(**bad)
+    finally:
+        for name in names:
+            s3.delete_bucket(Bucket=name)
 
 
 @pytest.mark.parametrize("name", ["ab", "Upper-Case", "under_score", "-leading-dash", "double..dots", "a" * 64])
@@ -594,6 +626,27 @@ def test_multipart_upload_lifecycle(s3, bucket):
     assert (got["ContentType"], got["Metadata"]) == ("text/x-parts", {"a": "b"})
     assert sha(got["Body"].read()) == sha(b"".join(parts))
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+    # Part-number reads (parallel downloaders): each part with its Content-Range and the parts
+    # count; a part past the end is S3's 416 InvalidPartNumber, never the whole object.
+    total, offset = sum(len(p) for p in parts), 0
+    for number, part in enumerate(parts, start=1):
+        got = s3.get_object(Bucket=bucket, Key="mp/obj", PartNumber=number)
+        assert sha(got["Body"].read()) == sha(part)
+        assert (got["PartsCount"], got["ContentLength"]) == (3, len(part))
+        assert got["ContentRange"] == f"bytes {offset}-{offset + len(part) - 1}/{total}"
+        head = s3.head_object(Bucket=bucket, Key="mp/obj", PartNumber=number)
+        assert (head["PartsCount"], head["ContentLength"]) == (3, len(part))
+        offset += len(part)
+    with s3_error("InvalidPartNumber", 416):
+        s3.get_object(Bucket=bucket, Key="mp/obj", PartNumber=4)
+    with s3_error("416"):  # a HEAD answer has no body to carry the code
+        s3.head_object(Bucket=bucket, Key="mp/obj", PartNumber=4)
+    # A single-piece object is one part.
+    s3.put_object(Bucket=bucket, Key="single", Body=b"one piece")
+    assert s3.get_object(Bucket=bucket, Key="single", PartNumber=1)["Body"].read() == b"one piece"
+    with s3_error("InvalidPartNumber", 416):
+        s3.get_object(Bucket=bucket, Key="single", PartNumber=2)
 
 
 def test_aborted_multipart_upload_leaves_nothing(s3, bucket):

@@ -23,9 +23,11 @@ from email.utils import formatdate
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlparse
 
+import boto3
 import pytest
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
+from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
@@ -183,6 +185,32 @@ def sigv2_gateway(cluster):
     """Endpoint of a second gateway started with --allow-sigv2 for this test only."""
     with _extra_gateway(cluster, "--allow-sigv2") as endpoint:
         yield endpoint
+
+
+def test_a_gateway_outside_us_east_1_answers_bucket_conflicts_and_locations_as_s3_does(cluster, s3, bucket):
+    # us-east-1 (the default gateway) answers CreateBucket of an owned bucket with 200
+    # (test_boto3.py); every other region with 409 BucketAlreadyOwnedByYou.
+    s3.put_object(Bucket=bucket, Key="k", Body=b"kept")
+    with _extra_gateway(cluster, "--region", "eu-west-1") as endpoint:
+        eu = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint, aws_access_key_id=cluster.access_key,
+            aws_secret_access_key=cluster.secret_key,
+            config=Config(region_name="eu-west-1", s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+        )
+        with s3_error("BucketAlreadyOwnedByYou", 409):
+            eu.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        assert eu.get_bucket_location(Bucket=bucket)["LocationConstraint"] == "eu-west-1"
+        listed = {b["Name"]: b for b in eu.list_buckets()["Buckets"]}
+        assert listed[bucket]["BucketRegion"] == "eu-west-1"
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"kept"
+
+
+def test_a_bad_region_name_is_a_one_line_error_at_start(cluster):
+    out = subprocess.run(
+        [str(TESSERA), "gateway", "--config", str(cluster.config), "--region", "US_EAST"],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode != 0 and "not a region name" in out.stderr, out.stderr
 
 
 def test_allow_sigv2_serves_sigv2_header_auth_with_a_current_date(cluster, s3, bucket, sigv2_gateway):

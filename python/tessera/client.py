@@ -246,7 +246,7 @@ class Client:
         row) as the ``.npy`` file ``bucket/key`` that ``gather`` reads rows of, streamed from
         the array's own memory. The header is padded so the rows start 4 KiB into the file, and
         the object gets the smallest checksum blocks its metadata can carry (4 KiB for tables up
-        to about 16 GiB on a 4+2 cluster, growing past that), so a gathered row costs about its
+        to about 11 GiB on a 4+2 cluster, growing past that), so a gathered row costs about its
         own bytes, not a 64 KiB block; readers that gather from it again fetch those checksums
         once per process (``head_many_cached``)."""
         from . import tensor

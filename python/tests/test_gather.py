@@ -34,11 +34,12 @@ def _indices(count: int, seed: int = 2) -> np.ndarray:
 
 
 def test_tables_get_the_smallest_checksum_blocks_their_metadata_can_carry(client):
-    # A 4+2 cluster: every version's checksums must fit one 32 MiB frame, so 4 KiB blocks up
-    # to about 16 GiB (the 8 GiB table included), then larger ones.
+    # A 4+2 cluster: every version's checksums must fit one 32 MiB frame (with a repair's
+    # commit, 1.5 times them), so 4 KiB blocks up to about 11 GiB (the 8 GiB table
+    # included), then larger ones.
     raw = client._raw
     assert raw.smallest_block_bytes(4096 + (8 << 30)) == 4096
-    assert raw.smallest_block_bytes(64 << 30) == 16 << 10
+    assert raw.smallest_block_bytes(64 << 30) == 32 << 10
     assert raw.smallest_block_bytes(1 << 50) == 64 << 10
 
 

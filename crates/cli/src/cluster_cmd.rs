@@ -98,6 +98,19 @@ pub(crate) struct GatewayArgs {
     /// that queries read every row group on one node; 0 turns it off.
     #[arg(long, default_value = "64MiB", value_parser = crate::size::parse_bytes)]
     relayout_rate: u64,
+    /// The region the gateway answers as: bucket locations, and CreateBucket of a bucket you
+    /// already own (200 in us-east-1, BucketAlreadyOwnedByYou elsewhere, as S3 answers).
+    #[arg(long, default_value = s3::DEFAULT_REGION, value_parser = region_name)]
+    region: String,
+}
+
+/// An AWS-style region name: lowercase letters, digits and dashes.
+fn region_name(value: &str) -> Result<String, String> {
+    let ok = (2..=32).contains(&value.len())
+        && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if ok { Ok(value.to_owned()) } else { Err(format!("{value:?} is not a region name (like us-east-1)")) }
 }
 
 #[derive(Debug, clap::Args)]
@@ -498,8 +511,14 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let client = client::Client::new(map, client::ClientOptions::default()).context("create the cluster client")?;
         let sigv2 = if args.allow_sigv2 { s3::SigV2::Allowed } else { s3::SigV2::Refused };
-        let config =
-            s3::GatewayConfig { listen: args.listen, access_key, secret_key, sigv2, relayout_rate: args.relayout_rate };
+        let config = s3::GatewayConfig {
+            listen: args.listen,
+            access_key,
+            secret_key,
+            sigv2,
+            relayout_rate: args.relayout_rate,
+            region: args.region.clone(),
+        };
         tokio::spawn(expire_uploads(client.clone(), args.multipart_expiry, args.multipart_check_interval));
         let gateway = s3::Gateway::bind(client, config).await.context("start the S3 gateway")?;
         tracing::info!("S3 gateway listening on http://{}", gateway.local_addr()?);

@@ -50,15 +50,17 @@ impl ChecksumCache {
             return false;
         };
         let record = records.remove(at).expect("found above");
-        let same = record.brief() == *brief;
-        if same {
-            brief.crcs = record.crcs.clone();
-            for (part, held) in brief.parts.iter_mut().zip(&record.parts) {
-                part.crcs = held.crcs.clone();
-            }
-            records.push_front(record);
+        if record.brief() != *brief {
+            return false; // the version moved (another set): its old record goes
         }
-        same
+        records.push_front(Arc::clone(&record));
+        drop(records);
+        // Megabytes for a large table: copied outside the lock.
+        brief.crcs = record.crcs.clone();
+        for (part, held) in brief.parts.iter_mut().zip(&record.parts) {
+            part.crcs = held.crcs.clone();
+        }
+        true
     }
 
     /// Keeps `meta` (a whole record), evicting the least recently used past the bounds.

@@ -147,7 +147,7 @@ pub(crate) async fn head_many(client: &Client, keys: &[(String, String)]) -> Vec
 pub(crate) enum Checksums {
     Included,
     /// Left out ([`MetaDetail::VersionsBrief`]): the [`ObjectInfo`]s say which version to read
-    /// but cannot read it until their checksums are filled in ([`ObjectMeta::validate`] fails).
+    /// but cannot read one with chunks until its checksums are filled in.
     LeftOut,
 }
 
@@ -856,9 +856,17 @@ impl Client {
             let request = Request::MetaGet { items: batch.to_vec(), detail };
             self.count_metadata_request(batch.len());
             let failure = match self.call(node_idx, &request).await {
-                Ok(Response::Versions { keys: got }) if !got.is_empty() && got.len() <= batch.len() => {
+                Ok(Response::Versions { keys: got })
+                    if !got.is_empty()
+                        && got.len() <= batch.len()
+                        && got.iter().all(|v| v.checksums_left_out == detail.brief()) =>
+                {
                     metas.extend(got.into_iter().map(Ok));
                     continue;
+                }
+                Ok(Response::Versions { keys: got }) if got.iter().any(|v| v.checksums_left_out != detail.brief()) => {
+                    // A whole answer without checksums would fail a read later; never use one.
+                    format!("node {} answered metadata of another detail than {detail:?}", self.node_id(node_idx))
                 }
                 Ok(Response::Versions { keys: got }) => {
                     format!("node {} answered {} of {} metadata items", self.node_id(node_idx), got.len(), batch.len())

@@ -538,7 +538,7 @@ impl Client {
 
     /// The smallest checksum block ([`PutOptions::block_bytes`], [`CHECKSUM_BLOCK_BYTES_MIN`]
     /// up to 64 KiB) with which an object of `size` bytes keeps its checksums within what one
-    /// version may carry in any active pool (a 4+2 pool: 4 KiB up to about 16 GiB). Larger
+    /// version may carry in any active pool (a 4+2 pool: 4 KiB up to about 11 GiB). Larger
     /// objects get 64 KiB.
     pub fn smallest_block_bytes(&self, size: u64) -> u32 {
         let map = self.current().topo.map.clone();

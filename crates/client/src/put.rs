@@ -23,10 +23,12 @@ const FINALIZES_IN_FLIGHT_MAX: usize = 256;
 /// block: 64 B per 1 MiB chunk at 64 KiB).
 pub(crate) const CHECKSUM_BLOCK_BYTES: u32 = 64 << 10;
 
-/// Most block checksums one object's metadata may carry: its record must fit one frame
-/// (postcard spends up to 5 bytes per u32; 1 MiB is left for the other fields). About 270 GiB
-/// per piece at 4+2 with 64 KiB blocks; larger objects go through multipart.
-pub(crate) const CHECKSUMS_PER_OBJECT_MAX: usize = (proto::CONTROL_BODY_BYTES_MAX - (1 << 20)) / 5;
+/// Most block checksums one object's metadata may carry: its record must fit one frame, and so
+/// must a repair's commit, which carries the record and one position's checksums again (at
+/// most half of them: n >= 2); postcard spends up to 5 bytes per u32 and 1 MiB is left for
+/// the other fields. About 176 GiB per piece at 4+2 with 64 KiB blocks (11 GiB with 4 KiB
+/// blocks); larger objects go through multipart.
+pub(crate) const CHECKSUMS_PER_OBJECT_MAX: usize = (proto::CONTROL_BODY_BYTES_MAX - (1 << 20)) * 2 / 15;
 
 /// The checksum block size for chunks of `chunk_bytes`.
 pub(crate) fn block_bytes(chunk_bytes: u32) -> u32 {

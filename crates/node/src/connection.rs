@@ -442,7 +442,15 @@ fn meta_get(state: &State, items: &[proto::MetaKey], detail: proto::MetaDetail) 
                 retained_budget -= bytes;
             }
         }
-        let bytes = proto::encode_body(&versions).len();
+        let mut bytes = proto::encode_body(&versions).len();
+        if bytes > body_budget && !versions.retained.is_empty() {
+            // A large current record and its retained versions may not fit one frame together
+            // (the first key is always answered): the current one goes alone.
+            tracing::debug!(key = %item.key, bytes, "retained versions left out of a metadata answer");
+            versions.retained.clear();
+            versions.retained_truncated = true;
+            bytes = proto::encode_body(&versions).len();
+        }
         if bytes > body_budget && !keys.is_empty() {
             break;
         }

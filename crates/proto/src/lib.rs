@@ -51,7 +51,9 @@ use sha2::Sha256;
 /// status; version 4 the cluster id and map version in the handshake, stale-map refusals and
 /// map updates; version 5 drive space (`Request::Space`); version 6 moving keys off a pool
 /// (`Request::Evict`); version 7 the aligned layout (`ObjectMeta::pads`, metadata format 2);
-/// version 8 `CsvFormat::empty_is_null` in `Request::RecordQuery`. postcard encodes enum
+/// version 8 `CsvFormat::empty_is_null` in `Request::RecordQuery`; version 9 brief metadata
+/// reads (`MetaDetail::VersionsBrief`, `KeyVersions::checksums_left_out`) and 32 MiB frames.
+/// postcard encodes enum
 /// variants by index and structs by position: any change to a message bumps this.
 pub const PROTOCOL_VERSION: u16 = 9;
 /// First four bytes of every frame.
@@ -59,7 +61,8 @@ pub const FRAME_MAGIC: [u8; 4] = *b"TSR1";
 /// Bytes of a frame header.
 pub const FRAME_HEADER_BYTES: usize = 12;
 /// Largest postcard body of one frame (32 MiB): a metadata record with the 4 KiB-block
-/// checksums of a 16 GiB table (4+2) fits; anything larger is refused before allocation.
+/// checksums of an 11 GiB table (4+2), with a repair commit's copy of one position's, fits; anything
+/// larger is refused before allocation.
 pub const CONTROL_BODY_BYTES_MAX: usize = 32 << 20;
 /// Largest raw payload following one message item: one chunk.
 pub const CHUNK_BYTES_MAX: usize = cluster::CHUNK_BYTES_MAX as usize;

@@ -219,8 +219,12 @@ impl ObjectMeta {
         // What `validate` checks of the checksums: their number.
         let expected = if !meta.deleted && meta.parts.is_empty() { meta.checksums_for(meta.stored_size()) } else { 0 };
         let parts_match = meta.parts.iter().zip(&part_counts).all(|(p, n)| *n as u128 == meta.checksums_for(p.size));
-        if record.crcs.0 as u128 != expected || !parts_match {
+        if record.crcs.0 as u128 != expected {
             let reason = format!("{} checksums, the layout needs {expected}", record.crcs.0);
+            return Err(Error::Invalid { what: "object metadata", reason });
+        }
+        if !parts_match {
+            let reason = "a part's checksums do not match its layout".to_string();
             return Err(Error::Invalid { what: "object metadata", reason });
         }
         Ok(meta)

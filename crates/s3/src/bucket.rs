@@ -10,28 +10,83 @@ pub(crate) fn owner() -> Owner {
     Owner { display_name: Some("tessera".into()), id: Some("tessera".into()) }
 }
 
+/// Buckets one ListBuckets page holds at most, and unless `max-buckets` asks for fewer (S3's).
+pub(crate) const LIST_BUCKETS_PAGE_MAX: i32 = 10_000;
+
+/// ListBuckets: names in order, those starting with `prefix`, `max-buckets` at a time, each page
+/// after the first continuing from a token (the last name of the page before, encoded: opaque
+/// to clients, as S3's are). A `bucket-region` other than the gateway's lists nothing.
 pub(crate) async fn list_buckets(
     client: &client::Client,
     req: S3Request<ListBucketsInput>,
+    region: &str,
 ) -> S3Result<S3Response<ListBucketsOutput>> {
-    let prefix = req.input.prefix.unwrap_or_default();
-    let entries = client.buckets().await.map_err(s3_error)?;
-    let buckets = entries
+    let input = req.input;
+    let max = input.max_buckets.unwrap_or(LIST_BUCKETS_PAGE_MAX);
+    if !(1..=LIST_BUCKETS_PAGE_MAX).contains(&max) {
+        return Err(S3Error::with_message(
+            S3ErrorCode::InvalidArgument,
+            format!("max-buckets must be from 1 to {LIST_BUCKETS_PAGE_MAX}, not {max}"),
+        ));
+    }
+    let after = input.continuation_token.as_deref().filter(|t| !t.is_empty()).map(token_name).transpose()?;
+    let prefix = input.prefix.clone().unwrap_or_default();
+    let in_region = input.bucket_region.as_deref().is_none_or(|r| r == region);
+    let mut names = client.buckets().await.map_err(s3_error)?;
+    names.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut matching = names.into_iter().filter(|bucket| {
+        in_region
+            && bucket.name.starts_with(&prefix)
+            && !bucket.name.starts_with('.')
+            && after.as_deref().is_none_or(|after| bucket.name.as_str() > after)
+    });
+    let page: Vec<_> = matching.by_ref().take(max as usize).collect();
+    let continuation_token = match (matching.next(), page.last()) {
+        (Some(_), Some(last)) => Some(name_token(&last.name)),
+        _ => None,
+    };
+    let buckets = page
         .into_iter()
-        .filter(|bucket| bucket.name.starts_with(&prefix) && !bucket.name.starts_with('.'))
         .map(|bucket| Bucket {
             creation_date: Some(crate::conditional::timestamp(bucket.created_ms)),
             name: Some(bucket.name),
-            bucket_region: None,
+            bucket_region: Some(region.to_owned()),
         })
         .collect();
-    let output = ListBucketsOutput { buckets: Some(buckets), owner: Some(owner()), ..Default::default() };
+    let output =
+        ListBucketsOutput { buckets: Some(buckets), owner: Some(owner()), continuation_token, prefix: input.prefix };
     Ok(S3Response::new(output))
 }
 
+/// The continuation token after bucket `name`.
+fn name_token(name: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(name)
+}
+
+/// The bucket name a continuation token continues after; a token this gateway did not make
+/// is refused as S3 refuses it.
+fn token_name(token: &str) -> S3Result<String> {
+    use base64::Engine as _;
+    let name = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .filter(|name| {
+            (1..=63).contains(&name.len())
+                && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+        });
+    name.ok_or_else(|| {
+        S3Error::with_message(S3ErrorCode::InvalidArgument, "The continuation token provided is incorrect")
+    })
+}
+
+/// CreateBucket. Of a bucket that exists (every bucket is the one owner's): in us-east-1 S3
+/// answers 200 and leaves the bucket as it is, in other regions `BucketAlreadyOwnedByYou`.
 pub(crate) async fn create_bucket(
     client: &client::Client,
     req: S3Request<CreateBucketInput>,
+    region: &str,
 ) -> S3Result<S3Response<CreateBucketOutput>> {
     let input = req.input;
     // Buckets behave as S3's default since 2023, Object Ownership "BucketOwnerEnforced": ACLs
@@ -53,6 +108,9 @@ pub(crate) async fn create_bucket(
         return Err(error);
     }
     if client.bucket_exists(&input.bucket).await.map_err(s3_error)? {
+        if region == crate::DEFAULT_REGION {
+            return Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{}", input.bucket)) }));
+        }
         return Err(S3Error::with_message(
             S3ErrorCode::BucketAlreadyOwnedByYou,
             format!("bucket {} already exists and is yours", input.bucket),
@@ -86,10 +144,13 @@ pub(crate) async fn head_bucket(
 pub(crate) async fn get_bucket_location(
     client: &client::Client,
     req: S3Request<GetBucketLocationInput>,
+    region: &str,
 ) -> S3Result<S3Response<GetBucketLocationOutput>> {
     require_bucket(client, &req.input.bucket).await?;
-    // No constraint means us-east-1, the region SDKs sign for by default.
-    Ok(S3Response::new(GetBucketLocationOutput { location_constraint: None }))
+    // No constraint means us-east-1 (S3's answer there).
+    let location_constraint =
+        (region != crate::DEFAULT_REGION).then(|| BucketLocationConstraint::from(region.to_owned()));
+    Ok(S3Response::new(GetBucketLocationOutput { location_constraint }))
 }
 
 pub(crate) async fn get_bucket_versioning(

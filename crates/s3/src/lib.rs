@@ -20,6 +20,7 @@
 //!     secret_key: "...".into(),
 //!     sigv2: s3::SigV2::Refused,
 //!     relayout_rate: 64 << 20,
+//!     region: s3::DEFAULT_REGION.into(),
 //! }).await?;
 //! gateway.serve(std::future::pending()).await?;
 //! ```
@@ -55,7 +56,14 @@ pub struct GatewayConfig {
     /// Object bytes per second the background re-layout of uploaded Parquet objects rewrites
     /// (each row group into one chunk); 0 turns it off.
     pub relayout_rate: u64,
+    /// The region the gateway answers as ([`DEFAULT_REGION`] unless set): every bucket's
+    /// location, and how CreateBucket of a bucket that exists answers (200 in us-east-1,
+    /// `BucketAlreadyOwnedByYou` elsewhere, as S3 does).
+    pub region: String,
 }
+
+/// The region a gateway answers as unless told otherwise: S3's default, which SDKs sign for.
+pub const DEFAULT_REGION: &str = "us-east-1";
 
 /// The gateway's policy for Signature Version 2 (HMAC-SHA1, no payload hash, no scope).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,6 +83,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("secret_key", &"<redacted>")
             .field("sigv2", &self.sigv2)
             .field("relayout_rate", &self.relayout_rate)
+            .field("region", &self.region)
             .finish()
     }
 }
@@ -154,6 +163,7 @@ fn validate_credentials(access_key: &str, secret_key: &str) -> Result<(), Error>
 struct Tessera {
     client: client::Client,
     relayer: Option<relayout::Relayer>,
+    region: String,
 }
 
 impl Tessera {

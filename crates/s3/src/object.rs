@@ -311,12 +311,23 @@ async fn plan_read(
 /// The bytes of part `number` of a multipart object; part 1 of a single-piece object is all of it.
 fn part_range(info: &client::ObjectInfo, number: i32) -> S3Result<Option<Range<u64>>> {
     let meta = &info.meta;
-    let invalid = || invalid_argument(format!("part number {number} does not exist"));
-    let index = usize::try_from(number).ok().and_then(|n| n.checked_sub(1)).ok_or_else(invalid)?;
-    if meta.parts.is_empty() {
-        return if index == 0 { Ok(None) } else { Err(invalid()) };
+    if !(1..=10_000).contains(&number) {
+        return Err(invalid_argument("Part number must be an integer between 1 and 10000, inclusive"));
     }
-    let part = meta.parts.get(index).ok_or_else(invalid)?;
+    let index = (number - 1) as usize;
+    // Past the object's parts: S3's 416 `InvalidPartNumber`, never the whole object.
+    let past_end = || {
+        let mut error = S3Error::with_message(
+            S3ErrorCode::Custom("InvalidPartNumber".into()),
+            "The requested partnumber is not satisfiable",
+        );
+        error.set_status_code(hyper::StatusCode::RANGE_NOT_SATISFIABLE);
+        error
+    };
+    if meta.parts.is_empty() {
+        return if index == 0 { Ok(None) } else { Err(past_end()) };
+    }
+    let part = meta.parts.get(index).ok_or_else(past_end)?;
     let start: u64 = meta.parts[..index].iter().map(|p| p.size).sum();
     if part.size == 0 {
         return Ok(None);

@@ -25,7 +25,7 @@ const XML_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 pub(crate) fn build_service(client: client::Client, config: &GatewayConfig) -> S3Service {
     let relayer = crate::relayout::Relayer::start(client.clone(), config.relayout_rate);
-    let mut builder = S3ServiceBuilder::new(Tessera { client, relayer });
+    let mut builder = S3ServiceBuilder::new(Tessera { client, relayer, region: config.region.clone() });
     builder.set_auth(RootAuth { access_key: config.access_key.clone(), secret_key: config.secret_key.clone() });
     builder.set_host(crate::host::LocalHost::new(config.listen.port()));
     let mut s3_config = s3s::config::S3Config::default();
@@ -247,11 +247,11 @@ pub(crate) async fn serve(
 #[async_trait::async_trait]
 impl S3 for Tessera {
     async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
-        crate::bucket::list_buckets(&self.client, req).await
+        crate::bucket::list_buckets(&self.client, req, &self.region).await
     }
 
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
-        crate::bucket::create_bucket(&self.client, req).await
+        crate::bucket::create_bucket(&self.client, req, &self.region).await
     }
 
     async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
@@ -266,7 +266,7 @@ impl S3 for Tessera {
         &self,
         req: S3Request<GetBucketLocationInput>,
     ) -> S3Result<S3Response<GetBucketLocationOutput>> {
-        crate::bucket::get_bucket_location(&self.client, req).await
+        crate::bucket::get_bucket_location(&self.client, req, &self.region).await
     }
 
     async fn get_bucket_versioning(
