@@ -649,6 +649,22 @@ def test_multipart_upload_lifecycle(s3, bucket):
         s3.get_object(Bucket=bucket, Key="single", PartNumber=2)
 
 
+def test_upload_part_copy_takes_a_range_inside_the_source_and_refuses_others(s3, bucket):
+    source = data(MIB, seed=31)
+    s3.put_object(Bucket=bucket, Key="src", Body=source)
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key="dst")["UploadId"]
+    copy = {"Bucket": bucket, "Key": "dst", "UploadId": upload_id, "PartNumber": 1,
+            "CopySource": {"Bucket": bucket, "Key": "src"}}
+    with s3_error("InvalidRange", 416):  # well formed, past the source's end
+        s3.upload_part_copy(**copy, CopySourceRange=f"bytes=0-{MIB}")
+    with s3_error("InvalidArgument", 400):  # not bytes=first-last
+        s3.upload_part_copy(**copy, CopySourceRange="bytes=100-")
+    tag = s3.upload_part_copy(**copy, CopySourceRange="bytes=100-1099")["CopyPartResult"]["ETag"]
+    s3.complete_multipart_upload(Bucket=bucket, Key="dst", UploadId=upload_id,
+                                 MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": tag}]})
+    assert s3.get_object(Bucket=bucket, Key="dst")["Body"].read() == source[100:1100]
+
+
 def test_aborted_multipart_upload_leaves_nothing(s3, bucket):
     upload_id = s3.create_multipart_upload(Bucket=bucket, Key="obj")["UploadId"]
     s3.upload_part(Bucket=bucket, Key="obj", UploadId=upload_id, PartNumber=1, Body=data(MIB, seed=23))

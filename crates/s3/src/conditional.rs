@@ -128,14 +128,19 @@ pub(crate) fn content_range(range: &Range<u64>, size: u64) -> String {
 
 /// `x-amz-copy-source-range: bytes=FIRST-LAST` against a source of `size` bytes.
 pub(crate) fn copy_source_range(header: &str, size: u64) -> Result<Range<u64>, S3Error> {
-    let invalid = || {
-        S3Error::with_message(
-            S3ErrorCode::InvalidArgument,
-            format!("the x-amz-copy-source-range {header:?} is not valid for a source object of {size} bytes"),
-        )
-    };
     match s3s::dto::Range::parse(header.trim()) {
-        Ok(s3s::dto::Range::Int { first, last: Some(last) }) if last < size => Ok(first..last + 1),
-        _ => Err(invalid()),
+        Ok(s3s::dto::Range::Int { first, last: Some(last) }) if first <= last && last < size => Ok(first..last + 1),
+        // Well formed but not inside the source: S3's 416.
+        Ok(s3s::dto::Range::Int { first, last: Some(last) }) if first <= last => Err(S3Error::with_message(
+            S3ErrorCode::InvalidRange,
+            format!("the x-amz-copy-source-range {header:?} is not inside the source object of {size} bytes"),
+        )),
+        _ => Err(S3Error::with_message(
+            S3ErrorCode::InvalidArgument,
+            format!(
+                "the x-amz-copy-source-range {header:?} must be bytes=first-last, the zero-based offsets of the first \
+                 and last bytes to copy"
+            ),
+        )),
     }
 }

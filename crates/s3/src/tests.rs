@@ -66,10 +66,12 @@ fn content_range_names_inclusive_last_byte() {
 fn copy_source_range_needs_both_ends_inside_the_source() {
     assert_eq!(copy_source_range("bytes=0-9", 10).ok(), Some(0..10));
     assert_eq!(copy_source_range("bytes=5-5", 10).ok(), Some(5..6));
-    assert!(copy_source_range("bytes=0-10", 10).is_err());
-    assert!(copy_source_range("bytes=5-", 10).is_err());
-    assert!(copy_source_range("bytes=-5", 10).is_err());
-    assert!(copy_source_range("5-6", 10).is_err());
+    let code = |header: &str| copy_source_range(header, 10).unwrap_err().code().clone();
+    assert_eq!(code("bytes=0-10"), s3s::S3ErrorCode::InvalidRange, "outside the source");
+    assert_eq!(code("bytes=20-30"), s3s::S3ErrorCode::InvalidRange);
+    for malformed in ["bytes=5-", "bytes=-5", "5-6", "bytes=6-5"] {
+        assert_eq!(code(malformed), s3s::S3ErrorCode::InvalidArgument, "{malformed}");
+    }
 }
 
 // ---- preconditions ----
