@@ -113,7 +113,9 @@ fn older_version_is_retained_beside_the_newer_one() {
     for with_floor in [false, true] {
         let brief = drive.get_versions_brief("bkt", "a", with_floor).unwrap();
         let mut expected = whole.clone();
-        expected.leave_out_checksums();
+        expected.current = whole.current.as_ref().map(ObjectMeta::brief);
+        expected.retained = whole.retained.iter().map(ObjectMeta::brief).collect();
+        expected.checksums_left_out = true;
         if !with_floor {
             expected.finalized = None;
         }

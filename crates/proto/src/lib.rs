@@ -545,14 +545,6 @@ impl KeyVersions {
     pub fn all(&self) -> impl Iterator<Item = &ObjectMeta> {
         self.current.iter().chain(self.retained.iter().rev())
     }
-
-    /// This answer without block checksums (what a brief [`MetaDetail`] asks for).
-    pub fn leave_out_checksums(&mut self) {
-        for meta in self.current.iter_mut().chain(self.retained.iter_mut()) {
-            meta.leave_out_checksums();
-        }
-        self.checksums_left_out = true;
-    }
 }
 
 /// One bucket in a bucket listing.

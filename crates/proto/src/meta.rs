@@ -173,10 +173,9 @@ impl ObjectMeta {
         let (format, _) =
             postcard::take_from_bytes::<u16>(bytes).map_err(|source| Error::Decode { what: WHAT, source })?;
         if format != META_FORMAT_VERSION {
-            let mut meta = Self::decode_stored(bytes)?;
+            let meta = Self::decode_stored(bytes)?;
             meta.validate()?;
-            meta.leave_out_checksums();
-            return Ok(meta);
+            return Ok(meta.brief());
         }
         let record: BriefRecord = crate::decode_message(bytes, WHAT)?;
         let part_counts: Vec<usize> = record.parts.iter().map(|p| p.crcs.0).collect();
@@ -353,21 +352,13 @@ impl ObjectMeta {
     }
 
     /// [`ObjectMeta::validate`] for a record whose block checksums were left out
-    /// ([`ObjectMeta::leave_out_checksums`]): everything else must hold, and no checksum is there.
+    /// ([`ObjectMeta::brief`]): everything else must hold, and no checksum is there.
     pub fn validate_brief(&self) -> Result<(), Error> {
         if !self.crcs.is_empty() || self.parts.iter().any(|p| !p.crcs.is_empty()) {
             let reason = "checksums in a record that says it left them out".to_string();
             return Err(Error::Invalid { what: "object metadata", reason });
         }
         self.validate_with(false)
-    }
-
-    /// Drops the block checksums (the record's bulk for a large object); the rest stays.
-    pub fn leave_out_checksums(&mut self) {
-        self.crcs = Vec::new();
-        for part in &mut self.parts {
-            part.crcs = Vec::new();
-        }
     }
 
     /// This record without its block checksums, copied (the checksums are not).
