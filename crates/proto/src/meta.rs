@@ -102,33 +102,12 @@ pub struct PartPiece {
     pub crcs: Vec<u32>,
 }
 
-/// A stored `Vec<u32>` read past without keeping it: only its length.
-struct Skipped(usize);
-
-impl<'de> Deserialize<'de> for Skipped {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Counter;
-        impl<'de> serde::de::Visitor<'de> for Counter {
-            type Value = Skipped;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a sequence of u32")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Skipped, A::Error> {
-                let mut count = 0;
-                while seq.next_element::<u32>()?.is_some() {
-                    count += 1;
-                }
-                Ok(Skipped(count))
-            }
-        }
-        deserializer.deserialize_seq(Counter)
-    }
-}
-
-/// [`ObjectMeta`] as stored (the current format), its checksums read past: what a brief
-/// metadata answer needs, without allocating megabytes of checksums for a large table.
+/// The fields of a stored record (the current format) before its checksums: what a brief
+/// metadata answer needs of them. postcard encodes structs field after field with nothing
+/// between, so the record is read in pieces: this, the checksums read past
+/// ([`skip_checksums`]), the parts (each a [`BriefPartHead`] and its checksums), the pads.
 #[derive(Deserialize)]
-struct BriefRecord {
+struct BriefHead {
     format: u16,
     bucket: String,
     key: String,
@@ -146,14 +125,11 @@ struct BriefRecord {
     set_idx: u32,
     rotation: u8,
     block_bytes: u32,
-    crcs: Skipped,
-    parts: Vec<BriefPart>,
-    pads: Vec<Pad>,
 }
 
-/// [`PartPiece`] as stored, its checksums read past.
+/// [`PartPiece`] as stored, up to its checksums.
 #[derive(Deserialize)]
-struct BriefPart {
+struct BriefPartHead {
     number: u32,
     piece_key: String,
     version: VersionId,
@@ -161,7 +137,32 @@ struct BriefPart {
     etag: String,
     set_idx: u32,
     rotation: u8,
-    crcs: Skipped,
+}
+
+/// Reads past a postcard `Vec<u32>` at the start of `bytes` without decoding it: returns its
+/// length and the bytes after it. Each `u32` is a varint whose last byte is below 0x80, so
+/// counting those bytes (64 at a time, vectorized) finds the end: an 8 GiB table's 3 million
+/// checksums (15 MB) in ~0.3 ms, where decoding them one by one took ~7 ms on every drive of
+/// the set, for every version-only read. Only the count of varints is checked here (not that each
+/// is at most 5 bytes): a record read whole is decoded strictly.
+fn skip_checksums(bytes: &[u8]) -> Result<(usize, &[u8]), postcard::Error> {
+    const BLOCK: usize = 64;
+    let (count, rest) = postcard::take_from_bytes::<usize>(bytes)?;
+    let (mut ends, mut at) = (0usize, 0usize);
+    // A block of 64 bytes holds at most 64 ends: never past the last one while 64 or more are
+    // due. A byte count of a fixed-size block in a u8 (at most 64) is what the compiler
+    // vectorizes (a usize sum per byte was slower than eight bytes at a time).
+    while count - ends >= BLOCK && rest.len() - at >= BLOCK {
+        let block: &[u8; BLOCK] = rest[at..at + BLOCK].try_into().expect("a whole block");
+        ends += usize::from(block.iter().fold(0u8, |n, &b| n + (!b >> 7)));
+        at += BLOCK;
+    }
+    while ends < count {
+        let byte = *rest.get(at).ok_or(postcard::Error::DeserializeUnexpectedEnd)?;
+        at += 1;
+        ends += usize::from(byte < 0x80);
+    }
+    Ok((count, &rest[at..]))
 }
 
 impl ObjectMeta {
@@ -177,49 +178,58 @@ impl ObjectMeta {
             meta.validate()?;
             return Ok(meta.brief());
         }
-        let record: BriefRecord = crate::decode_message(bytes, WHAT)?;
-        let part_counts: Vec<usize> = record.parts.iter().map(|p| p.crcs.0).collect();
+        let decode = |source| Error::Decode { what: WHAT, source };
+        let (head, rest) = postcard::take_from_bytes::<BriefHead>(bytes).map_err(decode)?;
+        let (crc_count, rest) = skip_checksums(rest).map_err(decode)?;
+        let (part_count, mut rest) = postcard::take_from_bytes::<usize>(rest).map_err(decode)?;
+        // Every part takes bytes: a count past them is a corrupt record, not an allocation.
+        let mut parts = Vec::with_capacity(part_count.min(rest.len()));
+        let mut part_counts = Vec::with_capacity(part_count.min(rest.len()));
+        for _ in 0..part_count {
+            let (p, after) = postcard::take_from_bytes::<BriefPartHead>(rest).map_err(decode)?;
+            let (count, after) = skip_checksums(after).map_err(decode)?;
+            rest = after;
+            part_counts.push(count);
+            parts.push(PartPiece {
+                number: p.number,
+                piece_key: p.piece_key,
+                version: p.version,
+                size: p.size,
+                etag: p.etag,
+                set_idx: p.set_idx,
+                rotation: p.rotation,
+                crcs: Vec::new(),
+            });
+        }
+        let (pads, _) = postcard::take_from_bytes::<Vec<Pad>>(rest).map_err(decode)?;
         let meta = ObjectMeta {
-            format: record.format,
-            bucket: record.bucket,
-            key: record.key,
-            version: record.version,
-            deleted: record.deleted,
-            size: record.size,
-            etag: record.etag,
-            content_type: record.content_type,
-            user_meta: record.user_meta,
-            headers: record.headers,
-            modified_ms: record.modified_ms,
-            k: record.k,
-            m: record.m,
-            chunk_bytes: record.chunk_bytes,
-            set_idx: record.set_idx,
-            rotation: record.rotation,
-            block_bytes: record.block_bytes,
+            format: head.format,
+            bucket: head.bucket,
+            key: head.key,
+            version: head.version,
+            deleted: head.deleted,
+            size: head.size,
+            etag: head.etag,
+            content_type: head.content_type,
+            user_meta: head.user_meta,
+            headers: head.headers,
+            modified_ms: head.modified_ms,
+            k: head.k,
+            m: head.m,
+            chunk_bytes: head.chunk_bytes,
+            set_idx: head.set_idx,
+            rotation: head.rotation,
+            block_bytes: head.block_bytes,
             crcs: Vec::new(),
-            parts: record
-                .parts
-                .into_iter()
-                .map(|p| PartPiece {
-                    number: p.number,
-                    piece_key: p.piece_key,
-                    version: p.version,
-                    size: p.size,
-                    etag: p.etag,
-                    set_idx: p.set_idx,
-                    rotation: p.rotation,
-                    crcs: Vec::new(),
-                })
-                .collect(),
-            pads: record.pads,
+            parts,
+            pads,
         };
         meta.validate_brief()?;
         // What `validate` checks of the checksums: their number.
         let expected = if !meta.deleted && meta.parts.is_empty() { meta.checksums_for(meta.stored_size()) } else { 0 };
         let parts_match = meta.parts.iter().zip(&part_counts).all(|(p, n)| *n as u128 == meta.checksums_for(p.size));
-        if record.crcs.0 as u128 != expected {
-            let reason = format!("{} checksums, the layout needs {expected}", record.crcs.0);
+        if crc_count as u128 != expected {
+            let reason = format!("{crc_count} checksums, the layout needs {expected}");
             return Err(Error::Invalid { what: "object metadata", reason });
         }
         if !parts_match {

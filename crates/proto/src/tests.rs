@@ -528,6 +528,42 @@ fn brief_decoding_reads_past_the_checksums_and_still_counts_them() {
     assert!(ObjectMeta::decode_stored_brief(&encode_body(&multipart)).is_err());
 }
 
+proptest! {
+    /// The checksums are read past by counting varint ends eight bytes at a time: whatever
+    /// the mix of 1- to 5-byte varints, and whatever the count modulo 8, the brief record is
+    /// the whole one less its checksums (for a part's checksums too).
+    #[test]
+    fn brief_decoding_finds_the_end_of_checksums_of_any_width(
+        values in proptest::collection::vec((any::<u32>(), 0u32..32), 1..40),
+        size in 1u64..(3 << 20),
+    ) {
+        let pick = |i: usize| { let (v, s) = values[i % values.len()]; v >> s };
+        let mut whole = meta(size, 4, 2, 1 << 20);
+        whole.block_bytes = 4096;
+        whole.crcs = (0..whole.checksums_for(whole.stored_size()) as usize).map(pick).collect();
+        prop_assert!(whole.validate().is_ok());
+        prop_assert_eq!(ObjectMeta::decode_stored_brief(&encode_body(&whole)).unwrap(), whole.brief());
+        let mut multipart = meta(0, 4, 2, 1 << 20);
+        multipart.block_bytes = 4096;
+        multipart.crcs = Vec::new();
+        multipart.parts = (1..=2)
+            .map(|number| PartPiece {
+                number,
+                piece_key: format!("piece-{number}"),
+                version: VersionId { unix_ns: 100 + u64::from(number), writer: 1 },
+                size: size + u64::from(number),
+                etag: "00".into(),
+                set_idx: 0,
+                rotation: 0,
+                crcs: (0..multipart.checksums_for(size + u64::from(number)) as usize).map(|i| pick(i + 3)).collect(),
+            })
+            .collect();
+        multipart.size = 2 * size + 3;
+        prop_assert!(multipart.validate().is_ok());
+        prop_assert_eq!(ObjectMeta::decode_stored_brief(&encode_body(&multipart)).unwrap(), multipart.brief());
+    }
+}
+
 /// A record of the stored stream `pads` make of `size` object bytes.
 fn padded_meta(size: u64, k: u8, chunk_bytes: u32, pads: Vec<Pad>) -> ObjectMeta {
     let mut record = meta(size, k, 2, chunk_bytes);
