@@ -195,7 +195,7 @@ impl Conn {
         self.stream.write_all(bytes).await.map_err(|e| self.io(e))
     }
 
-    fn io(&self, e: std::io::Error) -> Error {
+    pub(crate) fn io(&self, e: std::io::Error) -> Error {
         Error::NodeUnreachable { node: self.node.clone(), reason: e.to_string() }
     }
 
