@@ -665,6 +665,79 @@ def test_upload_part_copy_takes_a_range_inside_the_source_and_refuses_others(s3,
     assert s3.get_object(Bucket=bucket, Key="dst")["Body"].read() == source[100:1100]
 
 
+def test_url_encoding_type_encodes_every_name_in_every_listing(s3, bucket):
+    """`EncodingType=url` (which botocore decodes only when it set it itself): keys, prefixes,
+    delimiters, markers and common prefixes come back form-encoded, as S3 and MinIO encode
+    them: a space as `+`, `/` and `*` kept, the rest `%XX`."""
+    keys = ["dir a/b+c%d~e", "dir a/plain*", "dir b/x y"]
+    for key in keys:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="dir ", Delimiter=" ", EncodingType="url")
+    assert (listed["EncodingType"], listed["Prefix"], listed["Delimiter"]) == ("url", "dir+", "+")
+    assert listed["CommonPrefixes"] == [{"Prefix": "dir+b/x+"}]
+    assert [o["Key"] for o in listed["Contents"]] == ["dir+a/b%2Bc%25d%7Ee", "dir+a/plain*"]
+    page = s3.list_objects_v2(Bucket=bucket, StartAfter="dir a/b", MaxKeys=1, EncodingType="url")
+    assert (page["StartAfter"], [o["Key"] for o in page["Contents"]]) == ("dir+a/b", ["dir+a/b%2Bc%25d%7Ee"])
+    v1 = s3.list_objects(Bucket=bucket, Marker="dir a/b+", MaxKeys=1, EncodingType="url")
+    assert (v1["Marker"], [o["Key"] for o in v1["Contents"]]) == ("dir+a/b%2B", ["dir+a/b%2Bc%25d%7Ee"])
+    assert v1["NextMarker"] == "dir+a/b%2Bc%25d%7Ee"
+    versions = s3.list_object_versions(Bucket=bucket, Prefix="dir b", EncodingType="url")
+    assert [v["Key"] for v in versions["Versions"]] == ["dir+b/x+y"]
+    # Without it, names come back as they are (botocore decodes what it asked encoded).
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == sorted(keys)
+
+    ids = [s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"] for key in keys]
+    try:
+        uploads = s3.list_multipart_uploads(Bucket=bucket, Prefix="dir a/", MaxUploads=1, EncodingType="url")
+        assert (uploads["EncodingType"], uploads["Prefix"]) == ("url", "dir+a/")
+        assert [u["Key"] for u in uploads["Uploads"]] == ["dir+a/b%2Bc%25d%7Ee"]
+        assert uploads["NextKeyMarker"] == "dir+a/b%2Bc%25d%7Ee"
+        grouped = s3.list_multipart_uploads(Bucket=bucket, Delimiter="/", KeyMarker="dir a", EncodingType="url")
+        assert (grouped["Delimiter"], grouped["KeyMarker"]) == ("/", "dir+a")
+        assert grouped["CommonPrefixes"] == [{"Prefix": "dir+a/"}, {"Prefix": "dir+b/"}]
+        plain = s3.list_multipart_uploads(Bucket=bucket, Prefix="dir b/")
+        assert [u["Key"] for u in plain["Uploads"]] == ["dir b/x y"]
+        with s3_error("InvalidArgument", 400):
+            s3.list_multipart_uploads(Bucket=bucket, EncodingType="base64")
+    finally:
+        for key, upload_id in zip(keys, ids):
+            s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+
+
+def test_complete_multipart_upload_honours_if_none_match_and_if_match(s3, bucket):
+    """Conditional Complete, as a conditional PUT: a failed condition is 412 and leaves the
+    upload to complete later; a Complete retried after it succeeded (its answer lost) succeeds
+    again with the same ETag, whatever the condition."""
+    parts = [data(MIB, seed=40 + i) for i in range(3)]
+
+    def upload(key, seed):
+        upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        tag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=1, Body=parts[seed])["ETag"]
+        return {"Bucket": bucket, "Key": key, "UploadId": upload_id,
+                "MultipartUpload": {"Parts": [{"PartNumber": 1, "ETag": tag}]}}
+
+    first = upload("cond", 0)
+    created = s3.complete_multipart_upload(**first, IfNoneMatch="*")
+    assert s3.complete_multipart_upload(**first, IfNoneMatch="*")["ETag"] == created["ETag"]  # a retry
+
+    second = upload("cond", 1)
+    with s3_error("PreconditionFailed", 412):
+        s3.complete_multipart_upload(**second, IfNoneMatch="*")
+    with s3_error("PreconditionFailed", 412):
+        s3.complete_multipart_upload(**second, IfMatch='"0123456789abcdef0123456789abcdef-1"')
+    assert [p["PartNumber"] for p in s3.list_parts(**{k: second[k] for k in ("Bucket", "Key", "UploadId")})["Parts"]] == [1]
+    assert s3.head_object(Bucket=bucket, Key="cond")["ETag"] == created["ETag"]  # untouched
+    replaced = s3.complete_multipart_upload(**second, IfMatch=created["ETag"])
+    assert replaced["ETag"] != created["ETag"]
+    assert s3.head_object(Bucket=bucket, Key="cond")["ETag"] == replaced["ETag"]
+    assert s3.get_object(Bucket=bucket, Key="cond")["Body"].read() == parts[1]
+
+    third = upload("absent", 2)
+    with s3_error("NoSuchKey", 404):  # If-Match needs an object, as S3 answers
+        s3.complete_multipart_upload(**third, IfMatch=created["ETag"])
+    s3.abort_multipart_upload(**{k: third[k] for k in ("Bucket", "Key", "UploadId")})
+
+
 def test_aborted_multipart_upload_leaves_nothing(s3, bucket):
     upload_id = s3.create_multipart_upload(Bucket=bucket, Key="obj")["UploadId"]
     s3.upload_part(Bucket=bucket, Key="obj", UploadId=upload_id, PartNumber=1, Body=data(MIB, seed=23))

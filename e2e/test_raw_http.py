@@ -21,7 +21,8 @@ import time
 import zlib
 from urllib.parse import quote, urlparse
 
-from s3check import KIB, data, etag, s3_error, sha
+import pytest
+from s3check import KIB, MIB, data, etag, s3_error, sha
 
 REGION = "us-east-1"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -185,6 +186,129 @@ def test_payload_not_matching_its_signed_sha256_is_refused(cluster, s3, bucket):
     assert (status, _code(resp)) == (400, "XAmzContentSHA256Mismatch")
     with s3_error("404"):
         s3.head_object(Bucket=bucket, Key="mismatch")
+
+
+def _send_full(url: str, method: str = "GET", headers: dict[str, str] | None = None,
+               body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """Status, lower-cased headers and body of one request to an absolute URL."""
+    parsed = urlparse(url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
+    try:
+        target = parsed.path + (f"?{parsed.query}" if parsed.query else "")
+        conn.request(method, target, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def _request_id(body: bytes) -> str:
+    text = body.decode("utf-8", "replace")
+    start = text.find("<RequestId>")
+    return text[start + 11:text.find("</RequestId>")] if start >= 0 else ""
+
+
+@pytest.mark.parametrize("expires, code", [
+    (604800, None),  # a week: the longest S3 allows
+    (604801, "AuthorizationQueryParametersError"),
+    (-1, "AuthorizationQueryParametersError"),
+])
+def test_presigned_url_validity_is_bounded_as_s3_bounds_it(s3, bucket, expires, code):
+    """X-Amz-Expires must be 0..604800 (checked before the signature, as S3): a URL presigned
+    for longer would otherwise work for as long as it says."""
+    s3.put_object(Bucket=bucket, Key="presigned", Body=b"bounded")
+    # botocore (with awscrt) presigns only positive validities: a negative one is written in.
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "presigned"},
+                                    ExpiresIn=max(expires, 60))
+    url = url.replace(f"X-Amz-Expires={max(expires, 60)}", f"X-Amz-Expires={expires}")
+    assert f"X-Amz-Expires={expires}" in url, url
+    status, headers, body = _send_full(url)
+    if code is None:
+        assert (status, body) == (200, b"bounded")
+    else:
+        assert (status, _code(body)) == (400, code), body
+        assert _request_id(body) == headers["x-amz-request-id"], body
+
+
+def test_a_put_signed_too_long_ago_is_refused_and_stores_nothing(cluster, s3, bucket):
+    """A header-signed request whose x-amz-date is more than 15 minutes old is S3's 403
+    RequestTimeTooSkewed (a captured request cannot be replayed later); every error body's
+    RequestId is the x-amz-request-id header."""
+    body = b"signed twenty minutes ago"
+    signer = Signer(cluster.access_key, cluster.secret_key, dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=20))
+    path = f"/{bucket}/stale"
+    headers = {"host": urlparse(cluster.endpoint).netloc, "x-amz-content-sha256": hashlib.sha256(body).hexdigest()}
+    auth, _ = signer.authorization("PUT", path, headers)
+    headers.update({"authorization": auth, "content-length": str(len(body))})
+    status, answer_headers, answer = _send_full(cluster.endpoint + path, "PUT", headers, body)
+    assert (status, _code(answer)) == (403, "RequestTimeTooSkewed"), answer
+    assert _request_id(answer) == answer_headers["x-amz-request-id"] != "", answer
+    with s3_error("404"):
+        s3.head_object(Bucket=bucket, Key="stale")
+
+
+def _put_chunked(url: str, path: str, headers: dict[str, str], pieces: list[bytes]) -> tuple[int, bytes]:
+    """A PUT with `Transfer-Encoding: chunked` and no Content-Length (http.client frames it)."""
+    parsed = urlparse(url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=60)
+    try:
+        conn.request("PUT", path, body=iter(pieces), headers=headers, encode_chunked=True)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_put_without_content_length_is_stored_whole(cluster, s3, bucket):
+    """Transfer-Encoding: chunked and no Content-Length (streaming clients, `curl -T -`): AWS
+    answers 411, Tessera stores the body whole (as Ceph RGW), header-signed with an unsigned
+    payload, presigned, and as a multipart part; Content-Encoding is kept as sent."""
+    pieces = [data(300 * KIB, seed=60), data(5 * MIB, seed=61), b"tail"]
+    body = b"".join(pieces)
+    signer = Signer(cluster.access_key, cluster.secret_key)
+    path = f"/{bucket}/streamed"
+    headers = {"host": urlparse(cluster.endpoint).netloc, "x-amz-content-sha256": "UNSIGNED-PAYLOAD",
+               "content-encoding": "gzip", "transfer-encoding": "chunked"}
+    auth, _ = signer.authorization("PUT", path, headers)
+    headers["authorization"] = auth
+    assert _put_chunked(cluster.endpoint, path, headers, pieces)[0] == 200
+    got = s3.get_object(Bucket=bucket, Key="streamed")
+    assert (got["ContentLength"], got["ContentEncoding"]) == (len(body), "gzip")
+    assert sha(got["Body"].read()) == sha(body)
+
+    url = s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "presigned"}, ExpiresIn=300)
+    parsed = urlparse(url)
+    status, answer = _put_chunked(url, f"{parsed.path}?{parsed.query}", {}, pieces)
+    assert status == 200, answer
+    assert sha(s3.get_object(Bucket=bucket, Key="presigned")["Body"].read()) == sha(body)
+
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key="parts")["UploadId"]
+    url = s3.generate_presigned_url("upload_part", ExpiresIn=300, Params={
+        "Bucket": bucket, "Key": "parts", "UploadId": upload_id, "PartNumber": 1})
+    parsed = urlparse(url)
+    assert _put_chunked(url, f"{parsed.path}?{parsed.query}", {}, pieces)[0] == 200
+    part = s3.list_parts(Bucket=bucket, Key="parts", UploadId=upload_id)["Parts"][0]
+    assert (part["Size"], part["ETag"]) == (len(body), etag(body))
+    s3.abort_multipart_upload(Bucket=bucket, Key="parts", UploadId=upload_id)
+
+
+def test_a_chunked_put_that_ends_early_stores_nothing(cluster, s3, bucket):
+    """The connection closes in the middle of a chunk: the PUT fails and nothing is stored
+    (the gateway had started reading: its first chunk arrived)."""
+    url = s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "cut"}, ExpiresIn=300)
+    parsed = urlparse(url)
+    with socket.create_connection((parsed.hostname, parsed.port), timeout=30) as sock:
+        sock.sendall((f"PUT {parsed.path}?{parsed.query} HTTP/1.1\r\nHost: {parsed.netloc}\r\n"
+                      "Transfer-Encoding: chunked\r\n\r\n").encode())
+        first = data(64 * KIB, seed=62)
+        sock.sendall(b"%x\r\n%s\r\n" % (len(first), first))
+        sock.sendall(b"%x\r\n" % (64 * KIB) + first[:1000])  # a chunk cut short, then gone
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(30)
+        answer = sock.recv(65536)  # the gateway's error, or nothing (it may just close)
+    assert not answer.startswith(b"HTTP/1.1 200"), answer
+    with s3_error("404"):
+        s3.head_object(Bucket=bucket, Key="cut")
 
 
 def _read_response(sock: socket.socket, deadline: float) -> tuple[int, dict[str, str], bytes]:

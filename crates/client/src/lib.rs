@@ -53,7 +53,7 @@ pub use checksum_cache::CHECKSUM_CACHE_BYTES_MAX;
 pub use coalesce::MetadataCounts;
 pub use gather::{GATHER_ROWS_MAX, GATHER_RUN_BYTES_MAX, GatherItem, RowCache, RowCacheStats, RowTable};
 pub use list::ListPage;
-pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, UploadInfo};
+pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, Replacing, UploadInfo};
 pub use pace::Pace;
 pub use proto::QUERY_FOOTER_BYTES_MAX;
 pub use proto::{

@@ -46,6 +46,19 @@ pub struct UploadInfo {
     pub initiated_ms: u64,
 }
 
+/// What a Complete may replace ([`Client::complete_multipart_if`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Replacing {
+    /// Whatever is there, or nothing.
+    Anything,
+    /// Nothing: the key has no live object (S3's `If-None-Match: *`).
+    Nothing,
+    /// Only a live object (`If-Match: *`).
+    Existing,
+    /// Only the object with this ETag, quotes allowed (S3's `If-Match`).
+    ETag(String),
+}
+
 fn marker_key(bucket: &str, upload_id: &str) -> String {
     format!("u/{bucket}/{upload_id}")
 }
@@ -194,7 +207,26 @@ impl Client {
         upload_id: &str,
         parts: &[(u32, String)],
     ) -> Result<ObjectInfo, Error> {
-        self.with_map(|c| async move { c.complete_multipart_once(bucket, key, upload_id, parts).await }).await
+        self.complete_multipart_if(bucket, key, upload_id, parts, &Replacing::Anything).await
+    }
+
+    /// [`Client::complete_multipart`] only if the object it would replace is as `replacing`
+    /// says (S3's `If-None-Match: *` and `If-Match` on CompleteMultipartUpload), else
+    /// [`Error::PreconditionFailed`] ([`Error::NotFound`] for an ETag and no object), and the
+    /// upload stays. Absence is checked again by every drive at commit; an ETag only before
+    /// (a concurrent writer can slip in between, as for a conditional PUT). A retried Complete
+    /// of an upload that is already complete succeeds whatever the condition: its object is
+    /// the one the condition was checked against the first time.
+    pub async fn complete_multipart_if(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+        replacing: &Replacing,
+    ) -> Result<ObjectInfo, Error> {
+        self.with_map(|c| async move { c.complete_multipart_once(bucket, key, upload_id, parts, replacing).await })
+            .await
     }
 
     async fn complete_multipart_once(
@@ -203,12 +235,32 @@ impl Client {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
+        replacing: &Replacing,
     ) -> Result<ObjectInfo, Error> {
         let marker = match self.upload_marker(bucket, key, upload_id).await {
             Ok(marker) => marker,
             // A retried Complete whose first answer was lost: the object is already there.
             Err(Error::NoSuchUpload { .. }) => return self.completed_object(bucket, key, upload_id, parts).await,
             Err(e) => return Err(e),
+        };
+        let condition = match replacing {
+            Replacing::Anything => proto::CommitCondition::None,
+            Replacing::Nothing => proto::CommitCondition::IfAbsent,
+            Replacing::Existing | Replacing::ETag(_) => {
+                let current = match self.head_inner(bucket, key).await {
+                    Ok(info) => info,
+                    Err(Error::NotFound { .. }) => {
+                        return Err(Error::NotFound { bucket: bucket.to_owned(), key: key.to_owned() });
+                    }
+                    Err(e) => return Err(e),
+                };
+                if let Replacing::ETag(expected) = replacing
+                    && current.meta.etag != expected.trim_matches('"')
+                {
+                    return Err(Error::PreconditionFailed { bucket: bucket.to_owned(), key: key.to_owned() });
+                }
+                proto::CommitCondition::None
+            }
         };
         if parts.is_empty() {
             return Err(Error::InvalidPart { number: 0, reason: "a multipart upload needs at least one part".into() });
@@ -252,18 +304,17 @@ impl Client {
         let size = pieces.iter().map(|p| p.size).sum();
         let (k, m) = erasure.expect("at least one part");
         let only = Some(cluster::ErasureConfig::new(usize::from(k), usize::from(m))?);
-        let (info, replaced) =
-            crate::put::commit_without_data(self, bucket, key, proto::CommitCondition::None, only, |meta| {
-                meta.size = size;
-                meta.etag = etag;
-                (meta.k, meta.m) = (k, m);
-                meta.content_type = marker.content_type.clone();
-                meta.user_meta = marker.user_meta.clone();
-                meta.headers = marker.headers.clone();
-                meta.parts = pieces;
-                Ok(())
-            })
-            .await?;
+        let (info, replaced) = crate::put::commit_without_data(self, bucket, key, condition, only, |meta| {
+            meta.size = size;
+            meta.etag = etag;
+            (meta.k, meta.m) = (k, m);
+            meta.content_type = marker.content_type.clone();
+            meta.user_meta = marker.user_meta.clone();
+            meta.headers = marker.headers.clone();
+            meta.parts = pieces;
+            Ok(())
+        })
+        .await?;
         // The upload is over: drop its marker and every piece the object does not use.
         let used: Vec<String> = info.meta.parts.iter().map(|p| p.piece_key.clone()).collect();
         self.drop_upload(bucket, upload_id, &used).await;

@@ -200,13 +200,17 @@ pub(crate) fn decode_token(token: &str) -> S3Result<String> {
     String::from_utf8(bytes).map_err(|_| invalid())
 }
 
-/// `encoding-type=url`: percent-encodes all but unreserved characters and `/` (clients decode
-/// with `unquote_plus`, so `+` and space must be encoded).
+/// `encoding-type=url`, as S3 encodes names (form encoding, which MinIO matches too): letters,
+/// digits, `-`, `_`, `.`, `*` and `/` stay, a space becomes `+`, every other byte `%XX`
+/// (uppercase hex, `~` included). Clients decode with form decoding (botocore's
+/// `unquote_plus`), so a `+` in a key must be encoded.
 pub(crate) fn url_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~' | b'/') {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'*' | b'/') {
             out.push(char::from(byte));
+        } else if byte == b' ' {
+            out.push('+');
         } else {
             out.push_str(&format!("%{byte:02X}"));
         }
@@ -216,12 +220,12 @@ pub(crate) fn url_encode(text: &str) -> String {
 
 /// Applies the request's encoding type to names in the response.
 #[derive(Clone, Copy, Debug)]
-struct Encoder {
+pub(crate) struct Encoder {
     url: bool,
 }
 
 impl Encoder {
-    fn new(encoding_type: Option<&EncodingType>) -> S3Result<Self> {
+    pub(crate) fn new(encoding_type: Option<&EncodingType>) -> S3Result<Self> {
         match encoding_type.map(EncodingType::as_str) {
             None => Ok(Self { url: false }),
             Some(EncodingType::URL) => Ok(Self { url: true }),
@@ -229,15 +233,15 @@ impl Encoder {
         }
     }
 
-    fn apply(self, text: String) -> String {
+    pub(crate) fn apply(self, text: String) -> String {
         if self.url { url_encode(&text) } else { text }
     }
 
-    fn apply_opt(self, text: Option<String>) -> Option<String> {
+    pub(crate) fn apply_opt(self, text: Option<String>) -> Option<String> {
         text.map(|t| self.apply(t))
     }
 
-    fn prefixes(self, prefixes: Vec<String>) -> CommonPrefixList {
+    pub(crate) fn prefixes(self, prefixes: Vec<String>) -> CommonPrefixList {
         prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(self.apply(p)) }).collect()
     }
 }

@@ -55,9 +55,10 @@ pub(crate) async fn upload_part(
     client: &client::Client,
     req: S3Request<UploadPartInput>,
 ) -> S3Result<S3Response<UploadPartOutput>> {
-    let S3Request { input, headers, trailing_headers, .. } = req;
+    let S3Request { input, headers, trailing_headers, extensions, .. } = req;
     let number = part_number(input.part_number)?;
-    if input.content_length.is_some_and(|len| len as u64 > PART_BYTES_MAX) {
+    let sized = extensions.get::<crate::server::UnsizedBody>().is_none();
+    if sized && input.content_length.is_some_and(|len| len as u64 > PART_BYTES_MAX) {
         return Err(entity_too_large(PART_BYTES_MAX));
     }
     let checksums = crate::object::requested_checksums!(input);
@@ -126,8 +127,24 @@ pub(crate) async fn complete_multipart_upload(
         };
         parts.push((part_number(number)?, tag.value().to_owned()));
     }
-    let info =
-        client.complete_multipart(&input.bucket, &input.key, &input.upload_id, &parts).await.map_err(s3_error)?;
+    // `If-None-Match: *` and `If-Match: ETAG`, as for a conditional PUT (any other
+    // If-None-Match is refused: S3 accepts only `*` on writes).
+    let replacing = match (&input.if_match, &input.if_none_match) {
+        (Some(_), Some(_)) => {
+            return Err(invalid_argument("If-Match and If-None-Match cannot both be given"));
+        }
+        (Some(ETagCondition::ETag(tag)), None) => client::Replacing::ETag(tag.value().to_owned()),
+        (Some(ETagCondition::Any), None) => client::Replacing::Existing,
+        (None, Some(ETagCondition::Any)) => client::Replacing::Nothing,
+        (None, Some(_)) => {
+            return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "If-None-Match on a write takes only *"));
+        }
+        (None, None) => client::Replacing::Anything,
+    };
+    let info = client
+        .complete_multipart_if(&input.bucket, &input.key, &input.upload_id, &parts, &replacing)
+        .await
+        .map_err(s3_error)?;
     let output = CompleteMultipartUploadOutput {
         location: Some(format!("/{}/{}", input.bucket, input.key)),
         bucket: Some(input.bucket),
@@ -194,6 +211,8 @@ pub(crate) async fn list_multipart_uploads(
     req: S3Request<ListMultipartUploadsInput>,
 ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
     let input = req.input;
+    // `encoding-type=url` encodes the delimiter, markers, prefixes and keys, as S3 does.
+    let encoder = crate::list::Encoder::new(input.encoding_type.as_ref())?;
     let max_uploads = page_size(input.max_uploads, "max-uploads")?;
     let prefix = input.prefix.unwrap_or_default();
     let delimiter = input.delimiter.filter(|d| !d.is_empty());
@@ -207,7 +226,7 @@ pub(crate) async fn list_multipart_uploads(
         .uploads
         .into_iter()
         .map(|u| MultipartUpload {
-            key: Some(u.key),
+            key: Some(encoder.apply(u.key)),
             upload_id: Some(u.upload_id),
             initiated: Some(timestamp(u.initiated_ms)),
             initiator: Some(Initiator { display_name: owner.display_name.clone(), id: owner.id.clone() }),
@@ -218,15 +237,15 @@ pub(crate) async fn list_multipart_uploads(
         .collect();
     let output = ListMultipartUploadsOutput {
         bucket: Some(input.bucket),
-        prefix: Some(prefix),
-        delimiter,
-        key_marker: Some(key_marker),
+        prefix: Some(encoder.apply(prefix)),
+        delimiter: encoder.apply_opt(delimiter),
+        key_marker: Some(encoder.apply(key_marker)),
         upload_id_marker,
         max_uploads: i32::try_from(max_uploads).ok(),
         is_truncated: Some(page.truncated),
-        next_key_marker: page.next.as_ref().map(|(key, _)| key.clone()),
+        next_key_marker: encoder.apply_opt(page.next.as_ref().map(|(key, _)| key.clone())),
         next_upload_id_marker: page.next.map(|(_, id)| id),
-        common_prefixes: Some(page.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect()),
+        common_prefixes: Some(encoder.prefixes(page.prefixes)),
         uploads: Some(uploads),
         encoding_type: input.encoding_type,
         request_charged: None,

@@ -184,8 +184,9 @@ pub(crate) async fn put_object(
     client: &client::Client,
     req: S3Request<PutObjectInput>,
 ) -> S3Result<S3Response<PutObjectOutput>> {
-    let S3Request { input, headers, trailing_headers, .. } = req;
-    if input.content_length.is_some_and(|len| len as u64 > PUT_OBJECT_BYTES_MAX) {
+    let S3Request { input, headers, trailing_headers, extensions, .. } = req;
+    let sized = extensions.get::<crate::server::UnsizedBody>().is_none();
+    if sized && input.content_length.is_some_and(|len| len as u64 > PUT_OBJECT_BYTES_MAX) {
         return Err(entity_too_large(PUT_OBJECT_BYTES_MAX));
     }
     crate::bucket::check_object_acl(input.acl.as_ref())?;

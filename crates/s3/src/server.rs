@@ -73,7 +73,8 @@ pub(crate) async fn handle(
     // that chose to) signs every x-amz-* header, so adding one would break the signature.
     let id_value = hyper::header::HeaderValue::from_str(&request_id).expect("hex is a valid header value");
     request.extensions_mut().insert(RequestId(request_id.clone()));
-    let mut response = match check_sigv2(sigv2, &request) {
+    mark_unsized_body(&mut request);
+    let mut response = match check_sigv2(sigv2, &request).and_then(|()| check_presigned_expiry(&request)) {
         Err((status, code, message)) => {
             tracing::info!(parent: &span, code, "refused: {message}");
             error_response(status, code, message)
@@ -85,6 +86,47 @@ pub(crate) async fn handle(
         tracing::warn!(parent: &span, status = %response.status(), "answered with a server error");
     }
     Ok(with_request_id_in_body(response, &request_id).await)
+}
+
+/// A request extension: this PUT of an object came with `Transfer-Encoding: chunked` and no
+/// length ([`mark_unsized_body`]); its `Content-Length` header is [`UNSIZED_CONTENT_LENGTH`],
+/// not a length, and the body is read to its end (at most the operation's limit).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct UnsizedBody;
+
+/// What [`mark_unsized_body`] puts in the `Content-Length` header (i64::MAX: s3s parses the
+/// header as a signed length). Handlers that see [`UnsizedBody`] ignore it.
+const UNSIZED_CONTENT_LENGTH: u64 = i64::MAX as u64;
+
+/// Accepts a PutObject or UploadPart sent with `Transfer-Encoding: chunked` and no length (as
+/// streaming HTTP clients and `curl -T -` send, with an unsigned payload): S3 answers 411
+/// `MissingContentLength`; Tessera stores it whole, as Ceph RGW does (a deliberate difference:
+/// accepting it loses nothing, and the body is still bounded by the operation's limit). s3s
+/// asks an unsigned payload for a length, so the request gets a placeholder one and an
+/// [`UnsizedBody`] mark. Not for a signed payload hash (whose check needs the real length), an
+/// aws-chunked body (which carries its decoded length) or a bucket-level PUT (an XML body,
+/// read whole against its length): those keep s3s's answer.
+pub(crate) fn mark_unsized_body<B>(request: &mut hyper::Request<B>) {
+    use hyper::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
+    let headers = request.headers();
+    let chunked = headers.get(TRANSFER_ENCODING).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
+    let unsigned = headers.get("x-amz-content-sha256").is_none_or(|v| v.as_bytes() == b"UNSIGNED-PAYLOAD");
+    if request.method() != hyper::Method::PUT || headers.contains_key(CONTENT_LENGTH) || !chunked || !unsigned {
+        return;
+    }
+    let host = headers.get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    let host_name = host.rsplit_once(':').map_or(host, |(name, _)| name);
+    let path = request.uri().path().trim_start_matches('/');
+    let key = if host_name.ends_with(".localhost") { path } else { path.split_once('/').map_or("", |(_, key)| key) };
+    // Object subresources (?tagging, ?acl, ...) take XML bodies; parts and presigning do not.
+    let plain = form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes()).all(|(name, _)| {
+        matches!(name.as_ref(), "partNumber" | "uploadId" | "x-id") || name.to_ascii_lowercase().starts_with("x-amz-")
+    });
+    if key.is_empty() || !plain {
+        return;
+    }
+    request.headers_mut().insert(CONTENT_LENGTH, hyper::header::HeaderValue::from(UNSIZED_CONTENT_LENGTH));
+    request.extensions_mut().insert(UnsizedBody);
 }
 
 /// The id of the request being served (a request extension).
@@ -139,6 +181,35 @@ fn check_sigv2<B>(
         ));
     }
     Ok(())
+}
+
+/// Longest a SigV4 presigned URL may be valid for, as S3: a week.
+const PRESIGNED_EXPIRES_MAX_S: i64 = 604_800;
+
+/// A SigV4 presigned URL's `X-Amz-Expires`, checked as S3 checks it before the signature:
+/// not a number, negative, or above a week is 400 `AuthorizationQueryParametersError` (s3s
+/// takes any 32-bit value, so a URL presigned for years would work). An expired URL is s3s's
+/// 403 `AccessDenied` ("Request has expired"), as S3.
+pub(crate) fn check_presigned_expiry<B>(
+    request: &hyper::Request<B>,
+) -> Result<(), (hyper::StatusCode, &'static str, String)> {
+    let query = request.uri().query().unwrap_or("");
+    if !query.contains("X-Amz-Expires") {
+        return Ok(());
+    }
+    let Some((_, value)) = form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == "X-Amz-Expires") else {
+        return Ok(());
+    };
+    let refused =
+        |message: &str| Err((hyper::StatusCode::BAD_REQUEST, "AuthorizationQueryParametersError", message.to_owned()));
+    match value.parse::<i64>() {
+        Err(_) => refused("X-Amz-Expires should be a number"),
+        Ok(seconds) if seconds < 0 => refused("X-Amz-Expires must be non-negative"),
+        Ok(seconds) if seconds > PRESIGNED_EXPIRES_MAX_S => {
+            refused("X-Amz-Expires must be less than a week (in seconds) that is 604800")
+        }
+        Ok(_) => Ok(()),
+    }
 }
 
 /// An S3 error answer built here (before s3s sees the request); `message` names no input.

@@ -215,8 +215,8 @@ fn encode_token_bytes(bytes: &[u8]) -> String {
 
 #[test]
 fn url_encoding_keeps_slashes_and_unreserved_characters_only() {
-    assert_eq!(url_encode("a/b-c_d.e~f"), "a/b-c_d.e~f");
-    assert_eq!(url_encode("a b+c&d"), "a%20b%2Bc%26d");
+    assert_eq!(url_encode("a/b-c_d.e*f"), "a/b-c_d.e*f");
+    assert_eq!(url_encode("a b+c&d~e%f"), "a+b%2Bc%26d%7Ee%25f");
     assert_eq!(url_encode("é"), "%C3%A9");
     assert_eq!(url_encode("\u{1}"), "%01");
 }
@@ -357,4 +357,64 @@ fn aws_chunked_framing_is_not_stored_as_content_encoding() {
     assert_eq!(stored("aws-chunked"), None);
     assert_eq!(stored("gzip,aws-chunked"), Some("gzip".to_owned()));
     assert_eq!(stored("gzip, br"), Some("gzip,br".to_owned()));
+}
+
+// ---- requests the gateway looks at before s3s ----
+
+fn put_request(uri: &str, host: &str, headers: &[(&str, &str)]) -> hyper::Request<()> {
+    let mut builder = hyper::Request::builder().method("PUT").uri(uri).header("host", host);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(()).unwrap()
+}
+
+#[test]
+fn only_unsized_unsigned_object_puts_get_a_placeholder_length() {
+    let chunked = [("transfer-encoding", "chunked"), ("x-amz-content-sha256", "UNSIGNED-PAYLOAD")];
+    let marked = |mut request: hyper::Request<()>| {
+        crate::server::mark_unsized_body(&mut request);
+        let mark = request.extensions().get::<crate::server::UnsizedBody>().is_some();
+        assert_eq!(mark, request.headers().contains_key("content-length"), "a mark and a placeholder go together");
+        mark
+    };
+    assert!(marked(put_request("/b/k", "127.0.0.1:9000", &chunked)));
+    assert!(marked(put_request("/b/dir/k?partNumber=2&uploadId=ab", "127.0.0.1:9000", &chunked)));
+    assert!(marked(put_request("/k", "b.localhost:9000", &chunked)), "virtual-hosted: the path is the key");
+    assert!(marked(put_request("/b/k?X-Amz-Expires=60&X-Amz-Signature=00", "[::1]:9000", &chunked[..1])));
+    assert!(!marked(put_request("/b", "127.0.0.1:9000", &chunked)), "CreateBucket reads an XML body whole");
+    assert!(!marked(put_request("/", "b.localhost", &chunked)));
+    assert!(!marked(put_request("/b/k?tagging", "127.0.0.1:9000", &chunked)), "object subresources are XML");
+    let signed = [("transfer-encoding", "chunked"), ("x-amz-content-sha256", "ab12")];
+    assert!(!marked(put_request("/b/k", "127.0.0.1:9000", &signed)), "a signed hash needs the real length");
+    let sized = [("content-length", "5"), ("x-amz-content-sha256", "UNSIGNED-PAYLOAD")];
+    let mut request = put_request("/b/k", "127.0.0.1:9000", &sized);
+    crate::server::mark_unsized_body(&mut request);
+    assert!(request.extensions().get::<crate::server::UnsizedBody>().is_none());
+    assert_eq!(request.headers()["content-length"], "5");
+    let mut get = put_request("/b/k", "127.0.0.1:9000", &chunked);
+    *get.method_mut() = hyper::Method::GET;
+    assert!(!marked(get));
+}
+
+#[test]
+fn presigned_validity_is_zero_to_a_week() {
+    let check = |query: &str| {
+        let request = hyper::Request::builder().uri(format!("/b/k?{query}")).body(()).unwrap();
+        crate::server::check_presigned_expiry(&request)
+            .map_err(|(status, code, message)| (status.as_u16(), code, message))
+    };
+    assert!(check("X-Amz-Expires=0").is_ok());
+    assert!(check("X-Amz-Expires=604800&X-Amz-Signature=00").is_ok());
+    assert!(check("partNumber=1").is_ok(), "not presigned");
+    for (query, message) in [
+        ("X-Amz-Expires=604801", "less than a week"),
+        ("X-Amz-Expires=-1", "non-negative"),
+        ("X-Amz-Expires=%2D5", "non-negative"),
+        ("X-Amz-Expires=soon", "a number"),
+    ] {
+        let (status, code, text) = check(query).unwrap_err();
+        assert_eq!((status, code), (400, "AuthorizationQueryParametersError"), "{query}");
+        assert!(text.contains(message), "{query}: {text}");
+    }
 }
