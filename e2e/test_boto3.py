@@ -89,6 +89,10 @@ def test_put_object_with_wrong_checksum_is_rejected_and_not_stored(s3, bucket):
     crc32_of_other_bytes = base64.b64encode(b"\x00\x00\x00\x00").decode()
     with s3_error("BadDigest", 400):
         s3.put_object(Bucket=bucket, Key="obj", Body=b"hello", ChecksumCRC32=crc32_of_other_bytes)
+    # Not the base64 of a 4-byte digest: S3's InvalidRequest, before the body is read.
+    for malformed in ("not base64!", base64.b64encode(b"\x00" * 8).decode()):
+        with s3_error("InvalidRequest", 400):
+            s3.put_object(Bucket=bucket, Key="obj", Body=b"hello", ChecksumCRC32=malformed)
     with s3_error("404"):
         s3.head_object(Bucket=bucket, Key="obj")
 
@@ -644,7 +648,9 @@ def test_multipart_upload_lifecycle(s3, bucket):
         s3.head_object(Bucket=bucket, Key="mp/obj", PartNumber=4)
     # A single-piece object is one part.
     s3.put_object(Bucket=bucket, Key="single", Body=b"one piece")
-    assert s3.get_object(Bucket=bucket, Key="single", PartNumber=1)["Body"].read() == b"one piece"
+    single = s3.get_object(Bucket=bucket, Key="single", PartNumber=1)  # a ranged read of all of it
+    assert (single["ResponseMetadata"]["HTTPStatusCode"], single["ContentRange"]) == (206, "bytes 0-8/9")
+    assert single["Body"].read() == b"one piece"
     with s3_error("InvalidPartNumber", 416):
         s3.get_object(Bucket=bucket, Key="single", PartNumber=2)
 

@@ -95,6 +95,16 @@ impl Algorithm {
         }
     }
 
+    /// Bytes of this checksum's digest (its header carries them in base64).
+    fn digest_bytes(self) -> usize {
+        match self {
+            Algorithm::Crc32 | Algorithm::Crc32c => 4,
+            Algorithm::Crc64Nvme => 8,
+            Algorithm::Sha1 => 20,
+            Algorithm::Sha256 => 32,
+        }
+    }
+
     fn enable(self, hasher: &mut ChecksumHasher) {
         match self {
             Algorithm::Crc32 => hasher.crc32 = Some(crypto::Crc32::new()),
@@ -133,6 +143,25 @@ impl Expected {
                 S3Error::with_message(S3ErrorCode::InvalidDigest, "the Content-MD5 you specified is not valid")
             })?),
         };
+        // Two algorithms at once, or a value that is not the base64 of a digest of the
+        // algorithm's size, are refused before the body is read, as S3 answers them (a wrong
+        // but well-formed value is BadDigest at the end).
+        if Algorithm::ALL.iter().filter(|a| a.field(&checksums).is_some()).count() > 1 {
+            return Err(S3Error::with_message(
+                S3ErrorCode::InvalidRequest,
+                "Expecting a single x-amz-checksum- header. Multiple checksum Types are not allowed.",
+            ));
+        }
+        for algorithm in Algorithm::ALL {
+            if let Some(value) = algorithm.field(&checksums)
+                && decode_digest(value).is_none_or(|digest| digest.len() != algorithm.digest_bytes())
+            {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::InvalidRequest,
+                    format!("Value for {} header is invalid.", algorithm.header()),
+                ));
+            }
+        }
         let trailer = match (headers.get("x-amz-trailer"), trailing) {
             (Some(name), Some(handle)) => {
                 let name = name.to_str().unwrap_or_default();
@@ -142,6 +171,12 @@ impl Expected {
         };
         Ok(Self { content_md5, checksums, trailer, bytes_max })
     }
+}
+
+/// A flexible checksum's value: the base64 of its digest.
+fn decode_digest(value: &str) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(value.trim_ascii()).ok()
 }
 
 /// Content-MD5 is the base64 of the 16-byte digest.

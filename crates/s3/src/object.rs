@@ -310,6 +310,8 @@ async fn plan_read(
 }
 
 /// The bytes of part `number` of a multipart object; part 1 of a single-piece object is all of it.
+/// A part read is a ranged read (206 with its Content-Range, as S3 and MinIO answer), except of
+/// an empty part, which has no byte range to name.
 fn part_range(info: &client::ObjectInfo, number: i32) -> S3Result<Option<Range<u64>>> {
     let meta = &info.meta;
     if !(1..=10_000).contains(&number) {
@@ -326,7 +328,11 @@ fn part_range(info: &client::ObjectInfo, number: i32) -> S3Result<Option<Range<u
         error
     };
     if meta.parts.is_empty() {
-        return if index == 0 { Ok(None) } else { Err(past_end()) };
+        return match index {
+            0 if meta.size == 0 => Ok(None),
+            0 => Ok(Some(0..meta.size)),
+            _ => Err(past_end()),
+        };
     }
     let part = meta.parts.get(index).ok_or_else(past_end)?;
     let start: u64 = meta.parts[..index].iter().map(|p| p.size).sum();

@@ -418,3 +418,31 @@ fn presigned_validity_is_zero_to_a_week() {
         assert!(text.contains(message), "{query}: {text}");
     }
 }
+
+#[test]
+fn a_malformed_checksum_value_is_refused_before_the_body() {
+    let headers = hyper::HeaderMap::new();
+    let with = |set: fn(&mut s3s::dto::Checksum, String), value: &str| {
+        let mut checksums = s3s::dto::Checksum::default();
+        set(&mut checksums, value.to_owned());
+        Expected::from_request(&headers, None, checksums, 1 << 20).map(|_| ()).map_err(|e| e.code().clone())
+    };
+    let crc32: fn(&mut s3s::dto::Checksum, String) = |c, v| c.checksum_crc32 = Some(v);
+    let crc64: fn(&mut s3s::dto::Checksum, String) = |c, v| c.checksum_crc64nvme = Some(v);
+    let sha256: fn(&mut s3s::dto::Checksum, String) = |c, v| c.checksum_sha256 = Some(v);
+    assert!(with(crc32, "AAAAAA==").is_ok(), "well formed (wrong or not: that is checked at the end)");
+    assert!(with(crc64, "AAAAAAAAAAA=").is_ok());
+    assert!(with(sha256, &format!("{}=", "A".repeat(43))).is_ok());
+    for (set, value) in
+        [(crc32, "not base64!"), (crc32, ""), (crc32, "AAAAAAAAAAA="), (crc64, "AAAAAA=="), (sha256, "AAAAAA==")]
+    {
+        assert_eq!(with(set, value), Err(s3s::S3ErrorCode::InvalidRequest), "{value:?}");
+    }
+    let two = s3s::dto::Checksum {
+        checksum_crc32: Some("AAAAAA==".into()),
+        checksum_crc32c: Some("AAAAAA==".into()),
+        ..Default::default()
+    };
+    let refused = Expected::from_request(&headers, None, two, 1 << 20).map(|_| ()).map_err(|e| e.code().clone());
+    assert_eq!(refused, Err(s3s::S3ErrorCode::InvalidRequest), "two algorithms at once");
+}
