@@ -3,7 +3,7 @@
 CARGO ?= cargo
 DATA ?= tessera-data
 
-.PHONY: up test e2e build deps lint bench bench-cluster bench-ec chaos
+.PHONY: up test e2e build deps lint bench bench-cluster bench-ec chaos conformance
 
 deps:
 	@scripts/install-deps.sh
@@ -35,6 +35,13 @@ chaos: build
 ## End-to-end suite only (installs e2e/requirements.txt into .venv); ARGS go to pytest.
 e2e: build
 	e2e/run.sh $(ARGS)
+
+## S3 behaviour against MinIO (e2e/test_differential.py): the same requests to both, answers
+## compared, deliberate differences listed with their reasons; the rest of the e2e suite runs
+## too (about a minute). Builds MinIO once (go install, cached in bench/.cache, as `make bench`).
+conformance: build
+	python3 -c 'import sys; sys.path.insert(0, "bench"); import compare_minio; compare_minio.ensure_minio()'
+	TESSERA_MINIO=$(CURDIR)/bench/.cache/bin/minio e2e/run.sh e2e/test_differential.py $(ARGS)
 
 lint:
 	$(CARGO) fmt --all -- --check
