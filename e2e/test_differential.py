@@ -15,7 +15,6 @@ where it loses nothing, and is documented.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import os
 import secrets
 import shutil
@@ -33,7 +32,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 from s3check import KIB, MIB, data, unique_bucket_name
-from test_raw_http import Signer, _put_chunked, _request_id, _send_full
+from test_raw_http import _put_chunked, _put_signed_ago, _request_id, _send_full
 
 MINIO = os.environ.get("TESSERA_MINIO", "")
 READY_TIMEOUT_S = 30.0
@@ -225,13 +224,8 @@ def presigned_expired(side):
 
 def stale_signed_put(side):
     s3, bucket = new_bucket(side)
-    body = b"signed long ago"
-    signer = Signer(side.access_key, side.secret_key, dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=20))
-    path = f"/{bucket}/stale"
-    headers = {"host": urlparse(side.endpoint).netloc, "x-amz-content-sha256": hashlib.sha256(body).hexdigest()}
-    auth, _ = signer.authorization("PUT", path, headers)
-    headers.update({"authorization": auth, "content-length": str(len(body))})
-    status, answer_headers, answer = _send_full(side.endpoint + path, "PUT", headers, body)
+    status, answer_headers, answer = _put_signed_ago(side.endpoint, side.access_key, side.secret_key,
+                                                     f"/{bucket}/stale", b"signed long ago", dt.timedelta(minutes=20))
     return status, xml_code(answer), _request_id(answer) == answer_headers.get("x-amz-request-id")
 
 

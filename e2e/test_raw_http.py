@@ -230,17 +230,23 @@ def test_presigned_url_validity_is_bounded_as_s3_bounds_it(s3, bucket, expires, 
         assert _request_id(body) == headers["x-amz-request-id"], body
 
 
+def _put_signed_ago(endpoint: str, access_key: str, secret_key: str, path: str, body: bytes,
+                    age: dt.timedelta) -> tuple[int, dict[str, str], bytes]:
+    """A header-signed PUT whose signature (x-amz-date) is `age` old."""
+    signer = Signer(access_key, secret_key, dt.datetime.now(dt.timezone.utc) - age)
+    headers = {"host": urlparse(endpoint).netloc, "x-amz-content-sha256": hashlib.sha256(body).hexdigest()}
+    auth, _ = signer.authorization("PUT", path, headers)
+    headers.update({"authorization": auth, "content-length": str(len(body))})
+    return _send_full(endpoint + path, "PUT", headers, body)
+
+
 def test_a_put_signed_too_long_ago_is_refused_and_stores_nothing(cluster, s3, bucket):
     """A header-signed request whose x-amz-date is more than 15 minutes old is S3's 403
     RequestTimeTooSkewed (a captured request cannot be replayed later); every error body's
     RequestId is the x-amz-request-id header."""
-    body = b"signed twenty minutes ago"
-    signer = Signer(cluster.access_key, cluster.secret_key, dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=20))
-    path = f"/{bucket}/stale"
-    headers = {"host": urlparse(cluster.endpoint).netloc, "x-amz-content-sha256": hashlib.sha256(body).hexdigest()}
-    auth, _ = signer.authorization("PUT", path, headers)
-    headers.update({"authorization": auth, "content-length": str(len(body))})
-    status, answer_headers, answer = _send_full(cluster.endpoint + path, "PUT", headers, body)
+    status, answer_headers, answer = _put_signed_ago(cluster.endpoint, cluster.access_key, cluster.secret_key,
+                                                     f"/{bucket}/stale", b"signed twenty minutes ago",
+                                                     dt.timedelta(minutes=20))
     assert (status, _code(answer)) == (403, "RequestTimeTooSkewed"), answer
     assert _request_id(answer) == answer_headers["x-amz-request-id"] != "", answer
     with s3_error("404"):
