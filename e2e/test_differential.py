@@ -266,10 +266,48 @@ def bad_checksums(side):
     return wrong, malformed, two, kept
 
 
+def _checksum_fields(response: dict) -> dict:
+    return {k: v for k, v in response.items() if k.startswith("Checksum")}
+
+
+def stored_checksums(side):
+    s3, bucket = new_bucket(side)
+    plain = side.client(request_checksum_calculation="when_required")
+    body = b"checksummed body"
+    s3.put_object(Bucket=bucket, Key="sent", Body=body, ChecksumAlgorithm="CRC32C")
+    plain.put_object(Bucket=bucket, Key="none", Body=body)
+    return (_checksum_fields(s3.head_object(Bucket=bucket, Key="sent", ChecksumMode="ENABLED")),
+            _checksum_fields(s3.head_object(Bucket=bucket, Key="sent")),
+            _checksum_fields(plain.head_object(Bucket=bucket, Key="none", ChecksumMode="ENABLED")))
+
+
+def multipart_checksums(side):
+    s3, bucket = new_bucket(side)
+    answers = []
+    for algorithm, kind in (("CRC32", "COMPOSITE"), ("CRC32C", "FULL_OBJECT")):
+        created = s3.create_multipart_upload(Bucket=bucket, Key=kind, ChecksumAlgorithm=algorithm, ChecksumType=kind)
+        upload_id = created["UploadId"]
+        parts = []
+        for number, body in enumerate((b"a" * (5 << 20), b"tail"), start=1):
+            resp = s3.upload_part(Bucket=bucket, Key=kind, UploadId=upload_id, PartNumber=number, Body=body,
+                                  ChecksumAlgorithm=algorithm)
+            parts.append({"PartNumber": number, "ETag": resp["ETag"], f"Checksum{algorithm}": resp[f"Checksum{algorithm}"]})
+        listed = s3.list_parts(Bucket=bucket, Key=kind, UploadId=upload_id)
+        done = s3.complete_multipart_upload(Bucket=bucket, Key=kind, UploadId=upload_id,
+                                            MultipartUpload={"Parts": parts})
+        head = s3.head_object(Bucket=bucket, Key=kind, ChecksumMode="ENABLED")
+        answers.append((
+            (created.get("ChecksumAlgorithm"), created.get("ChecksumType")),
+            (listed.get("ChecksumAlgorithm"), [p.get(f"Checksum{algorithm}") for p in listed["Parts"]]),
+            _checksum_fields(done), _checksum_fields(head),
+        ))
+    return answers
+
+
 CASES = {f.__name__: f for f in (
     missing_key, missing_bucket, bucket_created_twice, list_buckets_paged, part_number_reads, copy_source_ranges,
     complete_retried, complete_conditional, presigned_validity, presigned_expired, stale_signed_put,
-    put_without_length, url_encoded_listings, bad_checksums,
+    put_without_length, url_encoded_listings, bad_checksums, stored_checksums, multipart_checksums,
 )}
 
 # Case -> (Tessera's answer, MinIO's answer, why they differ). Checked exactly.
@@ -303,6 +341,27 @@ DIFFERENCES: dict[str, tuple[object, object, str]] = {
         "AWS answers a wrong x-amz-checksum-* value with BadDigest, a malformed one with InvalidRequest "
         "('Value for x-amz-checksum-crc32 header is invalid.') and two algorithms at once with "
         "InvalidRequest ('Expecting a single x-amz-checksum- header'); MinIO with its own codes",
+    ),
+    "stored_checksums": (
+        ({"ChecksumCRC32C": "TN0j2Q==", "ChecksumType": "FULL_OBJECT"}, {},
+         {"ChecksumCRC64NVME": "x9P/nHUVchk=", "ChecksumType": "FULL_OBJECT"}),
+        ({"ChecksumCRC32C": "TN0j2Q==", "ChecksumType": "FULL_OBJECT"}, {}, {}),
+        "AWS stores a CRC64NVME checksum with every object uploaded without one (since 2025) and "
+        "returns it with x-amz-checksum-mode; MinIO stores none",
+    ),
+    "multipart_checksums": (
+        [(("CRC32", "COMPOSITE"), ("CRC32", ["r/zBbw==", "fDe0XQ=="]),
+          {"ChecksumCRC32": "4fn9rQ==-2", "ChecksumType": "COMPOSITE"},
+          {"ChecksumCRC32": "4fn9rQ==-2", "ChecksumType": "COMPOSITE"}),
+         (("CRC32C", "FULL_OBJECT"), ("CRC32C", ["WpuOeg==", "B21LrQ=="]),
+          {"ChecksumCRC32C": "7lzcuA==", "ChecksumType": "FULL_OBJECT"},
+          {"ChecksumCRC32C": "7lzcuA==", "ChecksumType": "FULL_OBJECT"})],
+        [(("CRC32", "COMPOSITE"), ("CRC32", ["r/zBbw==", "fDe0XQ=="]),
+          {"ChecksumCRC32": "4fn9rQ==-2"}, {"ChecksumCRC32": "4fn9rQ==-2", "ChecksumType": "COMPOSITE"}),
+         (("CRC32C", "FULL_OBJECT"), ("CRC32C", ["WpuOeg==", "B21LrQ=="]),
+          {"ChecksumCRC32C": "7lzcuA=="}, {"ChecksumCRC32C": "7lzcuA==", "ChecksumType": "FULL_OBJECT"})],
+        "equal values (composite and full-object); AWS's CompleteMultipartUpload answer also names "
+        "the ChecksumType, MinIO's leaves it out",
     ),
 }
 

@@ -110,10 +110,13 @@ def _send(endpoint: str, method: str, path: str, headers: dict[str, str], body: 
 
 
 def _put_streaming(cluster, bucket, key, body, *, chunk_size=64 * KIB, with_trailer=False, tamper_chunk=None,
-                   secret_key=None):
+                   secret_key=None, send_trailer=True):
+    """`send_trailer=False`: announces the checksum trailer, then sends an empty trailer section."""
     signer = Signer(cluster.access_key, secret_key or cluster.secret_key)
     path = f"/{bucket}/{key}"
     trailer = f"x-amz-checksum-crc32:{_crc32_b64(body)}\r\n".encode() if with_trailer else None
+    if trailer is not None and not send_trailer:
+        trailer = b""
     headers = {
         "host": urlparse(cluster.endpoint).netloc,
         "content-encoding": "aws-chunked",
@@ -150,6 +153,14 @@ def test_signed_chunked_upload_with_signed_checksum_trailer(cluster, s3, bucket)
     got = s3.get_object(Bucket=bucket, Key="chunked-trailer")
     assert sha(got["Body"].read()) == sha(body)
     assert "ContentEncoding" not in got
+
+
+def test_a_checksum_trailer_announced_but_not_sent_is_refused_and_nothing_stored(cluster, s3, bucket):
+    body = data(100 * KIB, seed=54)
+    status, resp = _put_streaming(cluster, bucket, "no-trailer", body, with_trailer=True, send_trailer=False)
+    assert (status, _code(resp)) == (400, "InvalidRequest"), resp
+    with s3_error("404"):
+        s3.head_object(Bucket=bucket, Key="no-trailer")
 
 
 def test_signed_chunked_upload_with_a_changed_chunk_is_refused(cluster, s3, bucket):

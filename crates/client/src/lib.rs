@@ -53,7 +53,9 @@ pub use checksum_cache::CHECKSUM_CACHE_BYTES_MAX;
 pub use coalesce::MetadataCounts;
 pub use gather::{GATHER_ROWS_MAX, GATHER_RUN_BYTES_MAX, GatherItem, RowCache, RowCacheStats, RowTable};
 pub use list::ListPage;
-pub use multipart::{MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, Replacing, UploadInfo};
+pub use multipart::{
+    CompleteHeaders, MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, Replacing, UploadInfo,
+};
 pub use pace::Pace;
 pub use proto::QUERY_FOOTER_BYTES_MAX;
 pub use proto::{
@@ -121,6 +123,26 @@ pub struct PutOptions {
     /// small pieces (a feature table's 4 KiB rows) wants small blocks, at 4 bytes of metadata
     /// per block. `None`: 64 KiB.
     pub block_bytes: Option<u32>,
+    /// Headers known only once the source has ended (a checksum computed over the body):
+    /// whatever the source put there when it returned its end is stored with `headers`.
+    pub headers_at_end: Option<HeadersAtEnd>,
+}
+
+/// Headers a PUT's source fills in at its end, read when the PUT commits
+/// ([`PutOptions::headers_at_end`]). Clones share one slot.
+#[derive(Clone, Debug, Default)]
+pub struct HeadersAtEnd(Arc<std::sync::Mutex<Vec<(String, String)>>>);
+
+impl HeadersAtEnd {
+    /// Replaces what the slot holds.
+    pub fn set(&self, headers: Vec<(String, String)>) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = headers;
+    }
+
+    /// What the slot holds now.
+    pub fn get(&self) -> Vec<(String, String)> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
 }
 
 /// The smallest checksum block a PUT may ask for ([`PutOptions::block_bytes`]).

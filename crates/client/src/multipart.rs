@@ -36,7 +36,21 @@ pub struct PartInfo {
     /// Hex MD5 of the part.
     pub etag: String,
     pub modified_ms: u64,
+    /// The headers stored with the part (its checksums): filled by [`Client::put_part_with`]
+    /// and [`Client::load_part_headers`], empty from [`Client::list_parts`].
+    pub headers: Vec<(String, String)>,
+    /// The internal key of the piece holding the part.
+    piece_key: String,
 }
+
+/// Part headers read at once by [`Client::load_part_headers`].
+const PART_HEADS_IN_FLIGHT: usize = 16;
+
+/// How a Complete builds the object's headers ([`Client::complete_multipart_with`]): from the
+/// upload's headers (as CreateMultipartUpload stored them) and each listed part, with its
+/// stored headers, in part order. An error refuses the Complete (the upload stays).
+pub type CompleteHeaders<'a> =
+    &'a (dyn Fn(&[(String, String)], &[PartInfo]) -> Result<Vec<(String, String)>, Error> + Sync);
 
 /// One upload in progress.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,6 +129,20 @@ impl Client {
         number: u32,
         source: &mut (dyn AsyncRead + Unpin + Send),
     ) -> Result<PartInfo, Error> {
+        self.put_part_with(bucket, key, upload_id, number, source, None).await
+    }
+
+    /// [`Client::put_part`], storing with the part the headers its source leaves in
+    /// `headers_at_end` when it ends (the part's checksums).
+    pub async fn put_part_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        source: &mut (dyn AsyncRead + Unpin + Send),
+        headers_at_end: Option<crate::HeadersAtEnd>,
+    ) -> Result<PartInfo, Error> {
         if !(1..=PART_NUMBER_MAX).contains(&number) {
             return Err(Error::InvalidPart { number, reason: format!("part numbers are 1 to {PART_NUMBER_MAX}") });
         }
@@ -132,10 +160,17 @@ impl Client {
             let piece = piece_key(bucket, upload_id, number);
             // One object's parts share one k+m: the upload's marker's (pools may differ).
             let erasure = cluster::ErasureConfig::new(usize::from(marker.k), usize::from(marker.m))?;
-            let options = PutOptions::default();
+            let options = PutOptions { headers_at_end: headers_at_end.clone(), ..PutOptions::default() };
             let (info, _) =
                 crate::put::put_in(&client, MULTIPART_BUCKET, &piece, source, &options, Some(erasure)).await?;
-            Ok(PartInfo { number, size: info.meta.size, etag: info.meta.etag, modified_ms: info.meta.modified_ms })
+            Ok(PartInfo {
+                number,
+                size: info.meta.size,
+                etag: info.meta.etag,
+                modified_ms: info.meta.modified_ms,
+                headers: info.meta.headers,
+                piece_key: piece,
+            })
         }
         .await;
         self.refreshed_after(&client, false).await;
@@ -157,8 +192,51 @@ impl Client {
                 size: entry.size,
                 etag: entry.etag,
                 modified_ms: entry.modified_ms,
+                headers: Vec::new(),
+                piece_key: entry.key,
             })
             .collect())
+    }
+
+    /// Reads the stored headers of each of `parts` (from [`Client::list_parts`]), a bounded
+    /// number at once. A part whose piece is gone meanwhile (the upload completed or was
+    /// aborted) keeps none.
+    pub async fn load_part_headers(&self, parts: &mut [PartInfo]) -> Result<(), Error> {
+        use futures_util::StreamExt as _;
+        let keys: Vec<String> = parts.iter().map(|part| part.piece_key.clone()).collect();
+        let heads: Vec<Result<Vec<(String, String)>, Error>> = futures_util::stream::iter(keys)
+            .map(|piece_key| async move { self.piece_headers(&piece_key).await })
+            .buffered(PART_HEADS_IN_FLIGHT)
+            .collect()
+            .await;
+        for (part, headers) in parts.iter_mut().zip(heads) {
+            part.headers = headers?;
+        }
+        Ok(())
+    }
+
+    /// The headers stored with one part of a multipart object (its checksums); none if its
+    /// piece is gone (the object was replaced meanwhile).
+    pub async fn part_headers(&self, part: &PartPiece) -> Result<Vec<(String, String)>, Error> {
+        self.piece_headers(&part.piece_key).await
+    }
+
+    async fn piece_headers(&self, piece_key: &str) -> Result<Vec<(String, String)>, Error> {
+        match self.with_map(|c| async move { c.head_inner(MULTIPART_BUCKET, piece_key).await }).await {
+            Ok(info) => Ok(info.meta.headers),
+            Err(Error::NotFound { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The headers CreateMultipartUpload stored for an upload (those its object will have).
+    pub async fn upload_headers(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> Result<Vec<(String, String)>, Error> {
+        self.with_map(|c| async move { Ok(c.upload_marker(bucket, key, upload_id).await?.headers) }).await
     }
 
     /// Every piece of an upload: `(part number, listing entry)`, all attempts.
@@ -225,8 +303,24 @@ impl Client {
         parts: &[(u32, String)],
         replacing: &Replacing,
     ) -> Result<ObjectInfo, Error> {
-        self.with_map(|c| async move { c.complete_multipart_once(bucket, key, upload_id, parts, replacing).await })
-            .await
+        self.complete_multipart_with(bucket, key, upload_id, parts, replacing, &|upload, _| Ok(upload.to_vec())).await
+    }
+
+    /// [`Client::complete_multipart_if`], with the object's headers built by `headers` from
+    /// the upload's and its parts' (a checksum of the parts' checksums), before the commit.
+    pub async fn complete_multipart_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+        replacing: &Replacing,
+        headers: CompleteHeaders<'_>,
+    ) -> Result<ObjectInfo, Error> {
+        self.with_map(
+            |c| async move { c.complete_multipart_once(bucket, key, upload_id, parts, replacing, headers).await },
+        )
+        .await
     }
 
     async fn complete_multipart_once(
@@ -236,6 +330,7 @@ impl Client {
         upload_id: &str,
         parts: &[(u32, String)],
         replacing: &Replacing,
+        headers: CompleteHeaders<'_>,
     ) -> Result<ObjectInfo, Error> {
         let marker = match self.upload_marker(bucket, key, upload_id).await {
             Ok(marker) => marker,
@@ -270,13 +365,14 @@ impl Client {
         }
         let newest = self.newest_pieces(bucket, upload_id).await?;
         let mut pieces = Vec::with_capacity(parts.len());
+        let mut listed = Vec::with_capacity(parts.len());
         // The record's k+m describes its pieces: they must share one.
         let mut erasure: Option<(u8, u8)> = None;
         for (number, etag) in parts {
             let Some(entry) = newest.get(number) else {
                 return Err(Error::InvalidPart { number: *number, reason: "it was not uploaded".into() });
             };
-            let info = match self.head_inner(MULTIPART_BUCKET, &entry.key).await {
+            let mut info = match self.head_inner(MULTIPART_BUCKET, &entry.key).await {
                 Ok(info) => info,
                 Err(Error::NotFound { .. }) => {
                     return Err(Error::InvalidPart { number: *number, reason: "it was not uploaded".into() });
@@ -294,12 +390,21 @@ impl Client {
                 return Err(Error::InvalidPart { number: *number, reason });
             }
             erasure = Some((k, m));
+            listed.push(PartInfo {
+                number: *number,
+                size: info.meta.size,
+                etag: info.meta.etag.clone(),
+                modified_ms: info.meta.modified_ms,
+                headers: std::mem::take(&mut info.meta.headers),
+                piece_key: entry.key.clone(),
+            });
             pieces.push(piece_of(*number, info.meta));
         }
         // Sizes only once every part is known to exist: a missing part is the likelier mistake.
         if let Some(small) = pieces[..pieces.len() - 1].iter().find(|p| p.size < PART_BYTES_MIN) {
             return Err(Error::EntityTooSmall { number: small.number, size: small.size });
         }
+        let object_headers = headers(&marker.headers, &listed)?;
         let etag = multipart_etag(&pieces);
         let size = pieces.iter().map(|p| p.size).sum();
         let (k, m) = erasure.expect("at least one part");
@@ -310,7 +415,7 @@ impl Client {
             (meta.k, meta.m) = (k, m);
             meta.content_type = marker.content_type.clone();
             meta.user_meta = marker.user_meta.clone();
-            meta.headers = marker.headers.clone();
+            meta.headers = object_headers;
             meta.parts = pieces;
             Ok(())
         })

@@ -229,12 +229,24 @@ pub(crate) async fn put_in(
         content_type: options.content_type.clone().unwrap_or_else(|| "application/octet-stream".into()),
         user_meta: options.user_meta.clone(),
         headers: options.headers.clone(),
+        headers_at_end: options.headers_at_end.clone(),
         modified_ms: unix_ms(),
         etag: None,
         recorded_etag: None,
     };
     let target = Target { bucket, key, version, placement };
     upload(client, &target, current, source, md5, padding, &fields, options.condition).await
+}
+
+impl MetaFields {
+    /// The headers to store: those given, then those the source left at its end.
+    fn all_headers(&self) -> Vec<(String, String)> {
+        let mut headers = self.headers.clone();
+        if let Some(at_end) = &self.headers_at_end {
+            headers.extend(at_end.get());
+        }
+        headers
+    }
 }
 
 /// Where an upload goes: the key, its version and its erasure set.
@@ -250,6 +262,8 @@ struct MetaFields {
     content_type: String,
     user_meta: Vec<(String, String)>,
     headers: Vec<(String, String)>,
+    /// More headers, read once the source has ended.
+    headers_at_end: Option<crate::HeadersAtEnd>,
     modified_ms: u64,
     /// The MD5 the bytes must have (a copy of a version): the commit is refused otherwise.
     etag: Option<String>,
@@ -346,7 +360,7 @@ async fn upload(
         etag: fields.recorded_etag.clone().unwrap_or(etag),
         content_type: fields.content_type.clone(),
         user_meta: fields.user_meta.clone(),
-        headers: fields.headers.clone(),
+        headers: fields.all_headers(),
         modified_ms: fields.modified_ms,
         k: k as u8,
         m: erasure.m as u8,
@@ -431,6 +445,7 @@ async fn rewrite(
         content_type: meta.content_type.clone(),
         user_meta: meta.user_meta.clone(),
         headers: meta.headers.clone(),
+        headers_at_end: None,
         modified_ms: meta.modified_ms,
         etag: plain_md5.then(|| meta.etag.clone()),
         recorded_etag: (!plain_md5).then(|| meta.etag.clone()),

@@ -11,6 +11,8 @@ use bytes::Bytes;
 use futures_util::{Stream, TryStreamExt};
 use s3s::checksum::ChecksumHasher;
 use s3s::crypto::{self, Checksum as _};
+
+use crate::checksum::{Algorithm, decode_digest};
 use s3s::dto::{Checksum, StreamingBlob};
 use s3s::{S3Error, S3ErrorCode, TrailingHeaders};
 use tokio::io::{AsyncRead, ReadBuf};
@@ -34,6 +36,8 @@ pub(crate) enum BodyError {
     ContentMd5Mismatch,
     #[error("{algorithm} checksum mismatch")]
     ChecksumMismatch { algorithm: &'static str },
+    #[error("the {header} trailer was announced but not sent")]
+    TrailerMissing { header: &'static str },
     #[error("x-amz-content-sha256 mismatch")]
     Sha256Mismatch,
     #[error("aws-chunked signature mismatch")]
@@ -44,76 +48,6 @@ pub(crate) enum BodyError {
     Idle(std::time::Duration),
     #[error("{0}")]
     Incomplete(String),
-}
-
-/// The checksum algorithms of S3's flexible checksums, in one place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Algorithm {
-    Crc32,
-    Crc32c,
-    Crc64Nvme,
-    Sha1,
-    Sha256,
-}
-
-impl Algorithm {
-    const ALL: [Algorithm; 5] =
-        [Algorithm::Crc32, Algorithm::Crc32c, Algorithm::Crc64Nvme, Algorithm::Sha1, Algorithm::Sha256];
-
-    fn name(self) -> &'static str {
-        match self {
-            Algorithm::Crc32 => "CRC32",
-            Algorithm::Crc32c => "CRC32C",
-            Algorithm::Crc64Nvme => "CRC64NVME",
-            Algorithm::Sha1 => "SHA1",
-            Algorithm::Sha256 => "SHA256",
-        }
-    }
-
-    /// The header (or trailer) carrying this checksum, lowercase.
-    pub(crate) fn header(self) -> &'static str {
-        match self {
-            Algorithm::Crc32 => "x-amz-checksum-crc32",
-            Algorithm::Crc32c => "x-amz-checksum-crc32c",
-            Algorithm::Crc64Nvme => "x-amz-checksum-crc64nvme",
-            Algorithm::Sha1 => "x-amz-checksum-sha1",
-            Algorithm::Sha256 => "x-amz-checksum-sha256",
-        }
-    }
-
-    fn from_header(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.header().eq_ignore_ascii_case(name.trim()))
-    }
-
-    fn field(self, checksum: &Checksum) -> Option<&String> {
-        match self {
-            Algorithm::Crc32 => checksum.checksum_crc32.as_ref(),
-            Algorithm::Crc32c => checksum.checksum_crc32c.as_ref(),
-            Algorithm::Crc64Nvme => checksum.checksum_crc64nvme.as_ref(),
-            Algorithm::Sha1 => checksum.checksum_sha1.as_ref(),
-            Algorithm::Sha256 => checksum.checksum_sha256.as_ref(),
-        }
-    }
-
-    /// Bytes of this checksum's digest (its header carries them in base64).
-    fn digest_bytes(self) -> usize {
-        match self {
-            Algorithm::Crc32 | Algorithm::Crc32c => 4,
-            Algorithm::Crc64Nvme => 8,
-            Algorithm::Sha1 => 20,
-            Algorithm::Sha256 => 32,
-        }
-    }
-
-    fn enable(self, hasher: &mut ChecksumHasher) {
-        match self {
-            Algorithm::Crc32 => hasher.crc32 = Some(crypto::Crc32::new()),
-            Algorithm::Crc32c => hasher.crc32c = Some(crypto::Crc32c::new()),
-            Algorithm::Crc64Nvme => hasher.crc64nvme = Some(crypto::Crc64Nvme::new()),
-            Algorithm::Sha1 => hasher.sha1 = Some(crypto::Sha1::new()),
-            Algorithm::Sha256 => hasher.sha256 = Some(crypto::Sha256::new()),
-        }
-    }
 }
 
 /// What a request body must match, from its headers.
@@ -171,12 +105,11 @@ impl Expected {
         };
         Ok(Self { content_md5, checksums, trailer, bytes_max })
     }
-}
 
-/// A flexible checksum's value: the base64 of its digest.
-fn decode_digest(value: &str) -> Option<Vec<u8>> {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.decode(value.trim_ascii()).ok()
+    /// The flexible checksum the client sends, in a header or announced as a trailer.
+    pub(crate) fn algorithm(&self) -> Option<Algorithm> {
+        Algorithm::sent(&self.checksums).or(self.trailer.as_ref().map(|(algorithm, _)| *algorithm))
+    }
 }
 
 /// Content-MD5 is the base64 of the 16-byte digest.
@@ -186,37 +119,56 @@ pub(crate) fn decode_content_md5(value: &[u8]) -> Option<[u8; 16]> {
     bytes.try_into().ok()
 }
 
-type BodyStream = futures_util::stream::MapErr<StreamingBlob, fn(s3s::StdError) -> io::Error>;
-
 /// A PUT body as an `AsyncRead` that checks, at its end, every digest the request announced.
 /// A mismatch (or a body that ends early) is a read error, so the client aborts the write and
 /// nothing becomes visible.
 pub(crate) struct UploadBody {
-    inner: Option<StreamReader<BodyStream, Bytes>>,
+    inner: Option<Box<dyn AsyncRead + Send + Unpin>>,
     md5: Option<crypto::Md5>,
     hasher: Option<ChecksumHasher>,
     expected: Expected,
     received: u64,
     /// The checksums computed over a body that ended cleanly and matched.
     verified: Option<Checksum>,
+    /// Where the computed checksums go, as headers, when the body ends cleanly.
+    at_end: Option<client::HeadersAtEnd>,
     /// Fires when the sender stalls; reset by every read that makes progress.
     idle: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl UploadBody {
-    /// `body` is `None` for an empty body.
-    pub(crate) fn new(body: Option<StreamingBlob>, expected: Expected) -> Self {
-        let inner = body.map(|blob| StreamReader::new(blob.map_err(stream_error as fn(_) -> _)));
+    /// `body` is `None` for an empty body. Computes, besides what `expected` names, every
+    /// algorithm in `also`, and leaves the checksums in `at_end` once the body has ended and
+    /// matched (the write stores them).
+    pub(crate) fn new(
+        body: Option<StreamingBlob>,
+        expected: Expected,
+        also: &[Algorithm],
+        at_end: Option<client::HeadersAtEnd>,
+    ) -> Self {
+        let inner = body.map(|blob| {
+            Box::new(StreamReader::new(blob.map_err(stream_error as fn(_) -> _))) as Box<dyn AsyncRead + Send + Unpin>
+        });
+        Self::with_reader(inner, expected, also, at_end)
+    }
+
+    /// [`UploadBody::new`] over any reader (a copy source).
+    pub(crate) fn with_reader(
+        inner: Option<Box<dyn AsyncRead + Send + Unpin>>,
+        expected: Expected,
+        also: &[Algorithm],
+        at_end: Option<client::HeadersAtEnd>,
+    ) -> Self {
         let mut hasher = ChecksumHasher::default();
         for algorithm in Algorithm::ALL {
             let announced = expected.trailer.as_ref().is_some_and(|(a, _)| *a == algorithm);
-            if announced || algorithm.field(&expected.checksums).is_some() {
+            if announced || algorithm.field(&expected.checksums).is_some() || also.contains(&algorithm) {
                 algorithm.enable(&mut hasher);
             }
         }
         let md5 = expected.content_md5.map(|_| crypto::Md5::new());
         let idle = Box::pin(tokio::time::sleep(BODY_IDLE_TIMEOUT));
-        Self { inner, md5, hasher: Some(hasher), expected, received: 0, verified: None, idle }
+        Self { inner, md5, hasher: Some(hasher), expected, received: 0, verified: None, at_end, idle }
     }
 
     /// The flexible checksums of the body, once it was read to its end and matched.
@@ -257,11 +209,16 @@ impl UploadBody {
         if let Some((algorithm, trailers)) = &self.expected.trailer {
             let sent =
                 trailers.read(|map| map.get(algorithm.header()).and_then(|v| v.to_str().ok()).map(str::to_owned));
-            if let Some(Some(sent)) = sent
-                && algorithm.field(&computed).map(String::as_str) != Some(sent.trim())
-            {
+            // Announced in `x-amz-trailer` but not sent: refused, as S3 refuses it.
+            let Some(Some(sent)) = sent else {
+                return Err(BodyError::TrailerMissing { header: algorithm.header() });
+            };
+            if algorithm.field(&computed).map(String::as_str) != Some(sent.trim()) {
                 return Err(BodyError::ChecksumMismatch { algorithm: algorithm.name() });
             }
+        }
+        if let Some(at_end) = &self.at_end {
+            at_end.set(crate::checksum::headers_of(&computed));
         }
         self.verified = Some(computed);
         Ok(())

@@ -107,6 +107,10 @@ fn body_error(io: &std::io::Error) -> S3Error {
             S3ErrorCode::BadDigest,
             format!("the {algorithm} you specified did not match the calculated checksum"),
         ),
+        Some(BodyError::TrailerMissing { header }) => S3Error::with_message(
+            S3ErrorCode::InvalidRequest,
+            format!("x-amz-trailer announced {header}, but the body's trailer did not carry it"),
+        ),
         Some(BodyError::Sha256Mismatch) => {
             let mut error = S3Error::with_message(
                 S3ErrorCode::Custom("XAmzContentSHA256Mismatch".into()),

@@ -27,6 +27,7 @@
 
 mod body;
 mod bucket;
+mod checksum;
 mod conditional;
 mod error;
 mod host;

@@ -1,11 +1,13 @@
 //! Multipart uploads: Create, UploadPart, UploadPartCopy, Complete, Abort, ListParts,
 //! ListMultipartUploads.
 
+use futures_util::StreamExt as _;
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 
 use crate::body::{Expected, UploadBody, object_stream};
 use crate::bucket::owner;
+use crate::checksum::{ObjectChecksum, UploadChecksum};
 use crate::conditional::{Conditions, copy_source_range, timestamp};
 use crate::error::{invalid_argument, s3_error};
 use crate::list::common_prefix;
@@ -17,6 +19,8 @@ pub(crate) const PART_BYTES_MAX: u64 = 5 << 30;
 pub(crate) const PART_NUMBER_MAX: i32 = 10_000;
 /// Parts or uploads per listing page at most, and the default, as S3.
 pub(crate) const LIST_PAGE_MAX: usize = 1000;
+/// Upload markers ListMultipartUploads reads at once (for each upload's checksum request).
+const UPLOAD_HEADS_IN_FLIGHT: usize = 16;
 
 fn part_number(number: i32) -> S3Result<u32> {
     if (1..=PART_NUMBER_MAX).contains(&number) {
@@ -40,12 +44,17 @@ pub(crate) async fn create_multipart_upload(
 ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
     let input = req.input;
     crate::bucket::check_object_acl(input.acl.as_ref())?;
-    let options = crate::object::object_headers!(input).into_put_options()?;
+    let checksum = UploadChecksum::requested(input.checksum_algorithm.as_ref(), input.checksum_type.as_ref())?;
+    let mut options = crate::object::object_headers!(input).into_put_options()?;
+    options.headers.extend(checksum.marker_headers());
     let upload_id = client.create_multipart(&input.bucket, &input.key, &options).await.map_err(s3_error)?;
+    let (checksum_algorithm, checksum_type) = checksum.reported();
     let output = CreateMultipartUploadOutput {
         bucket: Some(input.bucket),
         key: Some(input.key),
         upload_id: Some(upload_id),
+        checksum_algorithm,
+        checksum_type,
         ..Default::default()
     };
     Ok(S3Response::new(output))
@@ -63,10 +72,21 @@ pub(crate) async fn upload_part(
     }
     let checksums = crate::object::requested_checksums!(input);
     let expected = Expected::from_request(&headers, trailing_headers.as_ref(), checksums, PART_BYTES_MAX)?;
-    let mut body = UploadBody::new(input.body, expected);
-    let part =
-        client.put_part(&input.bucket, &input.key, &input.upload_id, number, &mut body).await.map_err(s3_error)?;
-    let checksum = body.verified_checksums().cloned().unwrap_or_default();
+    // The part keeps the upload's checksum (computed here when the client sent none) and the
+    // one the client sent.
+    let upload = upload_checksum(client, &input.bucket, &input.key, &input.upload_id).await?;
+    let sent = expected.algorithm();
+    let algorithms = upload.part_algorithms(sent)?;
+    let at_end = client::HeadersAtEnd::default();
+    let mut body = UploadBody::new(input.body, expected, &algorithms, Some(at_end.clone()));
+    let part = client
+        .put_part_with(&input.bucket, &input.key, &input.upload_id, number, &mut body, Some(at_end))
+        .await
+        .map_err(s3_error)?;
+    let computed = body.verified_checksums().cloned().unwrap_or_default();
+    // Reported: what the client sent, and the upload's algorithm when it declared one.
+    let reported = if upload.declared { Some(upload.algorithm) } else { sent };
+    let checksum = reported.map(|a| crate::checksum::only(&computed, a)).unwrap_or_default();
     let output = UploadPartOutput {
         e_tag: Some(etag(&part.etag)),
         checksum_crc32: checksum.checksum_crc32,
@@ -100,13 +120,30 @@ pub(crate) async fn upload_part_copy(
     if range.end - range.start > PART_BYTES_MAX {
         return Err(entity_too_large(PART_BYTES_MAX));
     }
-    let mut reader = tokio_util::io::StreamReader::new(object_stream(client.clone(), source, range));
-    let part =
-        client.put_part(&input.bucket, &input.key, &input.upload_id, number, &mut reader).await.map_err(s3_error)?;
+    let upload = upload_checksum(client, &input.bucket, &input.key, &input.upload_id).await?;
+    let reader = tokio_util::io::StreamReader::new(object_stream(client.clone(), source, range));
+    let at_end = client::HeadersAtEnd::default();
+    let mut body = UploadBody::with_reader(
+        Some(Box::new(reader)),
+        Expected { bytes_max: PART_BYTES_MAX, ..Default::default() },
+        &[upload.algorithm],
+        Some(at_end.clone()),
+    );
+    let part = client
+        .put_part_with(&input.bucket, &input.key, &input.upload_id, number, &mut body, Some(at_end))
+        .await
+        .map_err(s3_error)?;
+    let computed = body.verified_checksums().cloned().unwrap_or_default();
+    let checksum =
+        if upload.declared { crate::checksum::only(&computed, upload.algorithm) } else { Checksum::default() };
     let result = CopyPartResult {
         e_tag: Some(etag(&part.etag)),
         last_modified: Some(timestamp(part.modified_ms)),
-        ..Default::default()
+        checksum_crc32: checksum.checksum_crc32,
+        checksum_crc32c: checksum.checksum_crc32c,
+        checksum_crc64nvme: checksum.checksum_crc64nvme,
+        checksum_sha1: checksum.checksum_sha1,
+        checksum_sha256: checksum.checksum_sha256,
     };
     Ok(S3Response::new(UploadPartCopyOutput { copy_part_result: Some(result), ..Default::default() }))
 }
@@ -121,12 +158,25 @@ pub(crate) async fn complete_multipart_upload(
         return Err(S3Error::with_message(S3ErrorCode::MalformedXML, "the request lists no parts"));
     }
     let mut parts = Vec::with_capacity(listed.len());
+    let mut listed_checksums = Vec::with_capacity(listed.len());
     for part in listed {
-        let (Some(number), Some(tag)) = (part.part_number, part.e_tag) else {
+        let (Some(number), Some(tag)) = (part.part_number, part.e_tag.as_ref()) else {
             return Err(S3Error::with_message(S3ErrorCode::MalformedXML, "every part needs a PartNumber and an ETag"));
         };
         parts.push((part_number(number)?, tag.value().to_owned()));
+        listed_checksums.push((
+            number,
+            Checksum {
+                checksum_crc32: part.checksum_crc32,
+                checksum_crc32c: part.checksum_crc32c,
+                checksum_crc64nvme: part.checksum_crc64nvme,
+                checksum_sha1: part.checksum_sha1,
+                checksum_sha256: part.checksum_sha256,
+                checksum_type: None,
+            },
+        ));
     }
+    let whole = crate::object::requested_checksums!(input);
     // `If-None-Match: *` and `If-Match: ETAG`, as for a conditional PUT (any other
     // If-None-Match is refused: S3 accepts only `*` on writes).
     let replacing = match (&input.if_match, &input.if_none_match) {
@@ -141,18 +191,101 @@ pub(crate) async fn complete_multipart_upload(
         }
         (None, None) => client::Replacing::Anything,
     };
-    let info = client
-        .complete_multipart_if(&input.bucket, &input.key, &input.upload_id, &parts, &replacing)
-        .await
-        .map_err(s3_error)?;
+    // The object's checksum, from its parts' (checked against the request's) before the commit.
+    // A refusal travels out of the client as an error of its own, with the S3 error kept here.
+    let refused = std::sync::Mutex::new(None);
+    let object_headers = |upload: &[(String, String)], stored: &[client::PartInfo]| {
+        completed_headers(upload, stored, &listed_checksums, &whole, input.checksum_type.as_ref()).map_err(|e| {
+            let message = e.message().unwrap_or_default().to_owned();
+            *refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+            client::Error::InvalidPart { number: 0, reason: message }
+        })
+    };
+    let completed = client
+        .complete_multipart_with(&input.bucket, &input.key, &input.upload_id, &parts, &replacing, &object_headers)
+        .await;
+    let info = match completed {
+        Ok(info) => info,
+        Err(e) => {
+            let refusal = refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+            return Err(refusal.unwrap_or_else(|| s3_error(e)));
+        }
+    };
+    let checksum = ObjectChecksum::stored(&info.meta.headers).map(|c| c.dto()).unwrap_or_default();
     let output = CompleteMultipartUploadOutput {
         location: Some(format!("/{}/{}", input.bucket, input.key)),
         bucket: Some(input.bucket),
         key: Some(input.key),
         e_tag: Some(etag(&info.meta.etag)),
+        checksum_crc32: checksum.checksum_crc32,
+        checksum_crc32c: checksum.checksum_crc32c,
+        checksum_crc64nvme: checksum.checksum_crc64nvme,
+        checksum_sha1: checksum.checksum_sha1,
+        checksum_sha256: checksum.checksum_sha256,
+        checksum_type: checksum.checksum_type,
         ..Default::default()
     };
     Ok(S3Response::new(output))
+}
+
+/// The checksum an upload was created with.
+async fn upload_checksum(
+    client: &client::Client,
+    bucket: &str,
+    key: &str,
+    upload_id: &str,
+) -> S3Result<UploadChecksum> {
+    let headers = client.upload_headers(bucket, key, upload_id).await.map_err(s3_error)?;
+    Ok(UploadChecksum::of_upload(&headers))
+}
+
+/// The headers of a completed object: the upload's, less its checksum request, plus the
+/// object's checksum made from its parts'. Refuses a part whose listed checksum differs from
+/// the stored one (`InvalidPart`), a whole-object checksum that differs from the computed one
+/// (`BadDigest`), and a checksum type other than the upload's (`InvalidRequest`).
+fn completed_headers(
+    upload: &[(String, String)],
+    stored: &[client::PartInfo],
+    listed: &[(i32, Checksum)],
+    whole: &Checksum,
+    checksum_type: Option<&ChecksumType>,
+) -> S3Result<Vec<(String, String)>> {
+    let checksum = UploadChecksum::of_upload(upload);
+    for ((number, listed), part) in listed.iter().zip(stored) {
+        crate::checksum::check_listed_part(*number, listed, &part.headers)?;
+    }
+    let mut headers = UploadChecksum::object_headers(upload);
+    let object = checksum.combine(stored.iter().map(|p| (p.size, p.headers.as_slice())));
+    if let Some(kind) = checksum_type
+        && checksum.declared
+        && !kind.as_str().eq_ignore_ascii_case(checksum.reported().1.as_ref().map_or("", |k| k.as_str()))
+    {
+        return Err(S3Error::with_message(
+            S3ErrorCode::InvalidRequest,
+            format!(
+                "The upload was created using the {} checksum type; the request names {}",
+                checksum.reported().1.as_ref().map_or("", |k| k.as_str()),
+                kind.as_str()
+            ),
+        ));
+    }
+    if let Some(algorithm) = crate::checksum::Algorithm::sent(whole) {
+        let expected = algorithm.field(whole).map(|v| v.trim().split('-').next().unwrap_or_default().to_owned());
+        let computed = object
+            .as_ref()
+            .filter(|o| o.algorithm == algorithm)
+            .map(|o| o.value.split('-').next().unwrap_or_default().to_owned());
+        if expected != computed {
+            return Err(S3Error::with_message(
+                S3ErrorCode::BadDigest,
+                format!("the {} you specified did not match the calculated checksum", algorithm.name()),
+            ));
+        }
+    }
+    if let Some(object) = object {
+        headers.extend(object.headers());
+    }
+    Ok(headers)
 }
 
 pub(crate) async fn abort_multipart_upload(
@@ -177,15 +310,35 @@ pub(crate) async fn list_parts(
     after.sort_by_key(|p| p.number);
     let truncated = after.len() > max_parts;
     after.truncate(max_parts);
+    // The parts' checksums, for an upload created with an algorithm: one head per part listed.
+    let upload = upload_checksum(client, &input.bucket, &input.key, &input.upload_id).await?;
+    if upload.declared {
+        client.load_part_headers(&mut after).await.map_err(s3_error)?;
+    }
+    let (checksum_algorithm, checksum_type) = upload.reported();
     let next_marker = after.last().filter(|_| truncated).and_then(|p| i32::try_from(p.number).ok());
     let parts = after
         .into_iter()
-        .map(|p| Part {
-            part_number: i32::try_from(p.number).ok(),
-            e_tag: Some(etag(&p.etag)),
-            size: i64::try_from(p.size).ok(),
-            last_modified: Some(timestamp(p.modified_ms)),
-            ..Default::default()
+        .map(|p| {
+            // Only the upload's algorithm is reported (a part of an undeclared upload keeps the
+            // default CRC64NVME too, which S3 does not list).
+            let checksum = if upload.declared {
+                let value = p.headers.iter().find(|(name, _)| name == upload.algorithm.header());
+                value.map(|(_, value)| upload.algorithm.only(value.clone())).unwrap_or_default()
+            } else {
+                Checksum::default()
+            };
+            Part {
+                part_number: i32::try_from(p.number).ok(),
+                e_tag: Some(etag(&p.etag)),
+                size: i64::try_from(p.size).ok(),
+                last_modified: Some(timestamp(p.modified_ms)),
+                checksum_crc32: checksum.checksum_crc32,
+                checksum_crc32c: checksum.checksum_crc32c,
+                checksum_crc64nvme: checksum.checksum_crc64nvme,
+                checksum_sha1: checksum.checksum_sha1,
+                checksum_sha256: checksum.checksum_sha256,
+            }
         })
         .collect();
     let owner = owner();
@@ -201,6 +354,8 @@ pub(crate) async fn list_parts(
         initiator: Some(Initiator { display_name: owner.display_name.clone(), id: owner.id.clone() }),
         owner: Some(owner),
         storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+        checksum_algorithm,
+        checksum_type,
         ..Default::default()
     };
     Ok(S3Response::new(output))
@@ -221,18 +376,34 @@ pub(crate) async fn list_multipart_uploads(
     crate::bucket::require_bucket(client, &input.bucket).await?;
     let all = client.list_multipart_uploads(&input.bucket, &prefix).await.map_err(s3_error)?;
     let page = page_uploads(all, &prefix, delimiter.as_deref(), &key_marker, upload_id_marker.as_deref(), max_uploads);
+    // Each upload's checksum request is on its marker: one head per upload listed.
+    let ids: Vec<(String, String)> = page.uploads.iter().map(|u| (u.key.clone(), u.upload_id.clone())).collect();
+    let checksums: Vec<S3Result<UploadChecksum>> = futures_util::stream::iter(ids)
+        .map(|(key, upload_id)| {
+            let bucket = input.bucket.as_str();
+            async move { upload_checksum(client, bucket, &key, &upload_id).await }
+        })
+        .buffered(UPLOAD_HEADS_IN_FLIGHT)
+        .collect()
+        .await;
     let owner = owner();
     let uploads = page
         .uploads
         .into_iter()
-        .map(|u| MultipartUpload {
-            key: Some(encoder.apply(u.key)),
-            upload_id: Some(u.upload_id),
-            initiated: Some(timestamp(u.initiated_ms)),
-            initiator: Some(Initiator { display_name: owner.display_name.clone(), id: owner.id.clone() }),
-            owner: Some(owner.clone()),
-            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
-            ..Default::default()
+        .zip(checksums)
+        .map(|(u, checksum)| {
+            // An upload completed or aborted since the listing shows no checksum.
+            let (checksum_algorithm, checksum_type) = checksum.map(|c| c.reported()).unwrap_or_default();
+            MultipartUpload {
+                checksum_algorithm,
+                checksum_type,
+                key: Some(encoder.apply(u.key)),
+                upload_id: Some(u.upload_id),
+                initiated: Some(timestamp(u.initiated_ms)),
+                initiator: Some(Initiator { display_name: owner.display_name.clone(), id: owner.id.clone() }),
+                owner: Some(owner.clone()),
+                storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            }
         })
         .collect();
     let output = ListMultipartUploadsOutput {

@@ -12,6 +12,7 @@ use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 
 use crate::body::{Expected, UploadBody, WindowStream, object_stream};
 use crate::bucket::{no_such_bucket, require_bucket};
+use crate::checksum::{Algorithm, Kind, ObjectChecksum};
 use crate::conditional::{Conditions, Precondition, content_range, evaluate, precondition_error, resolve_range};
 use crate::error::{invalid_argument, s3_error};
 
@@ -85,6 +86,7 @@ macro_rules! read_plan_of {
             },
             $input.range.as_ref(),
             $input.part_number,
+            $input.checksum_mode.as_ref().is_some_and(|mode| mode.as_str() == ChecksumMode::ENABLED),
         )
     };
 }
@@ -196,9 +198,13 @@ pub(crate) async fn put_object(
     options.condition = write_condition(input.if_none_match.as_ref());
     let checksums = requested_checksums!(input);
     let expected = Expected::from_request(&headers, trailing_headers.as_ref(), checksums, PUT_OBJECT_BYTES_MAX)?;
-    let mut body = UploadBody::new(input.body, expected);
+    // The object keeps the checksum the client sent, else the default one the gateway computes.
+    let also: &[Algorithm] = if expected.algorithm().is_some() { &[] } else { &[Algorithm::DEFAULT] };
+    let at_end = client::HeadersAtEnd::default();
+    options.headers_at_end = Some(at_end.clone());
+    let mut body = UploadBody::new(input.body, expected, also, Some(at_end));
     let info = client.put(&input.bucket, &input.key, &mut body, &options).await.map_err(s3_error)?;
-    let checksum = body.verified_checksums().cloned().unwrap_or_default();
+    let checksum = ObjectChecksum::stored(&info.meta.headers).map(|c| c.dto()).unwrap_or_default();
     let output = PutObjectOutput {
         e_tag: Some(etag(&info.meta.etag)),
         size: i64::try_from(info.meta.size).ok(),
@@ -207,6 +213,7 @@ pub(crate) async fn put_object(
         checksum_crc64nvme: checksum.checksum_crc64nvme,
         checksum_sha1: checksum.checksum_sha1,
         checksum_sha256: checksum.checksum_sha256,
+        checksum_type: checksum.checksum_type,
         ..Default::default()
     };
     Ok(S3Response::new(output))
@@ -267,6 +274,9 @@ struct ReadPlan {
     /// `None`: the whole object.
     range: Option<Range<u64>>,
     headers: ObjectHeaders,
+    /// What `x-amz-checksum-mode: ENABLED` returns: the stored checksum of the bytes read, for
+    /// the whole object or a part (none for a byte range).
+    checksum: Checksum,
 }
 
 impl ReadPlan {
@@ -293,6 +303,7 @@ async fn plan_read(
     conditions: &Conditions<'_>,
     range: Option<&s3s::dto::Range>,
     part_number: Option<i32>,
+    checksum_mode: bool,
 ) -> S3Result<ReadPlan> {
     check_version_id(version_id)?;
     let info = head(client, bucket, key).await?;
@@ -306,7 +317,30 @@ async fn plan_read(
         (None, range) => resolve_range(range, info.meta.size)?,
     };
     let headers = ObjectHeaders::stored(&info);
-    Ok(ReadPlan { info, range, headers })
+    let checksum = match (checksum_mode, part_number, range.is_some()) {
+        (false, _, _) => None,
+        (true, Some(number), _) => part_checksum(client, &info, number).await?,
+        (true, None, false) => ObjectChecksum::stored(&info.meta.headers),
+        (true, None, true) => None,
+    };
+    let checksum = checksum.map(|c| c.dto()).unwrap_or_default();
+    Ok(ReadPlan { info, range, headers, checksum })
+}
+
+/// The checksum of part `number` (valid: `part_range` accepted it): the object's own for a
+/// single-piece object, else the one stored with the part, of the object's algorithm.
+async fn part_checksum(
+    client: &client::Client,
+    info: &client::ObjectInfo,
+    number: i32,
+) -> S3Result<Option<ObjectChecksum>> {
+    let stored = ObjectChecksum::stored(&info.meta.headers);
+    let (Some(object), Some(part)) = (stored.as_ref(), info.meta.parts.get((number - 1) as usize)) else {
+        return Ok(stored);
+    };
+    let headers = client.part_headers(part).await.map_err(s3_error)?;
+    let value = headers.into_iter().find(|(name, _)| name == object.algorithm.header()).map(|(_, value)| value);
+    Ok(value.map(|value| ObjectChecksum { algorithm: object.algorithm, value, kind: object.kind }))
 }
 
 /// The bytes of part `number` of a multipart object; part 1 of a single-piece object is all of it.
@@ -374,6 +408,12 @@ pub(crate) async fn get_object(
         content_language: plan.headers.content_language,
         expires: plan.headers.expires,
         metadata: plan.headers.metadata,
+        checksum_crc32: plan.checksum.checksum_crc32,
+        checksum_crc32c: plan.checksum.checksum_crc32c,
+        checksum_crc64nvme: plan.checksum.checksum_crc64nvme,
+        checksum_sha1: plan.checksum.checksum_sha1,
+        checksum_sha256: plan.checksum.checksum_sha256,
+        checksum_type: plan.checksum.checksum_type,
         ..Default::default()
     };
     Ok(S3Response::new(output))
@@ -402,6 +442,12 @@ pub(crate) async fn head_object(
         content_language: input.response_content_language.or(plan.headers.content_language),
         expires: input.response_expires.or(plan.headers.expires),
         metadata: plan.headers.metadata,
+        checksum_crc32: plan.checksum.checksum_crc32,
+        checksum_crc32c: plan.checksum.checksum_crc32c,
+        checksum_crc64nvme: plan.checksum.checksum_crc64nvme,
+        checksum_sha1: plan.checksum.checksum_sha1,
+        checksum_sha256: plan.checksum.checksum_sha256,
+        checksum_type: plan.checksum.checksum_type,
         ..Default::default()
     };
     let mut response = S3Response::new(output);
@@ -565,14 +611,36 @@ pub(crate) async fn copy_object(
         stored.content_type = (!source.meta.content_type.is_empty()).then(|| source.meta.content_type.clone());
         stored
     };
-    let options = headers.into_put_options()?;
+    let mut options = headers.into_put_options()?;
+    // The copy gets a checksum computed over the bytes copied: the source's algorithm when its
+    // checksum is of the whole object (then also checked against it), else the one asked for
+    // or the default.
+    let whole = ObjectChecksum::stored(&source.meta.headers).filter(|c| c.kind == Kind::FullObject);
+    let algorithm = match (&input.checksum_algorithm, &whole) {
+        (Some(asked), _) => Algorithm::of_dto(asked)?,
+        (None, Some(whole)) => whole.algorithm,
+        (None, None) => Algorithm::DEFAULT,
+    };
+    let mut expected = Expected { bytes_max: u64::MAX, ..Default::default() };
+    if let Some(whole) = whole.filter(|whole| whole.algorithm == algorithm) {
+        expected.checksums = algorithm.only(whole.value);
+    }
     let size = source.meta.size;
-    let mut reader = tokio_util::io::StreamReader::new(object_stream(client.clone(), source, 0..size));
-    let info = client.put(&input.bucket, &input.key, &mut reader, &options).await.map_err(s3_error)?;
+    let reader = tokio_util::io::StreamReader::new(object_stream(client.clone(), source, 0..size));
+    let at_end = client::HeadersAtEnd::default();
+    options.headers_at_end = Some(at_end.clone());
+    let mut body = UploadBody::with_reader(Some(Box::new(reader)), expected, &[algorithm], Some(at_end));
+    let info = client.put(&input.bucket, &input.key, &mut body, &options).await.map_err(s3_error)?;
+    let checksum = ObjectChecksum::stored(&info.meta.headers).map(|c| c.dto()).unwrap_or_default();
     let result = CopyObjectResult {
         e_tag: Some(etag(&info.meta.etag)),
         last_modified: Some(crate::conditional::timestamp(info.meta.modified_ms)),
-        ..Default::default()
+        checksum_crc32: checksum.checksum_crc32,
+        checksum_crc32c: checksum.checksum_crc32c,
+        checksum_crc64nvme: checksum.checksum_crc64nvme,
+        checksum_sha1: checksum.checksum_sha1,
+        checksum_sha256: checksum.checksum_sha256,
+        checksum_type: checksum.checksum_type,
     };
     Ok(S3Response::new(CopyObjectOutput { copy_object_result: Some(result), ..Default::default() }))
 }

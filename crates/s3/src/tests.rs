@@ -6,6 +6,7 @@ use s3s::dto::{ETag, ETagCondition, StreamingBlob, Timestamp};
 use tokio::io::AsyncReadExt;
 
 use crate::body::{BodyError, Expected, UploadBody, decode_content_md5, window_end};
+use crate::checksum::{Algorithm, Kind, ObjectChecksum, UploadChecksum};
 use crate::conditional::{Conditions, Precondition, content_range, copy_source_range, evaluate, resolve_range};
 use crate::host::bucket_of_host;
 use crate::list::{
@@ -284,7 +285,7 @@ fn blob(chunks: &[&'static [u8]]) -> StreamingBlob {
 
 /// Reads a whole upload body; returns the bytes or the body error that aborted it.
 async fn read_upload(chunks: &[&'static [u8]], expected: Expected) -> Result<Vec<u8>, String> {
-    let mut body = UploadBody::new(Some(blob(chunks)), expected);
+    let mut body = UploadBody::new(Some(blob(chunks)), expected, &[], None);
     let mut out = Vec::new();
     match body.read_to_end(&mut out).await {
         Ok(_) => Ok(out),
@@ -319,7 +320,7 @@ async fn upload_body_checks_flexible_checksum_headers() {
         checksums: s3s::dto::Checksum { checksum_crc32: Some(value), ..Default::default() },
         ..expect_bytes_max(1 << 20)
     };
-    let mut body = UploadBody::new(Some(blob(&[b"abc"])), expect(crc(b"abc")));
+    let mut body = UploadBody::new(Some(blob(&[b"abc"])), expect(crc(b"abc")), &[], None);
     let mut out = Vec::new();
     body.read_to_end(&mut out).await.expect("matching CRC32");
     assert_eq!(body.verified_checksums().and_then(|c| c.checksum_crc32.clone()), Some(crc(b"abc")));
@@ -340,7 +341,7 @@ async fn upload_body_longer_than_its_limit_fails() {
 
 #[tokio::test]
 async fn empty_upload_body_reads_as_zero_bytes() {
-    let mut body = UploadBody::new(None, Expected { content_md5: Some(md5_of(b"")), ..expect_bytes_max(0) });
+    let mut body = UploadBody::new(None, Expected { content_md5: Some(md5_of(b"")), ..expect_bytes_max(0) }, &[], None);
     let mut out = Vec::new();
     body.read_to_end(&mut out).await.expect("an empty body with the MD5 of nothing");
     assert!(out.is_empty());
@@ -445,4 +446,168 @@ fn a_malformed_checksum_value_is_refused_before_the_body() {
     };
     let refused = Expected::from_request(&headers, None, two, 1 << 20).map(|_| ()).map_err(|e| e.code().clone());
     assert_eq!(refused, Err(s3s::S3ErrorCode::InvalidRequest), "two algorithms at once");
+}
+
+// ---- flexible checksums kept with objects and parts ----
+
+fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (state >> 33) as u8
+        })
+        .collect()
+}
+
+/// Every checksum of `data`, as a part stores them.
+fn part_headers(data: &[u8]) -> Vec<(String, String)> {
+    let mut hasher = s3s::checksum::ChecksumHasher::default();
+    for algorithm in Algorithm::ALL {
+        algorithm.enable(&mut hasher);
+    }
+    hasher.update(data);
+    crate::checksum::headers_of(&hasher.finalize())
+}
+
+fn upload(algorithm: Option<&str>, kind: Option<&str>) -> s3s::S3Result<UploadChecksum> {
+    let algorithm = algorithm.map(|a| s3s::dto::ChecksumAlgorithm::from(a.to_owned()));
+    let kind = kind.map(|k| s3s::dto::ChecksumType::from(k.to_owned()));
+    UploadChecksum::requested(algorithm.as_ref(), kind.as_ref())
+}
+
+#[test]
+fn a_full_object_crc_combined_from_parts_is_the_crc_of_the_whole_object() {
+    let data = pseudo_random(300_001, 7);
+    let whole = part_headers(&data);
+    // Splits with empty, one-byte and uneven parts.
+    let splits: [&[usize]; 4] =
+        [&[0, 300_001], &[0, 1, 300_001], &[0, 100_000, 100_000, 299_999, 300_001], &[0, 65_536, 131_072, 300_001]];
+    for (algorithm, kind) in [("CRC32", "FULL_OBJECT"), ("CRC32C", "FULL_OBJECT"), ("CRC64NVME", "FULL_OBJECT")] {
+        let checksum = upload(Some(algorithm), Some(kind)).expect("a CRC may be full-object");
+        for split in splits {
+            let parts: Vec<(u64, Vec<(String, String)>)> =
+                split.windows(2).map(|w| ((w[1] - w[0]) as u64, part_headers(&data[w[0]..w[1]]))).collect();
+            let combined = checksum.combine(parts.iter().map(|(size, headers)| (*size, headers.as_slice())));
+            let combined = combined.expect("every part has the checksum");
+            let expected = whole.iter().find(|(name, _)| name == checksum.algorithm.header()).expect("computed");
+            assert_eq!(
+                (combined.value.as_str(), combined.kind),
+                (expected.1.as_str(), Kind::FullObject),
+                "{algorithm} {split:?}"
+            );
+            let stored = ObjectChecksum::stored(&combined.headers()).expect("stored as headers");
+            assert_eq!(stored, combined);
+        }
+    }
+}
+
+#[test]
+fn a_composite_checksum_is_the_checksum_of_the_parts_checksums_with_the_part_count() {
+    let parts = [pseudo_random(1000, 1), pseudo_random(10, 2), pseudo_random(0, 3)];
+    for algorithm in ["CRC32", "CRC32C", "SHA1", "SHA256"] {
+        let checksum = upload(Some(algorithm), None).expect("composite is these algorithms' default");
+        assert_eq!(checksum.kind, Kind::Composite);
+        let headers: Vec<_> = parts.iter().map(|p| part_headers(p)).collect();
+        let combined = checksum
+            .combine(parts.iter().zip(&headers).map(|(p, h)| (p.len() as u64, h.as_slice())))
+            .expect("every part has the checksum");
+        let mut concatenated = Vec::new();
+        for h in &headers {
+            let value = &h.iter().find(|(name, _)| name == checksum.algorithm.header()).expect("stored").1;
+            concatenated.extend(crate::checksum::decode_digest(value).expect("base64"));
+        }
+        let of_digests = part_headers(&concatenated);
+        let expected = &of_digests.iter().find(|(name, _)| name == checksum.algorithm.header()).expect("computed").1;
+        assert_eq!(combined.value, format!("{expected}-3"), "{algorithm}");
+        assert_eq!(ObjectChecksum::stored(&combined.headers()).map(|c| c.kind), Some(Kind::Composite));
+    }
+}
+
+#[test]
+fn an_object_has_no_checksum_when_a_part_lacks_its_algorithm() {
+    let checksum = upload(Some("SHA256"), None).expect("valid");
+    let with = part_headers(b"abc");
+    let without: Vec<(String, String)> = with.iter().filter(|(n, _)| !n.ends_with("sha256")).cloned().collect();
+    assert_eq!(checksum.combine([(3, with.as_slice()), (3, without.as_slice())].into_iter()), None);
+}
+
+#[test]
+fn create_multipart_checksum_requests_are_checked_as_s3_checks_them() {
+    let ok = |a, k| upload(a, k).map(|c| (c.algorithm, c.kind, c.declared)).map_err(|e| e.code().clone());
+    use s3s::S3ErrorCode::InvalidRequest;
+    assert_eq!(ok(None, None), Ok((Algorithm::Crc64Nvme, Kind::FullObject, false)));
+    assert_eq!(ok(Some("CRC32"), None), Ok((Algorithm::Crc32, Kind::Composite, true)));
+    assert_eq!(ok(Some("crc32c"), Some("FULL_OBJECT")), Ok((Algorithm::Crc32c, Kind::FullObject, true)));
+    assert_eq!(ok(Some("CRC64NVME"), None), Ok((Algorithm::Crc64Nvme, Kind::FullObject, true)));
+    assert_eq!(ok(Some("SHA256"), Some("COMPOSITE")), Ok((Algorithm::Sha256, Kind::Composite, true)));
+    assert_eq!(ok(Some("SHA1"), Some("FULL_OBJECT")), Err(InvalidRequest), "SHA is composite only");
+    assert_eq!(ok(Some("CRC64NVME"), Some("COMPOSITE")), Err(InvalidRequest), "CRC64NVME is full-object only");
+    assert_eq!(ok(None, Some("COMPOSITE")), Err(InvalidRequest), "a type needs an algorithm");
+    assert_eq!(ok(Some("MD5"), None), Err(InvalidRequest));
+    assert_eq!(ok(Some("CRC32"), Some("PARTIAL")), Err(InvalidRequest));
+}
+
+#[test]
+fn an_upload_keeps_its_checksum_request_on_its_marker_only() {
+    let declared = upload(Some("CRC32C"), Some("FULL_OBJECT")).expect("valid");
+    let mut marker = vec![("cache-control".to_owned(), "no-cache".to_owned())];
+    marker.extend(declared.marker_headers());
+    assert_eq!(UploadChecksum::of_upload(&marker), declared);
+    assert_eq!(UploadChecksum::object_headers(&marker), vec![("cache-control".to_owned(), "no-cache".to_owned())]);
+    let default = upload(None, None).expect("valid");
+    assert!(default.marker_headers().is_empty());
+    assert_eq!(UploadChecksum::of_upload(&[]), default);
+    assert_eq!(default.reported(), (None, None), "S3 lists no algorithm for an upload created without one");
+}
+
+#[test]
+fn a_part_computes_its_uploads_algorithm_and_refuses_another() {
+    let crc32 = upload(Some("CRC32"), None).expect("valid");
+    assert_eq!(crc32.part_algorithms(None).expect("computed here"), vec![Algorithm::Crc32]);
+    assert_eq!(crc32.part_algorithms(Some(Algorithm::Crc32)).expect("the same"), vec![Algorithm::Crc32]);
+    assert_eq!(
+        crc32.part_algorithms(Some(Algorithm::Sha256)).map_err(|e| e.code().clone()),
+        Err(s3s::S3ErrorCode::InvalidRequest)
+    );
+    let default = upload(None, None).expect("valid");
+    assert_eq!(
+        default.part_algorithms(Some(Algorithm::Sha1)).expect("kept too"),
+        vec![Algorithm::Crc64Nvme, Algorithm::Sha1]
+    );
+}
+
+#[test]
+fn a_listed_part_checksum_must_match_the_stored_one() {
+    let stored = part_headers(b"part one");
+    let crc32 = stored.iter().find(|(n, _)| n == "x-amz-checksum-crc32").expect("stored").1.clone();
+    let listed = |value: &str| s3s::dto::Checksum { checksum_crc32: Some(value.to_owned()), ..Default::default() };
+    assert!(crate::checksum::check_listed_part(1, &listed(&crc32), &stored).is_ok());
+    assert!(crate::checksum::check_listed_part(1, &s3s::dto::Checksum::default(), &stored).is_ok());
+    let wrong = crate::checksum::check_listed_part(1, &listed("AAAAAA=="), &stored).map_err(|e| e.code().clone());
+    assert_eq!(wrong, Err(s3s::S3ErrorCode::InvalidPart));
+    let missing = crate::checksum::check_listed_part(1, &listed(&crc32), &[]).map_err(|e| e.code().clone());
+    assert_eq!(missing, Err(s3s::S3ErrorCode::InvalidPart));
+}
+
+#[tokio::test]
+async fn an_upload_body_leaves_its_checksums_for_the_commit_only_when_it_ends_cleanly() {
+    let at_end = client::HeadersAtEnd::default();
+    let mut body = UploadBody::new(
+        Some(blob(&[b"ab", b"c"])),
+        expect_bytes_max(1 << 20),
+        &[Algorithm::Crc64Nvme],
+        Some(at_end.clone()),
+    );
+    let mut out = Vec::new();
+    body.read_to_end(&mut out).await.expect("no expectations");
+    let stored = part_headers(b"abc");
+    let crc64 = stored.iter().find(|(n, _)| n == "x-amz-checksum-crc64nvme").expect("computed").clone();
+    assert_eq!(at_end.get(), vec![crc64]);
+    // A body that fails its check leaves nothing.
+    let at_end = client::HeadersAtEnd::default();
+    let bad = Expected { content_md5: Some(md5_of(b"abd")), ..expect_bytes_max(1 << 20) };
+    let mut body = UploadBody::new(Some(blob(&[b"abc"])), bad, &[Algorithm::Crc32], Some(at_end.clone()));
+    assert!(body.read_to_end(&mut Vec::new()).await.is_err());
+    assert!(at_end.get().is_empty());
 }
