@@ -125,6 +125,10 @@ class Cluster:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
 
+    def metrics_port(self, name: str) -> int:
+        """Where `name` ("gateway" or "n1".."n6") serves /metrics: the ports after the gateway's."""
+        return self.gateway_port + 1 + (0 if name == "gateway" else int(name[1:]))
+
     def log_path(self, name: str) -> Path:
         return self.dir / f"{name}.log"
 
@@ -153,7 +157,8 @@ class Cluster:
     def start_node(self, i: int) -> None:
         """Starts node n{i} and waits until it accepts connections."""
         name = f"n{i}"
-        proc = self._spawn(name, ["node", "--config", str(self.config), "--id", name], {})
+        metrics = f"127.0.0.1:{self.metrics_port(name)}"
+        proc = self._spawn(name, ["node", "--config", str(self.config), "--id", name, "--metrics-listen", metrics], {})
         _wait_tcp(self.base_port + i - 1, proc, name, self.log_path(name), time.monotonic() + READY_TIMEOUT_S)
 
     def spawn_extra(self, name: str, args: list[str], extra_env: dict[str, str]) -> subprocess.Popen:
@@ -224,7 +229,8 @@ class Cluster:
     def start_gateway(self) -> None:
         proc = self._spawn(
             "gateway",
-            ["gateway", "--config", str(self.config), "--listen", f"127.0.0.1:{self.gateway_port}"],
+            ["gateway", "--config", str(self.config), "--listen", f"127.0.0.1:{self.gateway_port}",
+             "--metrics-listen", f"127.0.0.1:{self.metrics_port('gateway')}"],
             {"TESSERA_ACCESS_KEY": self.access_key, "TESSERA_SECRET_KEY": self.secret_key},
         )
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -303,7 +309,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     access_key = "E2E" + secrets.token_hex(8).upper()
     # 40 characters with '+' and '/', like AWS secrets: they must survive signing and env passing.
     secret_key = base64.b64encode(secrets.token_bytes(30)).decode()
-    base_port = _free_port_range(NODES + 1)
+    base_port = _free_port_range(2 * NODES + 2)  # nodes, gateway, then their metrics
     c = Cluster(root, base_port, base_port + NODES, access_key, secret_key)
     c.init()
     with pytest.MonkeyPatch.context() as mp:

@@ -162,6 +162,8 @@ pub struct Drive {
     syncing: std::sync::Mutex<()>,
     /// Times the database was dropped after an I/O error (commits not yet durable may be lost).
     deferred_losses: std::sync::atomic::AtomicU64,
+    /// I/O and database errors the drive has hit since it was opened (a full disk included).
+    errors: std::sync::atomic::AtomicU64,
     /// Taken shared by chunk writes and commits, exclusive by [`Drive::wipe`]: a wipe never
     /// runs between a commit's rename of its data file and its metadata transaction.
     wiping: std::sync::RwLock<()>,
@@ -249,6 +251,7 @@ impl Drive {
             unsynced_data: std::sync::atomic::AtomicBool::new(true),
             syncing: std::sync::Mutex::new(()),
             deferred_losses: std::sync::atomic::AtomicU64::new(0),
+            errors: std::sync::atomic::AtomicU64::new(0),
             wiping: std::sync::RwLock::new(()),
             file_guards: std::sync::Mutex::new(FileGuards::default()),
         };
@@ -1374,6 +1377,20 @@ impl Drive {
         Ok(result)
     }
 
+    /// I/O and database errors this drive has hit since it was opened.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Object versions with data on this drive (current and retained ones, multipart pieces
+    /// included; delete markers hold no data): one read of a table's length.
+    pub fn version_count(&self) -> Result<u64, Error> {
+        use redb::ReadableTableMetadata as _;
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
+        let table = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+        table.len().map_err(|e| self.db_err(e))
+    }
+
     /// Free bytes (for an unprivileged writer) and total bytes of the drive's file system.
     pub fn space(&self) -> Result<(u64, u64), Error> {
         let path = std::ffi::CString::new(self.root.as_os_str().as_encoded_bytes())
@@ -1535,6 +1552,7 @@ impl Drive {
     }
 
     fn io_err(&self, path: &Path, source: io::Error) -> Error {
+        self.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if is_disk_full(&source) {
             return Error::DiskFull { path: self.root.clone() };
         }
@@ -1562,6 +1580,7 @@ impl Drive {
     }
 
     fn db_err(&self, source: impl Into<redb::Error>) -> Error {
+        self.errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let source: redb::Error = source.into();
         if matches!(source, redb::Error::Io(_) | redb::Error::PreviousIo) {
             let mut slot = self.db.write().unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -102,6 +102,9 @@ pub(crate) struct GatewayArgs {
     /// already own (200 in us-east-1, BucketAlreadyOwnedByYou elsewhere, as S3 answers).
     #[arg(long, default_value = s3::DEFAULT_REGION, value_parser = region_name)]
     region: String,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off unless given).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
 }
 
 /// An AWS-style region name: lowercase letters, digits and dashes.
@@ -150,6 +153,9 @@ pub(crate) struct NodeArgs {
     /// hints let the disk work on many small ranges at once): for measuring what they gain.
     #[arg(long)]
     no_read_hints: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (off unless given).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
 }
 
 fn heartbeat_interval(text: &str) -> Result<Duration, String> {
@@ -308,6 +314,11 @@ pub(crate) fn node(args: &NodeArgs) -> anyhow::Result<()> {
         read_hints: !args.no_read_hints,
     };
     let server = node::Server::bind(config).with_context(|| format!("start node {}", args.id))?;
+    if let Some(addr) = args.metrics_listen {
+        let metrics = server.metrics();
+        let local = crate::metrics_http::serve_in_thread(addr, std::sync::Arc::new(move || metrics.render()))?;
+        tracing::info!("metrics on http://{local}/metrics");
+    }
     server.serve().context("serve")?;
     Ok(())
 }
@@ -522,6 +533,12 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         tokio::spawn(expire_uploads(client.clone(), args.multipart_expiry, args.multipart_check_interval));
         let gateway = s3::Gateway::bind(client, config).await.context("start the S3 gateway")?;
         tracing::info!("S3 gateway listening on http://{}", gateway.local_addr()?);
+        if let Some(addr) = args.metrics_listen {
+            let listener = crate::metrics_http::bind(addr).await?;
+            tracing::info!("metrics on http://{}/metrics", listener.local_addr()?);
+            let metrics = gateway.metrics();
+            tokio::spawn(crate::metrics_http::serve(listener, std::sync::Arc::new(move || metrics.render())));
+        }
         gateway.serve(shutdown_signal()).await;
         Ok(())
     })

@@ -1,5 +1,5 @@
 //! The one `tessera` binary: cluster tooling (`init`, `up`, `node`, `gateway`), object commands through the
-//! smart client (`mb`, `rb`, `put`, `get`, `ls`, `rm`, `stat`), `query` and `bench`.
+//! smart client (`mb`, `rb`, `put`, `get`, `ls`, `rm`, `stat`), `status`, `query` and `bench`.
 //!
 //! Only this crate prints to the terminal, reads environment variables or exits the process.
 
@@ -7,6 +7,7 @@ mod bench;
 mod cluster_cmd;
 mod drive_cmd;
 mod map_cmd;
+mod metrics_http;
 mod object_cmd;
 mod pool_cmd;
 mod pool_move;
@@ -15,6 +16,7 @@ mod relayout_cmd;
 mod repair_cmd;
 mod s3_load;
 mod size;
+mod status_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -63,6 +65,9 @@ enum Command {
     Stat(object_cmd::ObjectArgs),
     /// Measure GET or PUT throughput and latency with the smart client.
     Bench(bench::BenchArgs),
+    /// The running cluster at a glance: nodes, drives, erasure sets and their health, repair.
+    /// Exits non-zero when anything is down.
+    Status(status_cmd::StatusArgs),
     /// Background repair on the running cluster: status, pause, resume, rate.
     Repair(repair_cmd::RepairArgs),
     /// Drives: prepare a new node's drives on its host, or replace (wipe and rebuild) one.
@@ -128,6 +133,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Rm(args) => object_cmd::run(object_cmd::Op::Remove(args)),
         Command::Stat(args) => object_cmd::run(object_cmd::Op::Stat(args)),
         Command::Bench(args) => bench::run(&args),
+        Command::Status(args) => status_cmd::run(&args),
         Command::Repair(args) => repair_cmd::run(&args),
         Command::Drive(args) => drive_cmd::run(&args),
         Command::Map(args) => map_cmd::run(&args),

@@ -1,7 +1,7 @@
 //! Operations on the nodes themselves (not on objects): background repair status and control,
 //! and replacing a drive.
 
-use proto::{RepairAction, RepairStatus, Request, Response};
+use proto::{NodeInfo, RepairAction, RepairStatus, Request, Response};
 
 use crate::{Client, Error};
 
@@ -126,6 +126,16 @@ impl Client {
             })
             .await;
         answers.into_iter().map(|(node, drives)| NodeSpace { node, drives }).collect()
+    }
+
+    /// Every node's build, uptime, map version and drives (`tessera status`), or why it could
+    /// not be asked.
+    pub async fn node_info(&self) -> Vec<(String, Result<NodeInfo, String>)> {
+        self.ask_every_node(&Request::NodeInfo, |response| match response {
+            Response::NodeInfo { info } => Ok(info),
+            other => Err(other),
+        })
+        .await
     }
 
     /// The buckets each node holds (in node order), internal ones included, or why it could

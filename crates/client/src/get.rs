@@ -536,6 +536,7 @@ async fn fetch_node<'b>(
             good[idx] = dest.len().div_ceil(job.block_bytes) == job.crcs.len()
                 && dest.chunks(job.block_bytes).zip(&job.crcs).all(|(block, crc)| crc32c::crc32c(block) == *crc);
             if !good[idx] {
+                client.count_checksum_failure();
                 tracing::warn!(node = %pool.node, version = %job.item.version.to_hex(), offset = job.item.offset, chunk = job.chunk_idx, "chunk failed its checksum; reading around it");
                 why[idx] = Some(format!("node {}: chunk {} failed its checksum", pool.node, job.chunk_idx));
             }
@@ -601,6 +602,7 @@ fn finish_stripe(
         if read.slots.iter().filter(|s| s.good).count() < k {
             return Err(unavailable(client, info, read));
         }
+        client.count_decode(read.slots[..k].iter().filter(|s| s.needed && !s.good).count());
         let contiguous = k == 1 || read.range_len == read.chunk_len;
         if contiguous && read.slots[..k].iter().all(|s| s.direct.is_some()) {
             decode_in_place(client, info, read, buf)?;

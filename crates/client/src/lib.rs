@@ -59,9 +59,9 @@ pub use multipart::{
 pub use pace::Pace;
 pub use proto::QUERY_FOOTER_BYTES_MAX;
 pub use proto::{
-    AggregateFunction, AggregateSpec, BucketEntry, CommitCondition, DriveRepairStatus, DriveSpace, ErrorKind,
-    ListEntry, PartialAggregate, QueryObject, RECORD_SPLITS_MAX, RecordObject, RecordSplit, RepairAction, RepairStatus,
-    ScanSpec, ScrubStatus,
+    AggregateFunction, AggregateSpec, BucketEntry, CommitCondition, DriveInfo, DriveRepairStatus, DriveSpace,
+    ErrorKind, ListEntry, NodeInfo, PartialAggregate, QueryObject, RECORD_SPLITS_MAX, RecordObject, RecordSplit,
+    RepairAction, RepairStatus, ScanSpec, ScrubStatus,
 };
 pub use query::{QUERY_SILENCE_MAX, QueryReply, QueryStats};
 pub use relocate::{MoveKind, Moved, PoolListing};
@@ -102,6 +102,17 @@ impl Default for ClientOptions {
             repair_hints: true,
         }
     }
+}
+
+/// What reads met, since the client was made ([`Client::read_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadCounts {
+    /// Stripes decoded because a needed data chunk was missing, unreadable or corrupt.
+    pub degraded_stripes: u64,
+    /// Data chunks (or the ranges of them read) rebuilt from parity.
+    pub chunks_rebuilt: u64,
+    /// Chunks that arrived and failed their block checksums (read around).
+    pub checksum_failures: u64,
 }
 
 /// Options of one PUT.
@@ -360,6 +371,10 @@ struct Inner {
     /// Metadata requests sent and items they asked about (see [`MetadataCounts`]).
     meta_requests: AtomicU64,
     meta_items: AtomicU64,
+    /// What reads met (see [`ReadCounts`]).
+    degraded_stripes: AtomicU64,
+    chunks_rebuilt: AtomicU64,
+    checksum_failures: AtomicU64,
     /// Block checksums of versions read before ([`Client::head_many_cached`]).
     checksums: checksum_cache::ChecksumCache,
 }
@@ -400,6 +415,9 @@ impl Client {
             meta_requests: AtomicU64::new(0),
             checksums: checksum_cache::ChecksumCache::default(),
             meta_items: AtomicU64::new(0),
+            degraded_stripes: AtomicU64::new(0),
+            chunks_rebuilt: AtomicU64::new(0),
+            checksum_failures: AtomicU64::new(0),
             finalized: tokio::sync::Notify::new(),
         };
         Ok(Self { inner: Arc::new(inner), topo })
@@ -550,6 +568,34 @@ impl Client {
             requests: self.inner.meta_requests.load(Ordering::Relaxed),
             items: self.inner.meta_items.load(Ordering::Relaxed),
         }
+    }
+
+    /// What this client's reads (and its clones') met so far: for metrics.
+    pub fn read_counts(&self) -> ReadCounts {
+        ReadCounts {
+            degraded_stripes: self.inner.degraded_stripes.load(Ordering::Relaxed),
+            chunks_rebuilt: self.inner.chunks_rebuilt.load(Ordering::Relaxed),
+            checksum_failures: self.inner.checksum_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Every node of the current map and whether this client counts it up: a node a request
+    /// failed on within the down backoff is down (readers plan around it) until a probe succeeds.
+    pub fn node_reachability(&self) -> Vec<(String, bool)> {
+        let current = self.current();
+        let backoff = self.inner.options.down_backoff;
+        current.topo.pools.iter().map(|pool| (pool.node.clone(), pool.down_reason(backoff).is_none())).collect()
+    }
+
+    /// Counts a stripe a read decoded, and the data chunks it rebuilt.
+    pub(crate) fn count_decode(&self, chunks_rebuilt: usize) {
+        self.inner.degraded_stripes.fetch_add(1, Ordering::Relaxed);
+        self.inner.chunks_rebuilt.fetch_add(chunks_rebuilt as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a chunk that failed its block checksums on arrival.
+    pub(crate) fn count_checksum_failure(&self) {
+        self.inner.checksum_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts one metadata request of `items` items.

@@ -203,6 +203,7 @@ fn serve_requests(
     let mut chunk_buffer = Vec::new();
     while let Some(body) = session.read_request()? {
         let request = proto::decode_request(&body)?;
+        state.counters.request(&request);
         let node_version = state.map.version();
         // Undoing this connection's own work needs no map: a drive index names the same drive
         // in every map the node may take (a map change never changes a node's drives). A
@@ -257,10 +258,18 @@ fn serve_requests(
                         d.write_chunk(&bucket, version, offset, &chunk_buffer).map(|()| Response::Ok)
                     })
                 };
+                match response {
+                    Response::Error { .. } => state.counters.request_error("chunk_write"),
+                    _ => state.counters.received(u64::from(len)),
+                }
                 session.send(&response)?;
             }
             other => {
+                let kind = crate::metrics::Counters::kind_of(&other);
                 let response = handle_control(state, other, staged);
+                if matches!(response, Response::Error { .. }) {
+                    state.counters.request_error(kind);
+                }
                 session.send(&response)?;
             }
         }
@@ -381,6 +390,7 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
             state.control_repair(action).map(|()| Response::Ok).unwrap_or_else(|e| error_response(&e))
         }
         Request::RepairStatus => Response::RepairStatus { status: crate::repair::status(state) },
+        Request::NodeInfo => Response::NodeInfo { info: state.info() },
         Request::DriveReplace { drive } => {
             with_drive(state, drive, |_| crate::rebuild::replace(state, drive as usize).map(|()| Response::Ok))
         }
@@ -591,9 +601,14 @@ fn serve_read(session: &mut Session, state: &State, items: &[ReadItem]) -> Resul
         set_cork(&session.stream, true);
     }
     let hints = state.read_hints && items.len() >= READ_HINT_RANGES_MIN;
+    state.counters.read_items(&statuses);
+    let bytes: u64 = items.iter().zip(&files).filter(|(_, f)| f.is_some()).map(|(i, _)| u64::from(i.len)).sum();
     let sent = send_read(session, items, statuses, files, hints);
     if cork {
         set_cork(&session.stream, false);
+    }
+    if sent.is_ok() {
+        state.counters.sent(bytes);
     }
     sent
 }

@@ -19,6 +19,7 @@
 
 mod connection;
 mod map;
+mod metrics;
 mod peer;
 mod query;
 mod rebuild;
@@ -167,6 +168,19 @@ pub const QUERY_HEARTBEAT_DEFAULT: Duration = Duration::from_secs(5);
 /// otherwise: at most 4 run at once, so 1 GiB in all.
 pub const QUERY_MEMORY_DEFAULT: usize = 256 << 20;
 
+/// Renders a node's metrics ([`Server::metrics`]).
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    state: Arc<State>,
+}
+
+impl Metrics {
+    /// The node's metrics in the Prometheus text format (OpenMetrics), as of now.
+    pub fn render(&self) -> String {
+        metrics::render(&self.state)
+    }
+}
+
 /// A bound node, ready to serve.
 #[derive(Debug)]
 pub struct Server {
@@ -209,6 +223,10 @@ struct State {
     queries: query::Queries,
     /// `NodeConfig::read_hints`.
     read_hints: bool,
+    /// When the node began serving, for its uptime.
+    started: std::time::Instant,
+    /// Requests and bytes served, for metrics.
+    counters: metrics::Counters,
 }
 
 /// Setting names on the node's first drive.
@@ -234,6 +252,36 @@ fn repair_settings(drive: &Drive) -> (repair::Mode, u64) {
 }
 
 impl State {
+    /// What `tessera status` shows of this node. A drive that cannot tell its space or
+    /// version count says why instead (the node still answers).
+    fn info(&self) -> proto::NodeInfo {
+        let drives = self
+            .drives
+            .iter()
+            .enumerate()
+            .map(|(idx, drive)| {
+                let mut info = proto::DriveInfo { rebuilding: self.is_rebuilding(idx), ..Default::default() };
+                match drive.space() {
+                    Ok((free, total)) => (info.free_bytes, info.total_bytes) = (free, total),
+                    Err(e) => info.problem = Some(e.to_string()),
+                }
+                match drive.version_count() {
+                    Ok(count) => info.versions = Some(count),
+                    Err(e) => info.problem = Some(e.to_string()),
+                }
+                info.errors = drive.errors();
+                info
+            })
+            .collect();
+        proto::NodeInfo {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            uptime_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            map_version: self.map.version(),
+            connections: self.connections.load(Ordering::Relaxed) as u64,
+            drives,
+        }
+    }
+
     /// Whether drive `idx` is being rebuilt: it answers metadata requests as unavailable.
     fn is_rebuilding(&self, idx: usize) -> bool {
         self.rebuilding.get(idx).is_some_and(|r| r.load(Ordering::SeqCst))
@@ -410,8 +458,15 @@ impl Server {
             pending: Mutex::new(VecDeque::new()),
             queries: query::Queries::new(config.query_memory_bytes, config.query_heartbeat),
             read_hints: config.read_hints,
+            started: std::time::Instant::now(),
+            counters: metrics::Counters::default(),
         };
         Ok(Self { listener, state: Arc::new(state) })
+    }
+
+    /// A handle that renders this node's metrics, usable while [`Server::serve`] runs.
+    pub fn metrics(&self) -> Metrics {
+        Metrics { state: Arc::clone(&self.state) }
     }
 
     /// The address the node listens on.

@@ -672,6 +672,10 @@ pub enum Request {
         schema: Vec<u8>,
         objects: Vec<RecordObject>,
     },
+    /// What `tessera status` shows of a node: its build, uptime, map and drives
+    /// ([`Response::NodeInfo`]). Appended within protocol version 9 as the queries were: a node
+    /// that predates it fails to decode it and closes the connection.
+    NodeInfo,
 }
 
 /// Bytes of a [`Request::RecordQuery`]'s schema at most.
@@ -974,6 +978,38 @@ pub enum Response {
         local_bytes: u64,
         peer_bytes: u64,
     },
+    NodeInfo {
+        info: NodeInfo,
+    },
+}
+
+/// A node as [`Request::NodeInfo`] answers it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The node's build (the crate version).
+    pub version: String,
+    pub uptime_ms: u64,
+    /// The version of the cluster map it serves under.
+    pub map_version: u64,
+    /// Authenticated connections being served.
+    pub connections: u64,
+    /// One per drive of the node, in order.
+    pub drives: Vec<DriveInfo>,
+}
+
+/// One drive of a [`NodeInfo`].
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DriveInfo {
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+    /// Object versions with data on the drive; `None` when it could not be read.
+    pub versions: Option<u64>,
+    /// I/O and database errors since the node started (a failed read of this info included).
+    pub errors: u64,
+    /// Being rebuilt (wiped or replaced): readers skip it meanwhile.
+    pub rebuilding: bool,
+    /// Why the drive could not answer, if it could not.
+    pub problem: Option<String>,
 }
 
 /// Bytes of Arrow IPC one [`Response::QueryData`] carries at most.

@@ -132,6 +132,8 @@ pub(crate) struct UploadBody {
     verified: Option<Checksum>,
     /// Where the computed checksums go, as headers, when the body ends cleanly.
     at_end: Option<client::HeadersAtEnd>,
+    /// Counts the bytes received, for the metrics.
+    counted: Option<prometheus_client::metrics::counter::Counter>,
     /// Fires when the sender stalls; reset by every read that makes progress.
     idle: Pin<Box<tokio::time::Sleep>>,
 }
@@ -168,7 +170,13 @@ impl UploadBody {
         }
         let md5 = expected.content_md5.map(|_| crypto::Md5::new());
         let idle = Box::pin(tokio::time::sleep(BODY_IDLE_TIMEOUT));
-        Self { inner, md5, hasher: Some(hasher), expected, received: 0, verified: None, at_end, idle }
+        Self { inner, md5, hasher: Some(hasher), expected, received: 0, verified: None, at_end, counted: None, idle }
+    }
+
+    /// Counts the body's bytes in the gateway's metrics the request carries.
+    pub(crate) fn counting(mut self, extensions: &hyper::http::Extensions) -> Self {
+        self.counted = extensions.get::<crate::metrics::ObjectBytes>().map(|bytes| bytes.received.clone());
+        self
     }
 
     /// The flexible checksums of the body, once it was read to its end and matched.
@@ -178,6 +186,9 @@ impl UploadBody {
 
     fn update(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.received += bytes.len() as u64;
+        if let Some(counted) = &self.counted {
+            counted.inc_by(bytes.len() as u64);
+        }
         if self.received > self.expected.bytes_max {
             return Err(io::Error::other(BodyError::TooLarge { max: self.expected.bytes_max }));
         }

@@ -32,6 +32,7 @@ mod conditional;
 mod error;
 mod host;
 mod list;
+mod metrics;
 mod multipart;
 mod object;
 mod relayout;
@@ -41,6 +42,7 @@ mod server;
 use std::net::SocketAddr;
 
 pub use body::BODY_IDLE_TIMEOUT;
+pub use metrics::GatewayMetrics;
 pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT, SHUTDOWN_TIMEOUT};
 
 /// What a gateway serves and whom it lets in.
@@ -114,6 +116,7 @@ pub struct Gateway {
     listener: tokio::net::TcpListener,
     service: s3s::service::S3Service,
     sigv2: SigV2,
+    metrics: GatewayMetrics,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -129,8 +132,9 @@ impl Gateway {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind { addr: config.listen, source })?;
+        let metrics = GatewayMetrics::new(client.clone());
         let service = server::build_service(client, &config);
-        Ok(Self { listener, service, sigv2: config.sigv2 })
+        Ok(Self { listener, service, sigv2: config.sigv2, metrics })
     }
 
     /// The address the gateway listens on (useful with port 0).
@@ -141,7 +145,12 @@ impl Gateway {
     /// Serves HTTP until `shutdown` completes, then lets requests in progress finish for up to
     /// [`SHUTDOWN_TIMEOUT`].
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
-        server::serve(self.listener, self.service, self.sigv2, shutdown).await;
+        server::serve(self.listener, self.service, self.sigv2, self.metrics, shutdown).await;
+    }
+
+    /// The gateway's metrics, to serve on another address ([`GatewayMetrics::render`]).
+    pub fn metrics(&self) -> GatewayMetrics {
+        self.metrics.clone()
     }
 }
 

@@ -78,7 +78,7 @@ pub(crate) async fn upload_part(
     let sent = expected.algorithm();
     let algorithms = upload.part_algorithms(sent)?;
     let at_end = client::HeadersAtEnd::default();
-    let mut body = UploadBody::new(input.body, expected, &algorithms, Some(at_end.clone()));
+    let mut body = UploadBody::new(input.body, expected, &algorithms, Some(at_end.clone())).counting(&extensions);
     let part = client
         .put_part_with(&input.bucket, &input.key, &input.upload_id, number, &mut body, Some(at_end))
         .await

@@ -202,7 +202,7 @@ pub(crate) async fn put_object(
     let also: &[Algorithm] = if expected.algorithm().is_some() { &[] } else { &[Algorithm::DEFAULT] };
     let at_end = client::HeadersAtEnd::default();
     options.headers_at_end = Some(at_end.clone());
-    let mut body = UploadBody::new(input.body, expected, also, Some(at_end));
+    let mut body = UploadBody::new(input.body, expected, also, Some(at_end)).counting(&extensions);
     let info = client.put(&input.bucket, &input.key, &mut body, &options).await.map_err(s3_error)?;
     let checksum = ObjectChecksum::stored(&info.meta.headers).map(|c| c.dto()).unwrap_or_default();
     let output = PutObjectOutput {
@@ -391,7 +391,8 @@ pub(crate) async fn get_object(
         Some(Err(e)) => return Err(s3_error(client::Error::Source(e))),
         None => None,
     };
-    let body = GetBody { first, inner, remaining: bytes.end - bytes.start };
+    let sent = req.extensions.get::<crate::metrics::ObjectBytes>().map(|bytes| bytes.sent.clone());
+    let body = GetBody { first, inner, remaining: bytes.end - bytes.start, sent };
     let meta = &plan.info.meta;
     let output = GetObjectOutput {
         body: Some(StreamingBlob::new(body)),
@@ -463,6 +464,8 @@ struct GetBody {
     first: Option<Bytes>,
     inner: WindowStream,
     remaining: u64,
+    /// Counts the bytes sent, for the metrics.
+    sent: Option<prometheus_client::metrics::counter::Counter>,
 }
 
 impl Stream for GetBody {
@@ -472,11 +475,17 @@ impl Stream for GetBody {
         let this = self.get_mut();
         if let Some(bytes) = this.first.take() {
             this.remaining = this.remaining.saturating_sub(bytes.len() as u64);
+            if let Some(sent) = &this.sent {
+                sent.inc_by(bytes.len() as u64);
+            }
             return Poll::Ready(Some(Ok(bytes)));
         }
         match this.inner.poll_next_unpin(cx) {
             Poll::Ready(Some(Ok(bytes))) => {
                 this.remaining = this.remaining.saturating_sub(bytes.len() as u64);
+                if let Some(sent) = &this.sent {
+                    sent.inc_by(bytes.len() as u64);
+                }
                 Poll::Ready(Some(Ok(bytes)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),

@@ -27,6 +27,7 @@ pub(crate) fn build_service(client: client::Client, config: &GatewayConfig) -> S
     let relayer = crate::relayout::Relayer::start(client.clone(), config.relayout_rate);
     let mut builder = S3ServiceBuilder::new(Tessera { client, relayer, region: config.region.clone() });
     builder.set_auth(RootAuth { access_key: config.access_key.clone(), secret_key: config.secret_key.clone() });
+    builder.set_access(crate::metrics::RecordOperation);
     builder.set_host(crate::host::LocalHost::new(config.listen.port()));
     let mut s3_config = s3s::config::S3Config::default();
     s3_config.xml_max_body_size = XML_BODY_BYTES_MAX;
@@ -64,9 +65,12 @@ const REQUEST_ID_HEADER: &str = "x-amz-request-id";
 pub(crate) async fn handle(
     service: S3Service,
     sigv2: crate::SigV2,
+    metrics: crate::GatewayMetrics,
     mut request: hyper::Request<hyper::body::Incoming>,
 ) -> Result<s3s::HttpResponse, s3s::HttpError> {
     use tracing::Instrument as _;
+    let arrived = std::time::Instant::now();
+    let operation = metrics.attach(request.extensions_mut());
     let request_id = format!("{:016X}", rand::random::<u64>());
     let span = tracing::info_span!("request", id = %request_id);
     // Handlers see it as a request extension. Never as a header: SigV2 (and a SigV4 client
@@ -82,6 +86,7 @@ pub(crate) async fn handle(
         Ok(()) => call_closing_on_early_error(service, request).instrument(span.clone()).await?,
     };
     response.headers_mut().insert(REQUEST_ID_HEADER, id_value);
+    metrics.observe(&operation, response.status(), arrived.elapsed());
     if response.status().is_server_error() {
         tracing::warn!(parent: &span, status = %response.status(), "answered with a server error");
     }
@@ -268,6 +273,7 @@ pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     service: S3Service,
     sigv2: crate::SigV2,
+    metrics: crate::GatewayMetrics,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let mut http = ConnBuilder::new(TokioExecutor::new());
@@ -296,13 +302,18 @@ pub(crate) async fn serve(
         // Small responses (errors, XML) go out at once rather than after Nagle's delay.
         let _ = stream.set_nodelay(true); // best effort: the connection works either way
         let service = service.clone();
-        let handler = hyper::service::service_fn(move |request| handle(service.clone(), sigv2, request));
+        let for_requests = metrics.clone();
+        let handler =
+            hyper::service::service_fn(move |request| handle(service.clone(), sigv2, for_requests.clone(), request));
         let connection = http.serve_connection(TokioIo::new(stream), handler).into_owned();
         let connection = graceful.watch(connection);
+        let metrics = metrics.clone();
+        metrics.connection_opened();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!("connection from {peer}: {e}");
             }
+            metrics.connection_closed();
             drop(permit);
         });
     }

@@ -14,4 +14,5 @@ mod query;
 mod repair;
 mod scrub;
 mod select;
+mod status;
 mod topology;

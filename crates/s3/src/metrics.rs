@@ -1,0 +1,185 @@
+//! The gateway's Prometheus metrics ([`GatewayMetrics::render`]): S3 requests by operation and
+//! outcome, their latency, object bytes in and out, open connections, and what its smart
+//! client met (degraded reads, chunks rebuilt, checksum failures, which nodes it counts up).
+//!
+//! The operation is s3s's name for it (`GetObject`, ...), recorded by [`RecordOperation`]
+//! when s3s has routed the request; requests refused before (bad signature, SigV2 refused)
+//! count as `Unrouted`. Labels are bounded: operations are s3s's fixed set, outcomes the
+//! status classes, nodes the cluster's. No bucket, key, credential or secret is a label.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use s3s::S3Result;
+use s3s::access::{S3Access, S3AccessContext};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    operation: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabel {
+    operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabel {
+    node: String,
+}
+
+/// Latency buckets: 1 ms to ~33 s, doubling.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// The gateway's metrics. Clones share them.
+#[derive(Clone, Debug)]
+pub struct GatewayMetrics {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: client::Client,
+    requests: Family<RequestLabels, Counter>,
+    durations: Family<OperationLabel, Histogram, fn() -> Histogram>,
+    bytes: ObjectBytes,
+    connections: Gauge,
+}
+
+/// Object bytes received in upload bodies and sent in GET bodies; travels to the handlers as
+/// a request extension.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ObjectBytes {
+    pub(crate) received: Counter,
+    pub(crate) sent: Counter,
+}
+
+/// A request extension the access check fills with s3s's name of the operation.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct OperationSlot(Arc<OnceLock<String>>);
+
+/// The access check: records the operation, then refuses anonymous requests as s3s's default
+/// check does (there is no anonymous access).
+pub(crate) struct RecordOperation;
+
+#[async_trait::async_trait]
+impl S3Access for RecordOperation {
+    async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
+        let name = cx.s3_op().name().to_owned();
+        if let Some(slot) = cx.extensions_mut().get::<OperationSlot>() {
+            let _ = slot.0.set(name); // set once per request
+        }
+        match cx.credentials() {
+            Some(_) => Ok(()),
+            None => Err(s3s::s3_error!(AccessDenied, "Signature is required")),
+        }
+    }
+}
+
+impl GatewayMetrics {
+    pub(crate) fn new(client: client::Client) -> Self {
+        let inner = Inner {
+            client,
+            requests: Family::default(),
+            durations: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            bytes: ObjectBytes::default(),
+            connections: Gauge::default(),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// What a request carries for the metrics: the slot for its operation's name, and the
+    /// object byte counters.
+    pub(crate) fn attach(&self, extensions: &mut hyper::http::Extensions) -> OperationSlot {
+        let slot = OperationSlot::default();
+        extensions.insert(slot.clone());
+        extensions.insert(self.inner.bytes.clone());
+        slot
+    }
+
+    /// One answered request.
+    pub(crate) fn observe(&self, slot: &OperationSlot, status: hyper::StatusCode, elapsed: Duration) {
+        let operation = slot.0.get().cloned().unwrap_or_else(|| "Unrouted".to_owned());
+        let outcome = match status.as_u16() {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.inner.requests.get_or_create(&RequestLabels { operation: operation.clone(), outcome }).inc();
+        self.inner.durations.get_or_create(&OperationLabel { operation }).observe(elapsed.as_secs_f64());
+    }
+
+    pub(crate) fn connection_opened(&self) {
+        self.inner.connections.inc();
+    }
+
+    pub(crate) fn connection_closed(&self) {
+        self.inner.connections.dec();
+    }
+
+    /// The metrics in the Prometheus text format (OpenMetrics), as of now.
+    pub fn render(&self) -> String {
+        let inner = &self.inner;
+        let mut registry = Registry::with_prefix("tessera_s3");
+        registry.register("requests", "S3 requests answered, by operation and status class", inner.requests.clone());
+        registry.register_with_unit(
+            "request_duration",
+            "Time from a request's arrival to its answer's status line, by operation",
+            Unit::Seconds,
+            inner.durations.clone(),
+        );
+        registry.register_with_unit(
+            "object_received",
+            "Object bytes received in PutObject and UploadPart bodies",
+            Unit::Bytes,
+            inner.bytes.received.clone(),
+        );
+        registry.register_with_unit(
+            "object_sent",
+            "Object bytes sent in GetObject bodies",
+            Unit::Bytes,
+            inner.bytes.sent.clone(),
+        );
+        registry.register("connections", "Open client connections", inner.connections.clone());
+
+        // What the gateway's smart client met, read now.
+        let client = registry.sub_registry_with_prefix("client");
+        let counts = inner.client.read_counts();
+        let counter = |value: u64| {
+            let counter = Counter::<u64>::default();
+            counter.inc_by(value);
+            counter
+        };
+        client.register(
+            "degraded_stripes",
+            "Stripes decoded because a needed chunk was missing, unreadable or corrupt",
+            counter(counts.degraded_stripes),
+        );
+        client.register("chunks_rebuilt", "Data chunks rebuilt from parity by reads", counter(counts.chunks_rebuilt));
+        client.register(
+            "checksum_failures",
+            "Chunks that arrived failing their block checksums (read around)",
+            counter(counts.checksum_failures),
+        );
+        let up = Family::<NodeLabel, Gauge>::default();
+        for (node, reachable) in inner.client.node_reachability() {
+            up.get_or_create(&NodeLabel { node }).set(i64::from(reachable));
+        }
+        client.register("node_up", "1 when the client counts the node up, 0 when a request to it just failed", up);
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+        text
+    }
+}
