@@ -102,7 +102,8 @@ pub(crate) struct GatewayArgs {
     /// already own (200 in us-east-1, BucketAlreadyOwnedByYou elsewhere, as S3 answers).
     #[arg(long, default_value = s3::DEFAULT_REGION, value_parser = region_name)]
     region: String,
-    /// Serve Prometheus metrics at http://ADDR/metrics (off unless given).
+    /// Serve Prometheus metrics at http://ADDR/metrics (off unless given: then the gateway
+    /// counts nothing).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
 }
@@ -529,6 +530,9 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
             sigv2,
             relayout_rate: args.relayout_rate,
             region: args.region.clone(),
+            // Counted only when served: without --metrics-listen the request path does no
+            // metrics work (what bench/metrics-overhead.sh compares against).
+            metrics: args.metrics_listen.is_some(),
         };
         tokio::spawn(expire_uploads(client.clone(), args.multipart_expiry, args.multipart_check_interval));
         let gateway = s3::Gateway::bind(client, config).await.context("start the S3 gateway")?;

@@ -21,6 +21,7 @@
 //!     sigv2: s3::SigV2::Refused,
 //!     relayout_rate: 64 << 20,
 //!     region: s3::DEFAULT_REGION.into(),
+//!     metrics: true,
 //! }).await?;
 //! gateway.serve(std::future::pending()).await?;
 //! ```
@@ -63,6 +64,9 @@ pub struct GatewayConfig {
     /// location, and how CreateBucket of a bucket that exists answers (200 in us-east-1,
     /// `BucketAlreadyOwnedByYou` elsewhere, as S3 does).
     pub region: String,
+    /// Whether the gateway counts requests, bytes and latencies for [`Gateway::metrics`]; off,
+    /// nothing is counted (and the metrics show zeros).
+    pub metrics: bool,
 }
 
 /// The region a gateway answers as unless told otherwise: S3's default, which SDKs sign for.
@@ -87,6 +91,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("sigv2", &self.sigv2)
             .field("relayout_rate", &self.relayout_rate)
             .field("region", &self.region)
+            .field("metrics", &self.metrics)
             .finish()
     }
 }
@@ -132,7 +137,7 @@ impl Gateway {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind { addr: config.listen, source })?;
-        let metrics = GatewayMetrics::new(client.clone());
+        let metrics = GatewayMetrics::new(client.clone(), config.metrics);
         let service = server::build_service(client, &config);
         Ok(Self { listener, service, sigv2: config.sigv2, metrics })
     }

@@ -48,6 +48,8 @@ pub struct GatewayMetrics {
 
 #[derive(Debug)]
 struct Inner {
+    /// Off: nothing is counted (the request path does no metrics work at all).
+    enabled: bool,
     client: client::Client,
     requests: Family<RequestLabels, Counter>,
     durations: Family<OperationLabel, Histogram, fn() -> Histogram>,
@@ -86,8 +88,9 @@ impl S3Access for RecordOperation {
 }
 
 impl GatewayMetrics {
-    pub(crate) fn new(client: client::Client) -> Self {
+    pub(crate) fn new(client: client::Client, enabled: bool) -> Self {
         let inner = Inner {
+            enabled,
             client,
             requests: Family::default(),
             durations: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
@@ -101,13 +104,18 @@ impl GatewayMetrics {
     /// object byte counters.
     pub(crate) fn attach(&self, extensions: &mut hyper::http::Extensions) -> OperationSlot {
         let slot = OperationSlot::default();
-        extensions.insert(slot.clone());
-        extensions.insert(self.inner.bytes.clone());
+        if self.inner.enabled {
+            extensions.insert(slot.clone());
+            extensions.insert(self.inner.bytes.clone());
+        }
         slot
     }
 
     /// One answered request.
     pub(crate) fn observe(&self, slot: &OperationSlot, status: hyper::StatusCode, elapsed: Duration) {
+        if !self.inner.enabled {
+            return;
+        }
         let operation = slot.0.get().cloned().unwrap_or_else(|| "Unrouted".to_owned());
         let outcome = match status.as_u16() {
             100..=199 => "1xx",
@@ -121,11 +129,15 @@ impl GatewayMetrics {
     }
 
     pub(crate) fn connection_opened(&self) {
-        self.inner.connections.inc();
+        if self.inner.enabled {
+            self.inner.connections.inc();
+        }
     }
 
     pub(crate) fn connection_closed(&self) {
-        self.inner.connections.dec();
+        if self.inner.enabled {
+            self.inner.connections.dec();
+        }
     }
 
     /// The metrics in the Prometheus text format (OpenMetrics), as of now.
