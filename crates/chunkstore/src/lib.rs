@@ -1385,10 +1385,27 @@ impl Drive {
     /// Object versions with data on this drive (current and retained ones, multipart pieces
     /// included; delete markers hold no data): one read of a table's length.
     pub fn version_count(&self) -> Result<u64, Error> {
+        self.table_len(VERSIONS)
+    }
+
+    /// Versions queued for repair on this drive: one read of a table's length (unlike
+    /// [`Drive::repair_queue`], which reads every entry).
+    pub fn repair_queue_len(&self) -> Result<u64, Error> {
+        self.table_len(REPAIR)
+    }
+
+    /// Entries of `table`. For diagnostics, read as often as a monitor likes: a failure is
+    /// reported, not counted in [`Drive::errors`] (which counts the drive's real work).
+    fn table_len<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &self,
+        table: TableDefinition<'_, K, V>,
+    ) -> Result<u64, Error> {
         use redb::ReadableTableMetadata as _;
-        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
-        let table = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
-        table.len().map_err(|e| self.db_err(e))
+        let db = self.db.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let Some(db) = db else { return Err(db_error(&self.root, redb::Error::PreviousIo)) };
+        let txn = db.begin_read().map_err(|e| db_error(&self.root, e))?;
+        let table = txn.open_table(table).map_err(|e| db_error(&self.root, e))?;
+        table.len().map_err(|e| db_error(&self.root, e))
     }
 
     /// Free bytes (for an unprivileged writer) and total bytes of the drive's file system.

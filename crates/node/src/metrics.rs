@@ -1,6 +1,7 @@
 //! The node's Prometheus metrics ([`crate::Server::metrics_text`]): requests served by kind,
 //! chunk bytes in and out, read items by outcome, and, read at scrape time, the drives
-//! (capacity, free, versions, errors, rebuilding), connections and the repair queues.
+//! (capacity, free, versions, errors, rebuilding), connections, repair queue lengths and what
+//! repair did. Every value read at scrape time is cheap (a table length, an atomic).
 //!
 //! Labels are bounded: request kinds and item outcomes are fixed sets, drives are the node's
 //! own (numbered from 1). No bucket, key or secret is ever a label or a value.
@@ -134,12 +135,14 @@ pub(crate) fn render(state: &crate::State) -> String {
     let rebuilding = Family::<DriveLabel, Gauge>::default();
     let up = Family::<DriveLabel, Gauge>::default();
     let repair_queued = Family::<DriveLabel, Gauge>::default();
-    let repair_queued_bytes = Family::<DriveLabel, Gauge>::default();
-    let repair_at_risk = Family::<DriveLabel, Gauge>::default();
     let repaired_bytes = Family::<DriveLabel, Counter>::default();
-    let repair = crate::repair::status(state);
+    let repaired_versions = Family::<DriveLabel, Counter>::default();
+    let repair_failures = Family::<DriveLabel, Counter>::default();
+    // Only what is cheap to read: a scrape must not walk a repair queue of millions of entries
+    // (`tessera repair status` does, when asked, for queued bytes and at-risk versions).
     let info = state.info();
     let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let load = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
     for (idx, drive) in info.drives.iter().enumerate() {
         let label = DriveLabel { drive: (idx + 1).to_string() };
         capacity.get_or_create(&label).set(as_i64(drive.total_bytes));
@@ -151,12 +154,13 @@ pub(crate) fn render(state: &crate::State) -> String {
         errors.get_or_create(&label).inc_by(drive.errors);
         rebuilding.get_or_create(&label).set(i64::from(drive.rebuilding));
         up.get_or_create(&label).set(i64::from(drive.problem.is_none()));
-        if let Some(stats) = repair.drives.get(idx) {
-            repair_queued.get_or_create(&label).set(as_i64(stats.queued_versions));
-            repair_queued_bytes.get_or_create(&label).set(as_i64(stats.queued_bytes));
-            repair_at_risk.get_or_create(&label).set(as_i64(stats.at_risk));
-            repaired_bytes.get_or_create(&label).inc_by(stats.bytes_repaired);
+        if let Ok(queued) = state.drives[idx].repair_queue_len() {
+            repair_queued.get_or_create(&label).set(as_i64(queued));
         }
+        let stats = &state.repair_stats[idx];
+        repaired_bytes.get_or_create(&label).inc_by(load(&stats.bytes_repaired));
+        repaired_versions.get_or_create(&label).inc_by(load(&stats.versions_repaired));
+        repair_failures.get_or_create(&label).inc_by(load(&stats.failed_attempts));
     }
     registry.register_with_unit("drive_capacity", "Size of the drive's file system", Unit::Bytes, capacity);
     registry.register_with_unit("drive_free", "Bytes a writer can still use on the drive", Unit::Bytes, free);
@@ -166,17 +170,12 @@ pub(crate) fn render(state: &crate::State) -> String {
     registry.register("drive_up", "1 when the drive answers, 0 when it cannot tell its space or contents", up);
     registry.register(
         "repair_queued_versions",
-        "Versions on the drive that other drives of their set lack",
+        "Versions on the drive that other drives of their set lack (its repair queue)",
         repair_queued,
     );
-    registry.register_with_unit(
-        "repair_queued",
-        "Bytes to write to repair them (estimate)",
-        Unit::Bytes,
-        repair_queued_bytes,
-    );
-    registry.register("repair_at_risk_versions", "Queued versions with fewer than k+1 healthy chunks", repair_at_risk);
     registry.register_with_unit("repaired", "Bytes repaired since the node started", Unit::Bytes, repaired_bytes);
+    registry.register("repaired_versions", "Versions repaired since the node started", repaired_versions);
+    registry.register("repair_failures", "Repair attempts that failed since the node started", repair_failures);
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut text, &registry);

@@ -36,6 +36,10 @@ pub(crate) enum BodyError {
     ContentMd5Mismatch,
     #[error("{algorithm} checksum mismatch")]
     ChecksumMismatch { algorithm: &'static str },
+    #[error("the copy source's bytes do not match its stored {algorithm} checksum")]
+    SourceMismatch { algorithm: &'static str },
+    #[error("the body already failed its checks")]
+    AlreadyFailed,
     #[error("the {header} trailer was announced but not sent")]
     TrailerMissing { header: &'static str },
     #[error("x-amz-content-sha256 mismatch")]
@@ -134,6 +138,11 @@ pub(crate) struct UploadBody {
     at_end: Option<client::HeadersAtEnd>,
     /// Counts the bytes received, for the metrics.
     counted: Option<prometheus_client::metrics::counter::Counter>,
+    /// The bytes come from the cluster (a copy's source), not from the client: no idle
+    /// timeout (the reads have their own), and a mismatch is the cluster's fault.
+    from_cluster: bool,
+    /// A check failed: every later read fails too, so nothing can read past a failure.
+    failed: bool,
     /// Fires when the sender stalls; reset by every read that makes progress.
     idle: Pin<Box<tokio::time::Sleep>>,
 }
@@ -151,15 +160,26 @@ impl UploadBody {
         let inner = body.map(|blob| {
             Box::new(StreamReader::new(blob.map_err(stream_error as fn(_) -> _))) as Box<dyn AsyncRead + Send + Unpin>
         });
-        Self::with_reader(inner, expected, also, at_end)
+        Self::build(inner, expected, also, at_end, false)
     }
 
-    /// [`UploadBody::new`] over any reader (a copy source).
-    pub(crate) fn with_reader(
+    /// [`UploadBody::new`] over bytes read from the cluster (a copy's source): checked against
+    /// `expected` (the source's stored checksum), hashed for the copy's.
+    pub(crate) fn copy_source(
+        source: Box<dyn AsyncRead + Send + Unpin>,
+        expected: Expected,
+        also: &[Algorithm],
+        at_end: Option<client::HeadersAtEnd>,
+    ) -> Self {
+        Self::build(Some(source), expected, also, at_end, true)
+    }
+
+    fn build(
         inner: Option<Box<dyn AsyncRead + Send + Unpin>>,
         expected: Expected,
         also: &[Algorithm],
         at_end: Option<client::HeadersAtEnd>,
+        from_cluster: bool,
     ) -> Self {
         let mut hasher = ChecksumHasher::default();
         for algorithm in Algorithm::ALL {
@@ -170,7 +190,19 @@ impl UploadBody {
         }
         let md5 = expected.content_md5.map(|_| crypto::Md5::new());
         let idle = Box::pin(tokio::time::sleep(BODY_IDLE_TIMEOUT));
-        Self { inner, md5, hasher: Some(hasher), expected, received: 0, verified: None, at_end, counted: None, idle }
+        Self {
+            inner,
+            md5,
+            hasher: Some(hasher),
+            expected,
+            received: 0,
+            verified: None,
+            at_end,
+            counted: None,
+            from_cluster,
+            failed: false,
+            idle,
+        }
     }
 
     /// Counts the body's bytes in the gateway's metrics the request carries.
@@ -239,13 +271,27 @@ impl UploadBody {
 impl AsyncRead for UploadBody {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.failed {
+            return Poll::Ready(Err(io::Error::other(BodyError::AlreadyFailed)));
+        }
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
+        let result = this.read_checked(cx, buf);
+        if matches!(result, Poll::Ready(Err(_))) {
+            this.failed = true;
+        }
+        result
+    }
+}
+
+impl UploadBody {
+    fn read_checked(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self;
         let before = buf.filled().len();
         if let Some(inner) = &mut this.inner {
             if Pin::new(inner).poll_read(cx, buf)?.is_pending() {
-                if this.idle.as_mut().poll(cx).is_ready() {
+                if !this.from_cluster && this.idle.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(Err(io::Error::other(BodyError::Idle(BODY_IDLE_TIMEOUT))));
                 }
                 return Poll::Pending;
@@ -258,7 +304,13 @@ impl AsyncRead for UploadBody {
             // End of the body: everything was hashed, and s3s has checked the SHA-256 and
             // chunk signatures by now.
             if this.verified.is_none() {
-                this.finish().map_err(io::Error::other)?;
+                let from_cluster = this.from_cluster;
+                this.finish().map_err(|error| match error {
+                    BodyError::ChecksumMismatch { algorithm } if from_cluster => {
+                        io::Error::other(BodyError::SourceMismatch { algorithm })
+                    }
+                    other => io::Error::other(other),
+                })?;
             }
             return Poll::Ready(Ok(()));
         }

@@ -107,6 +107,15 @@ fn body_error(io: &std::io::Error) -> S3Error {
             S3ErrorCode::BadDigest,
             format!("the {algorithm} you specified did not match the calculated checksum"),
         ),
+        Some(error @ BodyError::SourceMismatch { .. }) => {
+            // Every block of the source was checked against its CRC32C as it was read: a
+            // whole-object mismatch means the stored checksum or the object is wrong.
+            tracing::error!("copy refused: {error}");
+            internal(S3ErrorCode::InternalError, None, "the copy source failed an integrity check; nothing was written")
+        }
+        Some(BodyError::AlreadyFailed) => {
+            S3Error::with_message(S3ErrorCode::IncompleteBody, "the request body failed an earlier check")
+        }
         Some(BodyError::TrailerMissing { header }) => S3Error::with_message(
             S3ErrorCode::InvalidRequest,
             format!("x-amz-trailer announced {header}, but the body's trailer did not carry it"),

@@ -123,8 +123,8 @@ pub(crate) async fn upload_part_copy(
     let upload = upload_checksum(client, &input.bucket, &input.key, &input.upload_id).await?;
     let reader = tokio_util::io::StreamReader::new(object_stream(client.clone(), source, range));
     let at_end = client::HeadersAtEnd::default();
-    let mut body = UploadBody::with_reader(
-        Some(Box::new(reader)),
+    let mut body = UploadBody::copy_source(
+        Box::new(reader),
         Expected { bytes_max: PART_BYTES_MAX, ..Default::default() },
         &[upload.algorithm],
         Some(at_end.clone()),
@@ -386,24 +386,29 @@ pub(crate) async fn list_multipart_uploads(
         .buffered(UPLOAD_HEADS_IN_FLIGHT)
         .collect()
         .await;
+    let mut reported = Vec::with_capacity(checksums.len());
+    for checksum in checksums {
+        reported.push(match checksum {
+            Ok(checksum) => checksum.reported(),
+            // Completed or aborted since the listing: listed without a checksum.
+            Err(e) if *e.code() == S3ErrorCode::NoSuchUpload => (None, None),
+            Err(e) => return Err(e),
+        });
+    }
     let owner = owner();
     let uploads = page
         .uploads
         .into_iter()
-        .zip(checksums)
-        .map(|(u, checksum)| {
-            // An upload completed or aborted since the listing shows no checksum.
-            let (checksum_algorithm, checksum_type) = checksum.map(|c| c.reported()).unwrap_or_default();
-            MultipartUpload {
-                checksum_algorithm,
-                checksum_type,
-                key: Some(encoder.apply(u.key)),
-                upload_id: Some(u.upload_id),
-                initiated: Some(timestamp(u.initiated_ms)),
-                initiator: Some(Initiator { display_name: owner.display_name.clone(), id: owner.id.clone() }),
-                owner: Some(owner.clone()),
-                storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
-            }
+        .zip(reported)
+        .map(|(u, (checksum_algorithm, checksum_type))| MultipartUpload {
+            checksum_algorithm,
+            checksum_type,
+            key: Some(encoder.apply(u.key)),
+            upload_id: Some(u.upload_id),
+            initiated: Some(timestamp(u.initiated_ms)),
+            initiator: Some(Initiator { display_name: owner.display_name.clone(), id: owner.id.clone() }),
+            owner: Some(owner.clone()),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
         })
         .collect();
     let output = ListMultipartUploadsOutput {

@@ -638,7 +638,7 @@ pub(crate) async fn copy_object(
     let reader = tokio_util::io::StreamReader::new(object_stream(client.clone(), source, 0..size));
     let at_end = client::HeadersAtEnd::default();
     options.headers_at_end = Some(at_end.clone());
-    let mut body = UploadBody::with_reader(Some(Box::new(reader)), expected, &[algorithm], Some(at_end));
+    let mut body = UploadBody::copy_source(Box::new(reader), expected, &[algorithm], Some(at_end));
     let info = client.put(&input.bucket, &input.key, &mut body, &options).await.map_err(s3_error)?;
     let checksum = ObjectChecksum::stored(&info.meta.headers).map(|c| c.dto()).unwrap_or_default();
     let result = CopyObjectResult {

@@ -611,3 +611,16 @@ async fn an_upload_body_leaves_its_checksums_for_the_commit_only_when_it_ends_cl
     assert!(body.read_to_end(&mut Vec::new()).await.is_err());
     assert!(at_end.get().is_empty());
 }
+
+#[tokio::test]
+async fn an_upload_body_that_failed_a_check_fails_every_later_read() {
+    let at_end = client::HeadersAtEnd::default();
+    let bad = Expected { content_md5: Some(md5_of(b"other")), ..expect_bytes_max(1 << 20) };
+    let mut body = UploadBody::new(Some(blob(&[b"abc"])), bad, &[Algorithm::Crc32], Some(at_end.clone()));
+    let mut out = Vec::new();
+    assert!(body.read_to_end(&mut out).await.is_err(), "the MD5 does not match");
+    // A reader that ignores the error and reads on must not see a clean end of the body.
+    let again = body.read(&mut [0u8; 16]).await.map_err(|e| e.to_string());
+    assert_eq!(again, Err(BodyError::AlreadyFailed.to_string()));
+    assert!(at_end.get().is_empty(), "no checksum is left for a commit");
+}
