@@ -64,6 +64,10 @@ pub(crate) struct BenchArgs {
     /// S3 secret key (with --s3).
     #[arg(long, env = "TESSERA_SECRET_KEY", hide_env_values = true)]
     secret_key: Option<String>,
+    /// With an https:// --s3: trust the CA certificates in this PEM file (as `tessera up
+    /// --tls` prints) instead of the system's.
+    #[arg(long, value_name = "FILE", requires = "s3")]
+    ca_bundle: Option<std::path::PathBuf>,
     #[command(flatten)]
     config: ConfigArg,
 }
@@ -114,7 +118,7 @@ impl Target {
         let (Some(access), Some(secret)) = (&args.access_key, &args.secret_key) else {
             bail!("--s3 needs --access-key and --secret-key (or TESSERA_ACCESS_KEY and TESSERA_SECRET_KEY)");
         };
-        Ok(Target::S3(Arc::new(S3Target::new(endpoint, &args.bucket, access, secret)?)))
+        Ok(Target::S3(Arc::new(S3Target::new(endpoint, &args.bucket, access, secret, args.ca_bundle.as_deref())?)))
     }
 
     async fn make_bucket(&self, bucket: &str) -> anyhow::Result<()> {

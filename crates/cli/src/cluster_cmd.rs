@@ -73,6 +73,11 @@ pub(crate) struct UpArgs {
     /// Address of the S3 gateway.
     #[arg(long, default_value = "127.0.0.1:9000")]
     s3: SocketAddr,
+    /// Serve S3 over HTTPS, with a certificate from a local CA kept in DATA/tls (created on the
+    /// first such start; trust DATA/tls/ca.pem in clients). A fresh gateway certificate is
+    /// issued at every start.
+    #[arg(long)]
+    tls: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -106,6 +111,12 @@ pub(crate) struct GatewayArgs {
     /// counts nothing).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Serve HTTPS with this certificate chain (PEM, leaf first); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM); needs --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 /// An AWS-style region name: lowercase letters, digits and dashes.
@@ -340,10 +351,14 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
     }
     let (map, _) = load_map(&config)?;
     let credentials = up_credentials()?;
+    let tls = match args.tls {
+        true => Some(crate::local_ca::gateway_certificate(&args.data.join("tls"), args.s3)?),
+        false => None,
+    };
     let exe = std::env::current_exe().context("find the tessera binary")?;
     let mut children = Vec::new();
-    let result = spawn_all(&exe, &map, &config, args.s3, &credentials, &mut children)
-        .and_then(|()| supervise(&map, &config, args.s3, &credentials, &mut children));
+    let result = spawn_all(&exe, &map, &config, args.s3, &credentials, tls.as_ref(), &mut children)
+        .and_then(|()| supervise(&map, &config, args.s3, &credentials, tls.as_ref(), &mut children));
     stop_children(&mut children);
     result
 }
@@ -388,6 +403,7 @@ fn spawn_all(
     config: &Path,
     s3: SocketAddr,
     credentials: &Credentials,
+    tls: Option<&crate::local_ca::ServerCertificate>,
     children: &mut Vec<Proc>,
 ) -> anyhow::Result<()> {
     for node in &map.nodes {
@@ -400,16 +416,20 @@ fn spawn_all(
         let restart = format!("tessera node --config {} --id {}", config.display(), node.id);
         children.push(Proc { name: format!("node {}", node.id), restart, child });
     }
-    let child = Command::new(exe)
-        .args(["gateway", "--config"])
-        .arg(config)
-        .args(["--listen", &s3.to_string()])
+    let mut gateway = Command::new(exe);
+    gateway.args(["gateway", "--config"]).arg(config).args(["--listen", &s3.to_string()]);
+    let mut tls_args = String::new();
+    if let Some(tls) = tls {
+        gateway.arg("--tls-cert").arg(&tls.cert).arg("--tls-key").arg(&tls.key);
+        tls_args = format!(" --tls-cert {} --tls-key {}", tls.cert.display(), tls.key.display());
+    }
+    let child = gateway
         .env(ACCESS_KEY_ENV, &credentials.access_key)
         .env(SECRET_KEY_ENV, &credentials.secret_key)
         .spawn()
         .context("start the S3 gateway")?;
     let restart = format!(
-        "{ACCESS_KEY_ENV}=... {SECRET_KEY_ENV}=... tessera gateway --config {} --listen {s3}",
+        "{ACCESS_KEY_ENV}=... {SECRET_KEY_ENV}=... tessera gateway --config {} --listen {s3}{tls_args}",
         config.display()
     );
     children.push(Proc { name: "gateway".into(), restart, child });
@@ -421,6 +441,7 @@ fn supervise(
     config: &Path,
     s3: SocketAddr,
     credentials: &Credentials,
+    tls: Option<&crate::local_ca::ServerCertificate>,
     children: &mut [Proc],
 ) -> anyhow::Result<()> {
     let mut endpoints: Vec<(String, SocketAddr)> =
@@ -432,14 +453,23 @@ fn supervise(
     for node in &map.nodes {
         println!("  node {} on {}", node.id, node.addr);
     }
-    println!("S3 endpoint: http://{s3}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("S3 endpoint: {scheme}://{s3}");
     println!("  access key: {}", credentials.access_key);
     println!("  secret key: {}", credentials.secret_key);
+    if let Some(tls) = tls {
+        let ca = fs::canonicalize(&tls.ca).unwrap_or_else(|_| tls.ca.clone());
+        println!("  CA certificate: {} (trust it in clients)", ca.display());
+    }
     println!("Use it from another shell:");
     println!("  export TESSERA_CONFIG={}", config.display());
     println!("  tessera mb demo && tessera put FILE demo/KEY && tessera ls demo");
     println!("  export AWS_ACCESS_KEY_ID={} AWS_SECRET_ACCESS_KEY={}", credentials.access_key, credentials.secret_key);
-    println!("  aws --endpoint-url http://{s3} s3 cp FILE s3://demo/KEY");
+    if let Some(tls) = tls {
+        let ca = fs::canonicalize(&tls.ca).unwrap_or_else(|_| tls.ca.clone());
+        println!("  export AWS_CA_BUNDLE={}", ca.display());
+    }
+    println!("  aws --endpoint-url {scheme}://{s3} s3 cp FILE s3://demo/KEY");
     println!("Press Ctrl-C to stop.");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(async {
@@ -533,10 +563,28 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
             // Counted only when served: without --metrics-listen the request path does no
             // metrics work (what bench/metrics-overhead.sh compares against).
             metrics: args.metrics_listen.is_some(),
+            tls: args.tls_cert.clone().zip(args.tls_key.clone()).map(|(cert, key)| s3::TlsFiles { cert, key }),
         };
         tokio::spawn(expire_uploads(client.clone(), args.multipart_expiry, args.multipart_check_interval));
         let gateway = s3::Gateway::bind(client, config).await.context("start the S3 gateway")?;
-        tracing::info!("S3 gateway listening on http://{}", gateway.local_addr()?);
+        match gateway.certificate() {
+            None => tracing::info!("S3 gateway listening on http://{}", gateway.local_addr()?),
+            Some(cert) => {
+                let expires = humantime::format_rfc3339_seconds(cert.not_after);
+                tracing::info!(
+                    "S3 gateway listening on https://{} ({}, expires {expires})",
+                    gateway.local_addr()?,
+                    cert.subject
+                );
+                let left = cert.not_after.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+                if left < s3::EXPIRY_WARNING {
+                    tracing::warn!(
+                        "the TLS certificate expires in {}: renew it",
+                        humantime::format_duration(Duration::from_secs(left.as_secs()))
+                    );
+                }
+            }
+        }
         if let Some(addr) = args.metrics_listen {
             let listener = crate::metrics_http::bind(addr).await?;
             tracing::info!("metrics on http://{}/metrics", listener.local_addr()?);

@@ -6,6 +6,7 @@
 mod bench;
 mod cluster_cmd;
 mod drive_cmd;
+mod local_ca;
 mod map_cmd;
 mod metrics_http;
 mod object_cmd;
@@ -81,6 +82,9 @@ enum Command {
     /// Store the Parquet objects of BUCKET[/PREFIX] in the aligned layout (each row group inside
     /// one chunk, so queries read it on one node), at a paced rate; objects stay readable.
     Relayout(relayout_cmd::RelayoutArgs),
+    /// Issue a TLS server certificate (for `tessera gateway --tls-cert/--tls-key`) from a local
+    /// CA, made in DIR if it has none.
+    TlsCert(local_ca::TlsCertArgs),
 }
 
 fn main() -> ExitCode {
@@ -140,6 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pool(args) => pool_cmd::run(&args),
         Command::Query(args) => query_cmd::run(&args),
         Command::Relayout(args) => relayout_cmd::run(&args),
+        Command::TlsCert(args) => local_ca::tls_cert(&args),
     }
 }
 

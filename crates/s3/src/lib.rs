@@ -22,6 +22,7 @@
 //!     relayout_rate: 64 << 20,
 //!     region: s3::DEFAULT_REGION.into(),
 //!     metrics: true,
+//!     tls: None,
 //! }).await?;
 //! gateway.serve(std::future::pending()).await?;
 //! ```
@@ -39,17 +40,19 @@ mod object;
 mod relayout;
 mod select;
 mod server;
+mod tls;
 
 use std::net::SocketAddr;
 
 pub use body::BODY_IDLE_TIMEOUT;
 pub use metrics::GatewayMetrics;
 pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT, SHUTDOWN_TIMEOUT};
+pub use tls::{CertSummary, EXPIRY_WARNING, TlsError, TlsFiles};
 
 /// What a gateway serves and whom it lets in.
 #[derive(Clone)]
 pub struct GatewayConfig {
-    /// Address to listen on (HTTP).
+    /// Address to listen on (HTTP, or HTTPS with `tls`).
     pub listen: SocketAddr,
     /// Root access key (SigV4 and SigV2); required.
     pub access_key: String,
@@ -67,6 +70,8 @@ pub struct GatewayConfig {
     /// Whether the gateway counts requests, bytes and latencies for [`Gateway::metrics`]; off,
     /// nothing is counted (and the metrics show zeros).
     pub metrics: bool,
+    /// Serve HTTPS with this certificate and key instead of plain HTTP.
+    pub tls: Option<TlsFiles>,
 }
 
 /// The region a gateway answers as unless told otherwise: S3's default, which SDKs sign for.
@@ -92,6 +97,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("relayout_rate", &self.relayout_rate)
             .field("region", &self.region)
             .field("metrics", &self.metrics)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -109,6 +115,8 @@ pub enum Error {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("read the listening address: {0}")]
     LocalAddr(std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// Longest access key accepted.
@@ -122,6 +130,7 @@ pub struct Gateway {
     service: s3s::service::S3Service,
     sigv2: SigV2,
     metrics: GatewayMetrics,
+    tls: Option<(tokio_rustls::TlsAcceptor, CertSummary)>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -131,15 +140,22 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
-    /// Checks the credentials and binds the listening socket.
+    /// Checks the credentials (and the TLS certificate and key) and binds the listening socket.
     pub async fn bind(client: client::Client, config: GatewayConfig) -> Result<Self, Error> {
         validate_credentials(&config.access_key, &config.secret_key)?;
+        let tls = match &config.tls {
+            Some(files) => {
+                let (server_config, summary) = tls::load(files, std::time::SystemTime::now())?;
+                Some((tokio_rustls::TlsAcceptor::from(server_config), summary))
+            }
+            None => None,
+        };
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind { addr: config.listen, source })?;
         let metrics = GatewayMetrics::new(client.clone(), config.metrics);
         let service = server::build_service(client, &config);
-        Ok(Self { listener, service, sigv2: config.sigv2, metrics })
+        Ok(Self { listener, service, sigv2: config.sigv2, metrics, tls })
     }
 
     /// The address the gateway listens on (useful with port 0).
@@ -147,10 +163,16 @@ impl Gateway {
         self.listener.local_addr().map_err(Error::LocalAddr)
     }
 
-    /// Serves HTTP until `shutdown` completes, then lets requests in progress finish for up to
-    /// [`SHUTDOWN_TIMEOUT`].
+    /// The certificate served, when the gateway serves HTTPS.
+    pub fn certificate(&self) -> Option<&CertSummary> {
+        self.tls.as_ref().map(|(_, summary)| summary)
+    }
+
+    /// Serves HTTP (HTTPS with a certificate) until `shutdown` completes, then lets requests in
+    /// progress finish for up to [`SHUTDOWN_TIMEOUT`].
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
-        server::serve(self.listener, self.service, self.sigv2, self.metrics, shutdown).await;
+        let tls = self.tls.map(|(acceptor, _)| acceptor);
+        server::serve(self.listener, tls, self.service, self.sigv2, self.metrics, shutdown).await;
     }
 
     /// The gateway's metrics, to serve on another address ([`GatewayMetrics::render`]).

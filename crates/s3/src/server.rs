@@ -271,6 +271,7 @@ async fn call_closing_on_early_error(
 
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     service: S3Service,
     sigv2: crate::SigV2,
     metrics: crate::GatewayMetrics,
@@ -305,12 +306,25 @@ pub(crate) async fn serve(
         let for_requests = metrics.clone();
         let handler =
             hyper::service::service_fn(move |request| handle(service.clone(), sigv2, for_requests.clone(), request));
-        let connection = http.serve_connection(TokioIo::new(stream), handler).into_owned();
-        let connection = graceful.watch(connection);
+        // Counted from here: shutdown waits for connections still in their TLS handshake too.
+        let watcher = graceful.watcher();
+        let (http, tls) = (http.clone(), tls.clone());
         let metrics = metrics.clone();
         metrics.connection_opened();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let served = match tls {
+                None => watcher.watch(http.serve_connection(TokioIo::new(stream), handler).into_owned()).await,
+                // The handshake runs here, not in the accept loop, under the same bound as a
+                // request's headers: a client that stalls in it holds only its own connection.
+                Some(acceptor) => match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        watcher.watch(http.serve_connection(TokioIo::new(stream), handler).into_owned()).await
+                    }
+                    Ok(Err(e)) => Err(format!("TLS handshake: {e}").into()),
+                    Err(_) => Err(format!("TLS handshake not done within {HEADER_READ_TIMEOUT:?}").into()),
+                },
+            };
+            if let Err(e) = served {
                 tracing::debug!("connection from {peer}: {e}");
             }
             metrics.connection_closed();

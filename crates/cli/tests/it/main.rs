@@ -15,4 +15,5 @@ mod repair;
 mod scrub;
 mod select;
 mod status;
+mod tls;
 mod topology;

@@ -1,0 +1,174 @@
+//! HTTPS on the gateway: what is wrong with a certificate is one line of error at start, and
+//! `tessera bench --s3 https://` writes and reads through it when it trusts the issuing CA
+//! (and not otherwise); one about to expire starts with a warning.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+
+use crate::harness::{Cluster, Shape, TESSERA, free_ports, write_file};
+
+const ACCESS_KEY: &str = "tls-test-access";
+const SECRET_KEY: &str = "tls-test-secret-key";
+
+/// A CA, and certificates for 127.0.0.1 issued by it, written into a temp dir.
+struct Pki {
+    dir: tempfile::TempDir,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(rcgen::DnType::CommonName, "tls test CA");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+        let ca = params.self_signed(&key).unwrap();
+        write_file(dir.path(), "ca.pem", ca.pem().as_bytes());
+        Self { dir, issuer: Issuer::new(params, key) }
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// A certificate for 127.0.0.1 valid from `not_before` to `not_after` days from now, and
+    /// its key: `(cert, key)`.
+    fn issue(&self, name: &str, not_before: i64, not_after: i64) -> (PathBuf, PathBuf) {
+        let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now + time::Duration::days(not_before);
+        params.not_after = now + time::Duration::days(not_after);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let cert_path = write_file(self.dir.path(), &format!("{name}.pem"), cert.pem().as_bytes());
+        let key_path = write_file(self.dir.path(), &format!("{name}-key.pem"), key.serialize_pem().as_bytes());
+        (cert_path, key_path)
+    }
+}
+
+fn gateway(cluster: &Cluster, port: u16, cert: &Path, key: &Path) -> Command {
+    let mut command = Command::new(TESSERA);
+    command
+        .args(["gateway", "--config"])
+        .arg(&cluster.config)
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--tls-cert"])
+        .arg(cert)
+        .arg("--tls-key")
+        .arg(key)
+        .env("TESSERA_ACCESS_KEY", ACCESS_KEY)
+        .env("TESSERA_SECRET_KEY", SECRET_KEY)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null());
+    command
+}
+
+/// Starts a gateway that must refuse its certificate: its one line of error.
+fn start_error(cluster: &Cluster, cert: &Path, key: &Path) -> String {
+    let output = gateway(cluster, free_ports(1), cert, key).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "the gateway started with {cert:?} and {key:?}: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    stderr
+}
+
+fn bench(op: &str, endpoint: &str, ca: Option<&Path>) -> Output {
+    let mut command = Command::new(TESSERA);
+    command.args(["bench", op, "--s3", endpoint, "--size", "256KiB", "--objects", "4", "--duration", "1s", "--json"]);
+    if let Some(ca) = ca {
+        command.arg("--ca-bundle").arg(ca);
+    }
+    command.env("TESSERA_ACCESS_KEY", ACCESS_KEY).env("TESSERA_SECRET_KEY", SECRET_KEY).stdin(Stdio::null());
+    command.output().unwrap()
+}
+
+fn ok_ops(output: &Output) -> u64 {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "bench failed: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    stdout.split("\"ops\":").nth(1).and_then(|rest| rest.split(',').next()).unwrap().parse().unwrap()
+}
+
+fn wait_listening(child: &mut Child, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(child.try_wait().unwrap().is_none(), "the gateway exited at start");
+        assert!(Instant::now() < deadline, "the gateway did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_gateway_refuses_a_missing_expired_early_or_mismatched_certificate_in_one_line() {
+    let cluster = Cluster::start(Shape::default());
+    let pki = Pki::new();
+    let (good, good_key) = pki.issue("good", -1, 30);
+    let missing = pki.dir.path().join("missing.pem");
+    let err = start_error(&cluster, &missing, &good_key);
+    assert!(err.contains("read the TLS certificate") && err.contains("missing.pem"), "{err}");
+    let err = start_error(&cluster, &good, &missing);
+    assert!(err.contains("read the TLS key") && err.contains("missing.pem"), "{err}");
+    let empty = write_file(pki.dir.path(), "empty.pem", b"not a certificate\n");
+    let err = start_error(&cluster, &empty, &good_key);
+    assert!(err.contains("holds no PEM certificate"), "{err}");
+    let err = start_error(&cluster, &good, &empty);
+    assert!(err.contains("holds no PEM private key"), "{err}");
+    let (expired, expired_key) = pki.issue("expired", -30, -1);
+    let err = start_error(&cluster, &expired, &expired_key);
+    assert!(err.contains("expired on"), "{err}");
+    let (early, early_key) = pki.issue("early", 2, 30);
+    let err = start_error(&cluster, &early, &early_key);
+    assert!(err.contains("is not valid before"), "{err}");
+    let (_, other_key) = pki.issue("other", -1, 30);
+    let err = start_error(&cluster, &good, &other_key);
+    assert!(err.contains("does not belong to the certificate"), "{err}");
+    // Both or neither.
+    let output = Command::new(TESSERA)
+        .args(["gateway", "--config"])
+        .arg(&cluster.config)
+        .arg("--tls-cert")
+        .arg(&good)
+        .env("TESSERA_ACCESS_KEY", ACCESS_KEY)
+        .env("TESSERA_SECRET_KEY", SECRET_KEY)
+        .output()
+        .unwrap();
+    assert!(!output.status.success() && String::from_utf8_lossy(&output.stderr).contains("--tls-key"));
+}
+
+#[test]
+fn s3_over_https_works_with_the_issuing_ca_and_is_refused_without_it() {
+    let cluster = Cluster::start(Shape::default());
+    let pki = Pki::new();
+    // Valid for a week: inside `s3::EXPIRY_WARNING`, so the gateway starts with a warning.
+    let (cert, key) = pki.issue("gateway", -1, 7);
+    let port = free_ports(1);
+    let mut child = gateway(&cluster, port, &cert, &key).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    wait_listening(&mut child, port);
+    let https = format!("https://127.0.0.1:{port}");
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert!(ok_ops(&bench("put", &https, Some(&pki.ca()))) > 0, "PUTs over HTTPS");
+        assert!(ok_ops(&bench("get", &https, Some(&pki.ca()))) > 0, "GETs over HTTPS");
+        // Another CA's certificate, or the system's CAs: the client refuses the gateway.
+        let stranger = Pki::new();
+        for ca in [Some(stranger.ca()), None] {
+            let output = bench("put", &https, ca.as_deref());
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(!output.status.success() && stderr.contains("invalid peer certificate"), "{ca:?}: {stderr}");
+        }
+        // Plain HTTP to the HTTPS port gets no S3 answer.
+        let output = bench("put", &format!("http://127.0.0.1:{port}"), None);
+        assert!(!output.status.success(), "plain HTTP was served on the HTTPS port");
+    }));
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    if let Err(panic) = result {
+        eprintln!("gateway log:\n{}", String::from_utf8_lossy(&output.stderr));
+        std::panic::resume_unwind(panic);
+    }
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(log.contains(&format!("listening on https://127.0.0.1:{port}")), "{log}");
+    assert!(log.contains("the TLS certificate expires in 6days"), "{log}");
+}
