@@ -35,17 +35,24 @@ start_gateway() { # start_gateway PORT [ARGS...]
     echo "error: the gateway on $1 did not start" >&2; exit 1
 }
 stop_gateways() {
+    local pid kept=() p
     for pid in "${gateway_pid[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+    # Reaped: the exit cleanup must not kill whatever process gets the pid next.
+    for p in "${pids[@]}"; do [[ " ${gateway_pid[*]} " == *" $p "* ]] || kept+=("$p"); done
+    pids=("${kept[@]}")
     gateway_pid=()
 }
 # CPU seconds (user + system) a process has used so far.
 cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"; }
 
 run() { # run OP SCHEME PORT -> "bytes/s bytes client_cpu_s gateway_cpu_s"
-    local before after out
+    local before after out extra=()
+    # GETs read what the round's PUT runs wrote (same keys and size): no prefill through the
+    # measured gateway, whose CPU would count against bytes it did not serve.
+    [ "$1" = get ] && extra=(--no-prefill)
     before=$(cpu_s "${gateway_pid[$3]}")
     out=$("$tessera" bench "$1" --s3 "$2://127.0.0.1:$3" --ca-bundle "$ca" --bucket bench --size "$size" --objects 64 \
-        --concurrency "$concurrency" --duration "${secs}s" --json)
+        --concurrency "$concurrency" --duration "${secs}s" --json "${extra[@]}") || { echo "error: bench $1 on $2 port $3 failed" >&2; return 1; }
     after=$(cpu_s "${gateway_pid[$3]}")
     field() { echo "$out" | grep -o "\"$1\":[0-9.]*" | cut -d: -f2; }
     echo "$(field throughput_bytes_per_s) $(field bytes) $(field client_cpu_s) $(awk -v a="$before" -v b="$after" 'BEGIN { print b - a }')"
@@ -67,7 +74,8 @@ for round in $(seq "$rounds"); do
     for op in put get; do
         for which in "${order[@]}"; do
             if [ "$which" = tls ]; then port=$tls_port scheme=https; else port=$plain_port scheme=http; fi
-            read -r b n c s < <(run "$op" "$scheme" "$port")
+            result=$(run "$op" "$scheme" "$port")
+            read -r b n c s <<<"$result"
             k="$op-$which"
             bps[$k]=$(add "${bps[$k]}" "$b") bytes[$k]=$(add "${bytes[$k]}" "$n")
             client[$k]=$(add "${client[$k]}" "$c") server[$k]=$(add "${server[$k]}" "$s")

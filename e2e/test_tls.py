@@ -7,10 +7,12 @@ from __future__ import annotations
 import http.client
 import io
 import os
+import queue
 import signal
 import ssl
 import stat
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -56,15 +58,27 @@ class Up:
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, text=True,
             preexec_fn=_die_with_parent)
         self.banner = []
+        # `up` prints its banner once every node and the gateway accept connections. A thread
+        # reads it, so a silent hang fails at the deadline instead of blocking the suite.
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read(stdout) -> None:
+            for line in stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, args=(self.proc.stdout,), daemon=True).start()
         deadline = time.monotonic() + UP_READY_TIMEOUT_S
-        assert self.proc.stdout is not None
-        # `up` prints its banner once every node and the gateway accept connections.
-        for line in self.proc.stdout:
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"tessera up not ready in {UP_READY_TIMEOUT_S}s: {self.banner}") from None
+            if line is None:
+                raise AssertionError(f"tessera up exited ({self.proc.wait()}): {self.banner}")
             self.banner.append(line.rstrip("\n"))
             if line.startswith("Press Ctrl-C"):
                 return
-            assert time.monotonic() < deadline, f"tessera up not ready in {UP_READY_TIMEOUT_S}s: {self.banner}"
-        raise AssertionError(f"tessera up exited ({self.proc.wait()}): {self.banner}")
 
     def stop(self) -> None:
         if self.proc is None:

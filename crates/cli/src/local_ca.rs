@@ -4,12 +4,16 @@
 //! the names clients use (`up` issues a fresh one for its gateway at every start: localhost,
 //! 127.0.0.1, ::1 and the gateway's own address).
 //!
-//! Keys are ECDSA P-256 (rcgen's default), written mode 0600 in a directory of mode 0700.
+//! Keys are ECDSA P-256 (rcgen's default), written mode 0600 (through a fresh temporary file,
+//! never through a link someone left there); a directory made here is mode 0700, an existing one
+//! others can read or write gets a warning. A CA directory this code did not make (another
+//! tool's `ca.pem`, or a `ca.pem` that is not `ca-key.pem`'s) is refused, never signed as if it
+//! were ours: its certificates would not chain to the `ca.pem` clients trust.
 
 use std::fs;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -54,11 +58,16 @@ fn file_stem(value: &str) -> Result<String, String> {
     let ok = !value.is_empty()
         && value.len() <= 64
         && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        && !value.starts_with("ca");
+        && !value.starts_with("ca")
+        && !value.ends_with("-key")
+        && value != "gateway";
     if ok {
         Ok(value.to_owned())
     } else {
-        Err(format!("{value:?}: letters, digits, - and _ only, not starting with \"ca\""))
+        Err(format!(
+            "{value:?}: letters, digits, - and _ only; not starting with \"ca\" or ending with \"-key\" \
+             (the CA's and keys' files), not \"gateway\" (tessera up's)"
+        ))
     }
 }
 
@@ -98,12 +107,17 @@ fn issue(dir: &Path, stem: &str, names: Vec<String>) -> anyhow::Result<ServerCer
         .mode(0o700)
         .create(dir)
         .with_context(|| format!("create {}", dir.display()))?;
+    let mode = fs::metadata(dir).with_context(|| format!("read {}", dir.display()))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        eprintln!(
+            "warning: {} has mode {:o}: other users can list it (the keys in it are 0600; chmod 700 it)",
+            dir.display(),
+            mode & 0o777
+        );
+    }
     let (ca_path, ca_key_path) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
-    let ca_key = match (ca_path.exists(), ca_key_path.exists()) {
-        (true, true) => {
-            let pem = fs::read_to_string(&ca_key_path).with_context(|| format!("read {}", ca_key_path.display()))?;
-            KeyPair::from_pem(&pem).with_context(|| format!("{} is not a PEM private key", ca_key_path.display()))?
-        }
+    match (ca_path.exists(), ca_key_path.exists()) {
+        (true, true) => {}
         (false, false) => {
             let key = KeyPair::generate().context("generate the CA key")?;
             let now = time::OffsetDateTime::now_utc();
@@ -113,7 +127,6 @@ fn issue(dir: &Path, stem: &str, names: Vec<String>) -> anyhow::Result<ServerCer
             write_file(&ca_key_path, key.serialize_pem().as_bytes(), 0o600)?;
             write_file(&ca_path, cert.pem().as_bytes(), 0o644)?;
             eprintln!("made a local CA in {} (trust {} in clients)", dir.display(), ca_path.display());
-            key
         }
         _ => bail!(
             "{} holds only one of ca.pem and ca-key.pem: restore the other, or remove both to make a new CA \
@@ -121,6 +134,9 @@ fn issue(dir: &Path, stem: &str, names: Vec<String>) -> anyhow::Result<ServerCer
             dir.display()
         ),
     };
+    // Read back even when just made: two first runs at once each write both files, and only a
+    // matching pair may sign.
+    let ca_key = load_ca(&ca_path, &ca_key_path)?;
     let issuer = Issuer::new(ca_params(&ca_key), ca_key);
     let common_name = names.first().cloned().unwrap_or_default();
     let mut params = CertificateParams::new(names).context("the certificate's names")?;
@@ -139,14 +155,40 @@ fn issue(dir: &Path, stem: &str, names: Vec<String>) -> anyhow::Result<ServerCer
     Ok(ServerCertificate { ca: ca_path, cert: cert_path, key: key_path })
 }
 
+/// The CA's key, after checking that `ca.pem` is the certificate this code made for it: its
+/// public key is the key's and its name is [`ca_params`]'s (so what the key signs names the
+/// issuer `ca.pem` is).
+fn load_ca(ca_path: &Path, ca_key_path: &Path) -> anyhow::Result<KeyPair> {
+    let pem = fs::read_to_string(ca_key_path).with_context(|| format!("read {}", ca_key_path.display()))?;
+    let key = KeyPair::from_pem(&pem).with_context(|| format!("{} is not a PEM private key", ca_key_path.display()))?;
+    let cert_pem = fs::read(ca_path).with_context(|| format!("read {}", ca_path.display()))?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&cert_pem)
+        .map_err(|e| anyhow::anyhow!("{} is not a PEM certificate: {e}", ca_path.display()))?;
+    let cert = pem.parse_x509().map_err(|e| anyhow::anyhow!("{} cannot be parsed: {e}", ca_path.display()))?;
+    let expected = ca_common_name(&key);
+    let name = cert.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).unwrap_or_default();
+    if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() || name != expected {
+        bail!(
+            "{} is not the certificate tessera made for {} (a CA of another tool, or files of two CAs): \
+             use another directory, or remove both files to make a new CA (clients must then trust the new ca.pem)",
+            ca_path.display(),
+            ca_key_path.display()
+        );
+    }
+    Ok(key)
+}
+
+fn ca_common_name(key: &KeyPair) -> String {
+    format!("Tessera local CA {}", hex::encode(&sha2::Sha256::digest(key.public_key_raw())[..8]))
+}
+
 /// The CA's parameters, the same for every start: its name carries a fingerprint of its key
 /// (two clusters' CAs never share a name), so a certificate issued later chains to the stored
 /// CA certificate.
 fn ca_params(key: &KeyPair) -> CertificateParams {
-    let fingerprint = hex::encode(&sha2::Sha256::digest(key.public_key_raw())[..8]);
     let mut params = CertificateParams::default();
     params.distinguished_name.push(DnType::OrganizationName, "Tessera");
-    params.distinguished_name.push(DnType::CommonName, format!("Tessera local CA {fingerprint}"));
+    params.distinguished_name.push(DnType::CommonName, ca_common_name(key));
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params
@@ -155,12 +197,12 @@ fn ca_params(key: &KeyPair) -> CertificateParams {
 /// Writes `path` whole (through a temporary file and a rename) with `mode`.
 fn write_file(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
-    // A leftover from an interrupted write may have another mode; `mode` applies on creation.
+    // A leftover from an interrupted write goes; then a new file or nothing (O_EXCL: a link
+    // planted meanwhile is not followed), so `mode` applies and no one else holds it open.
     let _ = fs::remove_file(&tmp);
     let mut file = fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(mode)
         .open(&tmp)
         .with_context(|| format!("create {}", tmp.display()))?;

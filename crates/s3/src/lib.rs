@@ -46,7 +46,7 @@ use std::net::SocketAddr;
 
 pub use body::BODY_IDLE_TIMEOUT;
 pub use metrics::GatewayMetrics;
-pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT, SHUTDOWN_TIMEOUT};
+pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT, SHUTDOWN_TIMEOUT, TLS_HANDSHAKE_TIMEOUT};
 pub use tls::{CertSummary, EXPIRY_WARNING, TlsError, TlsFiles};
 
 /// What a gateway serves and whom it lets in.

@@ -16,6 +16,10 @@ use crate::{GatewayConfig, Tessera};
 pub const CONNECTIONS_MAX: usize = 1024;
 /// Time a client has to send a request's headers (slowloris bound).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time a client has to finish its TLS handshake (a real one takes milliseconds); the header
+/// bound starts after it, so an HTTPS connection holds its permit at most this plus
+/// [`HEADER_READ_TIMEOUT`] before its first request.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time requests in progress get to finish after shutdown is asked.
 pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause after a failed accept.
@@ -280,6 +284,9 @@ pub(crate) async fn serve(
     let mut http = ConnBuilder::new(TokioExecutor::new());
     http.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Dropped at shutdown: connections still in their TLS handshake stop there (hyper's
+    // graceful shutdown only reaches connections it serves).
+    let (stop_handshakes, handshakes_stopped) = tokio::sync::watch::channel(());
     let permits = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -308,21 +315,30 @@ pub(crate) async fn serve(
             hyper::service::service_fn(move |request| handle(service.clone(), sigv2, for_requests.clone(), request));
         // Counted from here: shutdown waits for connections still in their TLS handshake too.
         let watcher = graceful.watcher();
-        let (http, tls) = (http.clone(), tls.clone());
+        let (http, tls, mut stopped) = (http.clone(), tls.clone(), handshakes_stopped.clone());
         let metrics = metrics.clone();
         metrics.connection_opened();
         tokio::spawn(async move {
             let served = match tls {
                 None => watcher.watch(http.serve_connection(TokioIo::new(stream), handler).into_owned()).await,
-                // The handshake runs here, not in the accept loop, under the same bound as a
-                // request's headers: a client that stalls in it holds only its own connection.
-                Some(acceptor) => match tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => {
-                        watcher.watch(http.serve_connection(TokioIo::new(stream), handler).into_owned()).await
+                // The handshake runs here, not in the accept loop, under its own bound: a client
+                // that stalls in it holds only its own connection.
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                    tokio::select! {
+                        done = handshake => match done {
+                            // HTTP/1.1 only, as ALPN says (`tls::load`), even to a client that
+                            // starts HTTP/2 without negotiating it.
+                            Ok(Ok(stream)) => {
+                                let http = http.http1_only();
+                                watcher.watch(http.serve_connection(TokioIo::new(stream), handler).into_owned()).await
+                            }
+                            Ok(Err(e)) => Err(format!("TLS handshake: {e}").into()),
+                            Err(_) => Err(format!("TLS handshake not done within {TLS_HANDSHAKE_TIMEOUT:?}").into()),
+                        },
+                        _ = stopped.changed() => Err("shutdown during the TLS handshake".into()),
                     }
-                    Ok(Err(e)) => Err(format!("TLS handshake: {e}").into()),
-                    Err(_) => Err(format!("TLS handshake not done within {HEADER_READ_TIMEOUT:?}").into()),
-                },
+                }
             };
             if let Err(e) = served {
                 tracing::debug!("connection from {peer}: {e}");
@@ -331,6 +347,7 @@ pub(crate) async fn serve(
             drop(permit);
         });
     }
+    drop(stop_handshakes);
     tokio::select! {
         () = graceful.shutdown() => {}
         () = tokio::time::sleep(SHUTDOWN_TIMEOUT) => {

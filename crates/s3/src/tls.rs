@@ -82,8 +82,8 @@ pub(crate) fn load(files: &TlsFiles, now: SystemTime) -> Result<(Arc<rustls::Ser
             }
             other => TlsError::Unusable { cert: files.cert.clone(), key: files.key.clone(), reason: other.to_string() },
         })?;
-    // HTTP/1.1 only: the gateway's answers use `Connection: close`, which HTTP/2 forbids, and
-    // S3 clients speak HTTP/1.1.
+    // HTTP/1.1 only (the server serves TLS connections with `http1_only` too): the gateway's
+    // answers use `Connection: close`, which HTTP/2 forbids, and S3 clients speak HTTP/1.1.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok((Arc::new(config), summary))
 }

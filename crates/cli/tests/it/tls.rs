@@ -126,16 +126,19 @@ fn a_gateway_refuses_a_missing_expired_early_or_mismatched_certificate_in_one_li
     let err = start_error(&cluster, &good, &other_key);
     assert!(err.contains("does not belong to the certificate"), "{err}");
     // Both or neither.
-    let output = Command::new(TESSERA)
-        .args(["gateway", "--config"])
-        .arg(&cluster.config)
-        .arg("--tls-cert")
-        .arg(&good)
-        .env("TESSERA_ACCESS_KEY", ACCESS_KEY)
-        .env("TESSERA_SECRET_KEY", SECRET_KEY)
-        .output()
-        .unwrap();
-    assert!(!output.status.success() && String::from_utf8_lossy(&output.stderr).contains("--tls-key"));
+    for (given, file, missing) in [("--tls-cert", &good, "--tls-key"), ("--tls-key", &good_key, "--tls-cert")] {
+        let output = Command::new(TESSERA)
+            .args(["gateway", "--config"])
+            .arg(&cluster.config)
+            .arg(given)
+            .arg(file)
+            .env("TESSERA_ACCESS_KEY", ACCESS_KEY)
+            .env("TESSERA_SECRET_KEY", SECRET_KEY)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains(missing), "{given} alone: {stderr}");
+    }
 }
 
 #[test]
@@ -145,7 +148,13 @@ fn s3_over_https_works_with_the_issuing_ca_and_is_refused_without_it() {
     // Valid for a week: inside `s3::EXPIRY_WARNING`, so the gateway starts with a warning.
     let (cert, key) = pki.issue("gateway", -1, 7);
     let port = free_ports(1);
-    let mut child = gateway(&cluster, port, &cert, &key).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    // Debug logs of the s3 crate name how each connection ended.
+    let mut child = gateway(&cluster, port, &cert, &key)
+        .env("TESSERA_LOG", "info,s3=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     wait_listening(&mut child, port);
     let https = format!("https://127.0.0.1:{port}");
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -158,12 +167,20 @@ fn s3_over_https_works_with_the_issuing_ca_and_is_refused_without_it() {
             let stderr = String::from_utf8_lossy(&output.stderr);
             assert!(!output.status.success() && stderr.contains("invalid peer certificate"), "{ca:?}: {stderr}");
         }
-        // Plain HTTP to the HTTPS port gets no S3 answer.
+        // Plain HTTP to the HTTPS port gets no S3 answer (an S3 error would read "answered 4xx").
         let output = bench("put", &format!("http://127.0.0.1:{port}"), None);
+        let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "plain HTTP was served on the HTTPS port");
+        assert!(stderr.contains("HTTP request to") && !stderr.contains("answered"), "{stderr}");
     }));
-    let _ = child.kill();
+    // Asked to stop while a client stalls in its handshake (connected, nothing sent): the
+    // gateway stops that connection instead of waiting out SHUTDOWN_TIMEOUT for it.
+    let stalled = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let output = child.wait_with_output().unwrap();
+    drop(stalled);
     if let Err(panic) = result {
         eprintln!("gateway log:\n{}", String::from_utf8_lossy(&output.stderr));
         std::panic::resume_unwind(panic);
@@ -171,4 +188,51 @@ fn s3_over_https_works_with_the_issuing_ca_and_is_refused_without_it() {
     let log = String::from_utf8_lossy(&output.stderr);
     assert!(log.contains(&format!("listening on https://127.0.0.1:{port}")), "{log}");
     assert!(log.contains("the TLS certificate expires in 6days"), "{log}");
+    assert!(log.contains("shutdown during the TLS handshake"), "the stalled handshake was not stopped: {log}");
+    assert!(!log.contains("requests still running"), "shutdown waited for a stalled handshake: {log}");
+}
+
+fn tls_cert(args: &[&str]) -> Output {
+    Command::new(TESSERA).arg("tls-cert").args(args).stdin(Stdio::null()).output().unwrap()
+}
+
+#[test]
+fn tls_cert_keeps_its_ca_keeps_keys_private_and_refuses_a_ca_it_did_not_make() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ca");
+    let dir_arg = dir.to_str().unwrap();
+    let first = tls_cert(&["--dir", dir_arg, "--name", "127.0.0.1"]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let mode = |name: &str| std::fs::metadata(dir.join(name)).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(""), mode("ca-key.pem"), mode("server-key.pem")), (0o700, 0o600, 0o600));
+    let ca = std::fs::read(dir.join("ca.pem")).unwrap();
+    let second = tls_cert(&["--dir", dir_arg, "--stem", "other"]);
+    assert!(second.status.success(), "{}", String::from_utf8_lossy(&second.stderr));
+    assert_eq!(std::fs::read(dir.join("ca.pem")).unwrap(), ca, "the CA is kept");
+    assert!(dir.join("other.pem").exists() && dir.join("other-key.pem").exists());
+    // Names that would overwrite the CA's files, a key, or `tessera up`'s gateway certificate.
+    for stem in ["ca", "cafe", "x-key", "gateway", "../up", ""] {
+        let output = tls_cert(&["--dir", dir_arg, "--stem", stem]);
+        assert!(!output.status.success(), "stem {stem:?} was taken");
+    }
+    // Another tool's CA (same file names as cfssl's), or our key beside another CA's
+    // certificate: refused, nothing issued in its name.
+    let foreign = root.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::default();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    write_file(&foreign, "ca.pem", params.self_signed(&key).unwrap().pem().as_bytes());
+    write_file(&foreign, "ca-key.pem", key.serialize_pem().as_bytes());
+    let mixed = root.path().join("mixed");
+    std::fs::create_dir(&mixed).unwrap();
+    std::fs::copy(foreign.join("ca.pem"), mixed.join("ca.pem")).unwrap();
+    std::fs::copy(dir.join("ca-key.pem"), mixed.join("ca-key.pem")).unwrap();
+    for bad in [&foreign, &mixed] {
+        let output = tls_cert(&["--dir", bad.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success() && stderr.contains("is not the certificate tessera made"), "{stderr}");
+        assert!(!bad.join("server.pem").exists(), "a certificate was issued in a foreign CA's name");
+    }
 }
