@@ -44,6 +44,7 @@ conformance: build
 	TESSERA_MINIO=$(CURDIR)/bench/.cache/bin/minio e2e/run.sh e2e/test_differential.py $(ARGS)
 
 lint:
+	scripts/check-feature-unification.sh
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --all-targets -- -D warnings
 
