@@ -6,6 +6,7 @@
 mod bench;
 mod cluster_cmd;
 mod drive_cmd;
+mod key_cmd;
 mod local_ca;
 mod map_cmd;
 mod metrics_http;
@@ -85,6 +86,9 @@ enum Command {
     /// Issue a TLS server certificate (for `tessera gateway --tls-cert/--tls-key`) from a local
     /// CA, made in DIR if it has none.
     TlsCert(local_ca::TlsCertArgs),
+    /// Scoped S3 access keys: create (some buckets or all, read-only or read-write), list,
+    /// revoke. Every gateway of the cluster honours them.
+    Key(key_cmd::KeyArgs),
 }
 
 fn main() -> ExitCode {
@@ -138,6 +142,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stat(args) => object_cmd::run(object_cmd::Op::Stat(args)),
         Command::Bench(args) => bench::run(&args),
         Command::Status(args) => status_cmd::run(&args),
+        Command::Key(args) => key_cmd::run(&args),
         Command::Repair(args) => repair_cmd::run(&args),
         Command::Drive(args) => drive_cmd::run(&args),
         Command::Map(args) => map_cmd::run(&args),

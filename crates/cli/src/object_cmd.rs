@@ -302,7 +302,7 @@ async fn list(args: &LsArgs) -> anyhow::Result<()> {
     }
 }
 
-fn format_ms(ms: u64) -> String {
+pub(crate) fn format_ms(ms: u64) -> String {
     let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_seconds(time).to_string()
 }

@@ -30,6 +30,7 @@ mod conn;
 mod gather;
 mod get;
 mod head;
+mod key_records;
 mod list;
 mod multipart;
 mod pace;
@@ -52,6 +53,7 @@ pub use admin::{NodeMap, NodeSpace};
 pub use checksum_cache::CHECKSUM_CACHE_BYTES_MAX;
 pub use coalesce::MetadataCounts;
 pub use gather::{GATHER_ROWS_MAX, GATHER_RUN_BYTES_MAX, GatherItem, RowCache, RowCacheStats, RowTable};
+pub use key_records::{ACCESS_KEYS_BUCKET, KEY_RECORD_BYTES_MAX, KEY_RECORDS_MAX};
 pub use list::ListPage;
 pub use multipart::{
     CompleteHeaders, MULTIPART_BUCKET, PART_BYTES_MIN, PART_NUMBER_MAX, PartInfo, Replacing, UploadInfo,
@@ -270,6 +272,9 @@ pub enum Error {
     /// `PutOptions::block_bytes` is not a power of two in range.
     #[error("checksum block size {0}: a power of two from 4 KiB to 64 KiB")]
     BadBlockSize(u32),
+    /// The stored access key records are not what they must be (too many, too large).
+    #[error("access key records: {0}")]
+    KeyRecords(String),
 }
 
 /// A node that could not serve a request, and why (the error, which names the node).

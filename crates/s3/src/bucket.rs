@@ -21,6 +21,7 @@ pub(crate) async fn list_buckets(
     req: S3Request<ListBucketsInput>,
     region: &str,
 ) -> S3Result<S3Response<ListBucketsOutput>> {
+    let scope = req.extensions.get::<crate::keys::KeyScope>().cloned();
     let input = req.input;
     let max = input.max_buckets.unwrap_or(LIST_BUCKETS_PAGE_MAX);
     if !(1..=LIST_BUCKETS_PAGE_MAX).contains(&max) {
@@ -38,6 +39,7 @@ pub(crate) async fn list_buckets(
         in_region
             && bucket.name.starts_with(&prefix)
             && !bucket.name.starts_with('.')
+            && scope.as_ref().is_none_or(|scope| scope.0.reaches(&bucket.name))
             && after.as_deref().is_none_or(|after| bucket.name.as_str() > after)
     });
     let page: Vec<_> = matching.by_ref().take(max as usize).collect();

@@ -33,6 +33,7 @@ mod checksum;
 mod conditional;
 mod error;
 mod host;
+mod keys;
 mod list;
 mod metrics;
 mod multipart;
@@ -45,6 +46,7 @@ mod tls;
 use std::net::SocketAddr;
 
 pub use body::BODY_IDLE_TIMEOUT;
+pub use keys::KEY_CACHE_TTL;
 pub use metrics::GatewayMetrics;
 pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT, SHUTDOWN_TIMEOUT, TLS_HANDSHAKE_TIMEOUT};
 pub use tls::{CertSummary, EXPIRY_WARNING, TlsError, TlsFiles};

@@ -16,8 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
-use s3s::S3Result;
-use s3s::access::{S3Access, S3AccessContext};
+use s3s::access::S3AccessContext;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -69,21 +68,10 @@ pub(crate) struct ObjectBytes {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct OperationSlot(Arc<OnceLock<String>>);
 
-/// The access check: records the operation, then refuses anonymous requests as s3s's default
-/// check does (there is no anonymous access).
-pub(crate) struct RecordOperation;
-
-#[async_trait::async_trait]
-impl S3Access for RecordOperation {
-    async fn check(&self, cx: &mut S3AccessContext<'_>) -> S3Result<()> {
-        let name = cx.s3_op().name().to_owned();
-        if let Some(slot) = cx.extensions_mut().get::<OperationSlot>() {
-            let _ = slot.0.set(name); // set once per request
-        }
-        match cx.credentials() {
-            Some(_) => Ok(()),
-            None => Err(s3s::s3_error!(AccessDenied, "Signature is required")),
-        }
+/// Records the operation's name for the request's metrics (called by the access check).
+pub(crate) fn record_operation(cx: &mut S3AccessContext<'_>, name: &str) {
+    if let Some(slot) = cx.extensions_mut().get::<OperationSlot>() {
+        let _ = slot.0.set(name.to_owned()); // set once per request
     }
 }
 

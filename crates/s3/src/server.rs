@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
-use s3s::auth::{S3Auth, SecretKey};
 use s3s::dto::*;
 use s3s::service::{S3Service, S3ServiceBuilder};
 use s3s::{S3, S3Request, S3Response, S3Result};
@@ -29,31 +28,15 @@ const XML_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 pub(crate) fn build_service(client: client::Client, config: &GatewayConfig) -> S3Service {
     let relayer = crate::relayout::Relayer::start(client.clone(), config.relayout_rate);
+    let keys = crate::keys::Keys::new(client.clone(), config.access_key.clone(), config.secret_key.clone());
     let mut builder = S3ServiceBuilder::new(Tessera { client, relayer, region: config.region.clone() });
-    builder.set_auth(RootAuth { access_key: config.access_key.clone(), secret_key: config.secret_key.clone() });
-    builder.set_access(crate::metrics::RecordOperation);
+    builder.set_auth(crate::keys::Auth(keys.clone()));
+    builder.set_access(crate::keys::AccessCheck(keys));
     builder.set_host(crate::host::LocalHost::new(config.listen.port()));
     let mut s3_config = s3s::config::S3Config::default();
     s3_config.xml_max_body_size = XML_BODY_BYTES_MAX;
     builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(s3_config))));
     builder.build()
-}
-
-/// The root credentials. Unlike s3s's `SimpleAuth` (which answers `NotSignedUp`), an unknown
-/// access key gets S3's `InvalidAccessKeyId`.
-struct RootAuth {
-    access_key: String,
-    secret_key: String,
-}
-
-#[async_trait::async_trait]
-impl S3Auth for RootAuth {
-    async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
-        if access_key == self.access_key {
-            return Ok(SecretKey::from(self.secret_key.as_str()));
-        }
-        Err(s3s::s3_error!(InvalidAccessKeyId, "The AWS access key Id you provided does not exist in our records."))
-    }
 }
 
 /// Largest error body the gateway rewrites to add its request id; S3 error bodies are small.
