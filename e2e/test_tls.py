@@ -1,6 +1,7 @@
 """`tessera up --tls`: a cluster whose gateway serves HTTPS with a certificate from a local CA,
 used by boto3 and aws-cli trusting that CA (and refused by them without it). The CA lives in
-the data directory and survives a restart, so clients keep trusting it."""
+the data directory and survives a restart, so clients keep trusting it. The same `up` also
+serves every process's metrics (`--metrics-listen`)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ SECRET_KEY = "e2e-tls-secret-key-0123456789abcdefghijk"
 class Up:
     """One `tessera up --tls` process; its stdout (the banner) is kept."""
 
-    def __init__(self, data_dir: Path, base_port: int, s3_port: int):
+    def __init__(self, data_dir: Path, base_port: int, s3_port: int, metrics_port: int):
         self.data_dir, self.base_port, self.s3_port = data_dir, base_port, s3_port
+        self.metrics_port = metrics_port
         self.proc: subprocess.Popen | None = None
         self.banner: list[str] = []
 
@@ -54,7 +56,7 @@ class Up:
         log = open(self.data_dir.parent / f"up-{self.s3_port}.log", "ab")
         self.proc = subprocess.Popen(
             [str(TESSERA), "up", "--tls", "--data", str(self.data_dir), "--base-port", str(self.base_port),
-             "--s3", f"127.0.0.1:{self.s3_port}"],
+             "--s3", f"127.0.0.1:{self.s3_port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}"],
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, text=True,
             preexec_fn=_die_with_parent)
         self.banner = []
@@ -95,8 +97,9 @@ class Up:
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("tls-up")
-    base_port = _free_port_range(NODES + 1)
-    cluster = Up(root / "data", base_port, base_port + NODES)
+    # Nodes, the gateway, then the gateway's metrics port and one per node (`--metrics-listen`).
+    base_port = _free_port_range(2 * NODES + 2)
+    cluster = Up(root / "data", base_port, base_port + NODES, base_port + NODES + 1)
     cluster.start()
     try:
         yield cluster
@@ -134,6 +137,21 @@ def test_up_prints_the_https_endpoint_and_the_ca_and_keeps_keys_private(up):
         assert stat.S_IMODE((tls_dir / key).stat().st_mode) == 0o600, key
     # The CA's key never leaves the directory: the banner names only the certificate.
     assert "ca-key.pem" not in banner
+
+
+def test_up_serves_the_metrics_of_the_gateway_and_of_every_node(up):
+    banner = "\n".join(up.banner)
+    gateway = f"http://127.0.0.1:{up.metrics_port}/metrics"
+    assert f"metrics: {gateway}" in banner, banner
+    with urllib.request.urlopen(gateway, timeout=10) as answer:
+        text = answer.read().decode()
+    assert "# TYPE tessera_s3_" in text, text[:2000]
+    for i in range(NODES):
+        url = f"http://127.0.0.1:{up.metrics_port + 1 + i}/metrics"
+        assert f"(metrics {url})" in banner, banner
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text = answer.read().decode()
+        assert "tessera_node_drive_capacity_bytes" in text, text[:2000]
 
 
 def test_boto3_trusting_the_ca_round_trips_objects_over_https(up):

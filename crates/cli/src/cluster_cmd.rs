@@ -78,6 +78,21 @@ pub(crate) struct UpArgs {
     /// issued at every start.
     #[arg(long)]
     tls: bool,
+    /// Serve Prometheus metrics: the gateway's at http://ADDR/metrics, each node's on the ports
+    /// after ADDR's (the first node in cluster.toml at port+1, ...). Off unless given.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+}
+
+/// Where `up --metrics-listen ADDR` serves the metrics of the gateway (index `None`) and of node
+/// `Some(i)` (in cluster.toml order): ADDR, then the ports after it.
+fn up_metrics_addr(base: SocketAddr, node: Option<usize>) -> anyhow::Result<SocketAddr> {
+    let offset = node.map_or(0, |i| i + 1);
+    let port = u16::try_from(usize::from(base.port()) + offset)
+        .ok()
+        .filter(|_| base.port() != 0)
+        .with_context(|| format!("--metrics-listen {base}: give a port with room for one per node after it"))?;
+    Ok(SocketAddr::new(base.ip(), port))
 }
 
 #[derive(Debug, clap::Args)]
@@ -357,8 +372,14 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
     };
     let exe = std::env::current_exe().context("find the tessera binary")?;
     let mut children = Vec::new();
-    let result = spawn_all(&exe, &map, &config, args.s3, &credentials, tls.as_ref(), &mut children)
-        .and_then(|()| supervise(&map, &config, args.s3, &credentials, tls.as_ref(), &mut children));
+    if let Some(base) = args.metrics_listen {
+        up_metrics_addr(base, Some(map.nodes.len().saturating_sub(1)))?; // every port fits
+    }
+    let result =
+        spawn_all(&exe, &map, &config, args.s3, &credentials, tls.as_ref(), args.metrics_listen, &mut children)
+            .and_then(|()| {
+                supervise(&map, &config, args.s3, &credentials, tls.as_ref(), args.metrics_listen, &mut children)
+            });
     stop_children(&mut children);
     result
 }
@@ -404,24 +425,32 @@ fn spawn_all(
     s3: SocketAddr,
     credentials: &Credentials,
     tls: Option<&crate::local_ca::ServerCertificate>,
+    metrics: Option<SocketAddr>,
     children: &mut Vec<Proc>,
 ) -> anyhow::Result<()> {
-    for node in &map.nodes {
-        let child = Command::new(exe)
-            .args(["node", "--config"])
-            .arg(config)
-            .args(["--id", &node.id])
-            .spawn()
-            .with_context(|| format!("start node {}", node.id))?;
-        let restart = format!("tessera node --config {} --id {}", config.display(), node.id);
+    for (i, node) in map.nodes.iter().enumerate() {
+        let mut command = Command::new(exe);
+        command.args(["node", "--config"]).arg(config).args(["--id", &node.id]);
+        let mut metrics_args = String::new();
+        if let Some(base) = metrics {
+            let addr = up_metrics_addr(base, Some(i))?.to_string();
+            command.args(["--metrics-listen", &addr]);
+            metrics_args = format!(" --metrics-listen {addr}");
+        }
+        let child = command.spawn().with_context(|| format!("start node {}", node.id))?;
+        let restart = format!("tessera node --config {} --id {}{metrics_args}", config.display(), node.id);
         children.push(Proc { name: format!("node {}", node.id), restart, child });
     }
     let mut gateway = Command::new(exe);
     gateway.args(["gateway", "--config"]).arg(config).args(["--listen", &s3.to_string()]);
-    let mut tls_args = String::new();
+    let mut extra_args = String::new();
     if let Some(tls) = tls {
         gateway.arg("--tls-cert").arg(&tls.cert).arg("--tls-key").arg(&tls.key);
-        tls_args = format!(" --tls-cert {} --tls-key {}", tls.cert.display(), tls.key.display());
+        extra_args = format!(" --tls-cert {} --tls-key {}", tls.cert.display(), tls.key.display());
+    }
+    if let Some(base) = metrics {
+        gateway.args(["--metrics-listen", &base.to_string()]);
+        extra_args.push_str(&format!(" --metrics-listen {base}"));
     }
     let child = gateway
         .env(ACCESS_KEY_ENV, &credentials.access_key)
@@ -429,7 +458,7 @@ fn spawn_all(
         .spawn()
         .context("start the S3 gateway")?;
     let restart = format!(
-        "{ACCESS_KEY_ENV}=... {SECRET_KEY_ENV}=... tessera gateway --config {} --listen {s3}{tls_args}",
+        "{ACCESS_KEY_ENV}=... {SECRET_KEY_ENV}=... tessera gateway --config {} --listen {s3}{extra_args}",
         config.display()
     );
     children.push(Proc { name: "gateway".into(), restart, child });
@@ -442,6 +471,7 @@ fn supervise(
     s3: SocketAddr,
     credentials: &Credentials,
     tls: Option<&crate::local_ca::ServerCertificate>,
+    metrics: Option<SocketAddr>,
     children: &mut [Proc],
 ) -> anyhow::Result<()> {
     let mut endpoints: Vec<(String, SocketAddr)> =
@@ -450,11 +480,22 @@ fn supervise(
     wait_ready(&endpoints, children)?;
     let config = fs::canonicalize(config).unwrap_or_else(|_| config.to_owned());
     println!("Tessera is up: {} nodes, erasure {}, {} set(s)", map.nodes.len(), map.erasure, map.sets.len());
-    for node in &map.nodes {
-        println!("  node {} on {}", node.id, node.addr);
+    for (i, node) in map.nodes.iter().enumerate() {
+        match metrics {
+            Some(base) => println!(
+                "  node {} on {} (metrics http://{}/metrics)",
+                node.id,
+                node.addr,
+                up_metrics_addr(base, Some(i))?
+            ),
+            None => println!("  node {} on {}", node.id, node.addr),
+        }
     }
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("S3 endpoint: {scheme}://{s3}");
+    if let Some(base) = metrics {
+        println!("  metrics: http://{base}/metrics");
+    }
     println!("  access key: {}", credentials.access_key);
     println!("  secret key: {}", credentials.secret_key);
     if let Some(tls) = tls {
