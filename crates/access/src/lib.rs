@@ -181,6 +181,8 @@ pub enum Error {
     Unsealable { id: String },
     #[error("access key {id}: unreadable record: {reason}")]
     BadRecord { id: String, reason: String },
+    #[error("the cluster holds {0} access keys, the most it keeps; revoke some first")]
+    TooManyKeys(usize),
 }
 
 /// The stored record: the key, then its sealed secret.
@@ -253,6 +255,10 @@ impl KeyStore {
         description: &str,
     ) -> Result<(AccessKey, Secret), Error> {
         let (buckets, description) = check_scope(buckets, description)?;
+        let held = self.client.access_key_ids().await?.len();
+        if held >= client::KEY_RECORDS_MAX {
+            return Err(Error::TooManyKeys(held));
+        }
         let key = AccessKey { id: new_id(), buckets, permission, created_ms: now_ms(), description };
         let secret = Secret(random_chars(SECRET_LEN, ALPHANUMERIC));
         let record = seal(&self.sealing, &key, &secret);
@@ -262,7 +268,7 @@ impl KeyStore {
 
     /// The key `id` and its secret; `None` when there is no such key (or it was revoked).
     pub async fn find(&self, id: &str) -> Result<Option<(AccessKey, Secret)>, Error> {
-        if !plausible_id(id) {
+        if !is_key_id(id) {
             return Ok(None);
         }
         match self.client.access_key_record(id).await? {
@@ -271,27 +277,34 @@ impl KeyStore {
         }
     }
 
-    /// Every key, sorted by id (secrets are not opened).
-    pub async fn list(&self) -> Result<Vec<AccessKey>, Error> {
-        let mut keys = Vec::new();
-        for (id, record) in self.client.access_key_records().await? {
-            keys.push(parse(&id, &record)?.key);
-        }
-        Ok(keys)
+    /// Every key, sorted by id, each with its record opened: a record that does not open (a
+    /// scope edited on a drive, another cluster's secret) is listed as its error, since
+    /// gateways refuse it.
+    pub async fn list(&self) -> Result<Vec<(String, Result<AccessKey, Error>)>, Error> {
+        let records = self.client.access_key_records().await?;
+        Ok(records
+            .into_iter()
+            .map(|(id, record)| {
+                let opened = open(&self.sealing, &id, &record).map(|(key, _secret)| key);
+                (id, opened)
+            })
+            .collect())
     }
 
     /// Revokes `id`: gateways refuse it once their cache of it expires.
     pub async fn revoke(&self, id: &str) -> Result<(), Error> {
-        if !plausible_id(id) || !self.client.delete_access_key_record(id).await? {
+        if !is_key_id(id) || !self.client.delete_access_key_record(id).await? {
             return Err(Error::NoSuchKey(id.to_owned()));
         }
         Ok(())
     }
 }
 
-/// Whether `id` could be a key of this crate's (what the client accepts as a record name).
-fn plausible_id(id: &str) -> bool {
-    (16..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric())
+/// Whether `id` has the shape of the ids this crate makes ([`ID_PREFIX`], then uppercase
+/// letters and digits, [`ID_LEN`] in all). Anything else is no key: a gateway answers it
+/// without asking the cluster or caching it.
+pub fn is_key_id(id: &str) -> bool {
+    id.len() == ID_LEN && id.starts_with(ID_PREFIX) && id.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
 }
 
 const UPPERCASE_DIGITS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
@@ -326,10 +339,13 @@ fn sealing_key(cluster_secret: &str) -> LessSafeKey {
     LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &bytes).expect("32 bytes is an AES-256 key"))
 }
 
-/// What the seal authenticates besides the secret: the whole key, so a record whose scope was
-/// edited does not open.
+/// What the seal authenticates besides the secret: the record format and the whole key, so a
+/// record whose scope was edited does not open. A new field of [`AccessKey`] changes this, so
+/// it comes with a new [`RECORD_FORMAT`] (and this function then rebuilds older formats' data).
 fn associated_data(key: &AccessKey) -> Vec<u8> {
-    serde_json::to_vec(key).expect("an access key serializes")
+    let mut data = format!("tessera access key record {RECORD_FORMAT}\0").into_bytes();
+    data.extend(serde_json::to_vec(key).expect("an access key serializes"));
+    data
 }
 
 fn seal(sealing: &LessSafeKey, key: &AccessKey, secret: &Secret) -> Vec<u8> {

@@ -71,8 +71,11 @@ pub(crate) fn run(args: &KeyArgs) -> anyhow::Result<()> {
             KeyAction::Ls { json } => {
                 let keys = store.list().await?;
                 if *json {
-                    for key in &keys {
-                        println!("{}", key_json(key));
+                    for (id, key) in &keys {
+                        match key {
+                            Ok(key) => println!("{}", key_json(key)),
+                            Err(e) => println!("{}", serde_json::json!({ "access_key": id, "error": e.to_string() })),
+                        }
                     }
                 } else if keys.is_empty() {
                     println!("no access keys besides the root credentials (create one with `tessera key create`)");
@@ -81,15 +84,19 @@ pub(crate) fn run(args: &KeyArgs) -> anyhow::Result<()> {
                         "{:<22} {:<10} {:<24} {:<30} DESCRIPTION",
                         "ACCESS KEY", "PERMISSION", "CREATED", "BUCKETS"
                     );
-                    for key in &keys {
-                        println!(
-                            "{:<22} {:<10} {:<24} {:<30} {}",
-                            key.id,
-                            key.permission,
-                            crate::object_cmd::format_ms(key.created_ms),
-                            key.buckets,
-                            key.description
-                        );
+                    for (id, key) in &keys {
+                        match key {
+                            Ok(key) => println!(
+                                "{:<22} {:<10} {:<24} {:<30} {}",
+                                key.id,
+                                key.permission,
+                                crate::object_cmd::format_ms(key.created_ms),
+                                key.buckets,
+                                key.description
+                            ),
+                            // Gateways refuse it; say so rather than show a scope nobody sealed.
+                            Err(e) => println!("{id:<22} REFUSED    {e}"),
+                        }
                     }
                 }
             }

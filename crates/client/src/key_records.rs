@@ -64,8 +64,9 @@ impl Client {
         Ok(Some(buf))
     }
 
-    /// Every access key record, sorted by id.
-    pub async fn access_key_records(&self) -> Result<Vec<(String, Vec<u8>)>, Error> {
+    /// The ids of every access key record, sorted (at most [`KEY_RECORDS_MAX`] + 1: one more
+    /// than the bound says there are too many).
+    pub async fn access_key_ids(&self) -> Result<Vec<String>, Error> {
         let mut ids = Vec::new();
         let mut start_after = String::new();
         loop {
@@ -82,12 +83,21 @@ impl Client {
             };
             ids.extend(page.entries.into_iter().map(|entry| entry.key));
             if ids.len() > KEY_RECORDS_MAX {
-                return Err(Error::KeyRecords(format!("more than {KEY_RECORDS_MAX} keys; revoke some")));
+                ids.truncate(KEY_RECORDS_MAX + 1);
+                return Ok(ids);
             }
             match page.next_start_after {
                 Some(next) => start_after = next,
-                None => break,
+                None => return Ok(ids),
             }
+        }
+    }
+
+    /// Every access key record, sorted by id.
+    pub async fn access_key_records(&self) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        let ids = self.access_key_ids().await?;
+        if ids.len() > KEY_RECORDS_MAX {
+            return Err(Error::KeyRecords(format!("more than {KEY_RECORDS_MAX} keys")));
         }
         let reads = futures_util::stream::iter(ids)
             .map(|id| async move {

@@ -16,8 +16,11 @@ use s3s::{S3Error, S3ErrorCode, S3Result};
 /// nobody asked for before is not cached).
 pub const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
 /// Keys (found or not) the cache holds; S3-FIFO keeps one-off unknown ids from pushing out
-/// keys in use.
+/// keys in use. Only ids of the shape `access` makes are looked up and cached (20 bytes each).
 const KEY_CACHE_ENTRIES: usize = 4096;
+/// Lookups of keys in the cluster at once (each a quorum read); more requests wait. Requests
+/// for one key share its lookup.
+const LOOKUPS_IN_FLIGHT_MAX: usize = 32;
 
 /// A request extension the access check adds for a scoped key: ListBuckets shows its buckets
 /// only.
@@ -36,6 +39,7 @@ pub(crate) struct Keys {
     root_secret_key: String,
     store: KeyStore,
     cache: quick_cache::sync::Cache<String, Cached>,
+    lookups: tokio::sync::Semaphore,
 }
 
 impl Keys {
@@ -45,16 +49,30 @@ impl Keys {
             root_secret_key,
             store: KeyStore::new(client),
             cache: quick_cache::sync::Cache::new(KEY_CACHE_ENTRIES),
+            lookups: tokio::sync::Semaphore::new(LOOKUPS_IN_FLIGHT_MAX),
         })
     }
 
     /// The scoped key `id`; `None` when the cluster has no such key.
     async fn scoped(&self, id: &str) -> S3Result<Option<Arc<(AccessKey, Secret)>>> {
-        if let Some(cached) = self.cache.get(id)
-            && cached.fetched.elapsed() < KEY_CACHE_TTL
-        {
-            return Ok(cached.key);
+        if !access::is_key_id(id) {
+            return Ok(None); // no key of ours: nothing to ask, nothing to cache
         }
+        if let Some(cached) = self.cache.get(id) {
+            if cached.fetched.elapsed() < KEY_CACHE_TTL {
+                return Ok(cached.key);
+            }
+            // Stale: dropped, so that one request looks the key up while the others wait.
+            self.cache.remove_if(id, |entry| entry.fetched == cached.fetched);
+        }
+        let guard = match self.cache.get_value_or_guard_async(id).await {
+            Ok(cached) => return Ok(cached.key), // another request's lookup just ended
+            Err(guard) => guard,
+        };
+        let _permit = self.lookups.acquire().await.expect("the semaphore is never closed");
+        // The entry's age counts from before the lookup: a key revoked during it is refused
+        // at most KEY_CACHE_TTL after the revocation.
+        let started = Instant::now();
         let key = match self.store.find(id).await {
             Ok(found) => found.map(Arc::new),
             Err(access::Error::Cluster(e)) => {
@@ -70,7 +88,7 @@ impl Keys {
                 None
             }
         };
-        self.cache.insert(id.to_owned(), Cached { fetched: Instant::now(), key: key.clone() });
+        let _ = guard.insert(Cached { fetched: started, key: key.clone() });
         Ok(key)
     }
 }

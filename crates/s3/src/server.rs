@@ -23,6 +23,8 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause after a failed accept.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+/// Largest form fields of a browser POST upload (not served) s3s reads before answering.
+const POST_FORM_BYTES_MAX: usize = 64 << 10;
 /// Largest XML request body (CompleteMultipartUpload of 10 000 parts fits).
 const XML_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
 
@@ -35,6 +37,10 @@ pub(crate) fn build_service(client: client::Client, config: &GatewayConfig) -> S
     builder.set_host(crate::host::LocalHost::new(config.listen.port()));
     let mut s3_config = s3s::config::S3Config::default();
     s3_config.xml_max_body_size = XML_BODY_BYTES_MAX;
+    // Browser POST uploads (PostObject) are not served (501), but s3s reads the form's file
+    // into memory before any check: keep that at nothing, so an anonymous POST costs nothing.
+    s3_config.post_object_max_file_size = 0;
+    s3_config.form_max_fields_size = POST_FORM_BYTES_MAX;
     builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(s3_config))));
     builder.build()
 }
