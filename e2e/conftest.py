@@ -125,6 +125,11 @@ class Cluster:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
 
+    @property
+    def console_url(self) -> str:
+        """The gateway's web console: the port after the metrics ports."""
+        return f"http://127.0.0.1:{self.gateway_port + NODES + 2}"
+
     def metrics_port(self, name: str) -> int:
         """Where `name` ("gateway" or "n1".."n6") serves /metrics: the ports after the gateway's."""
         return self.gateway_port + 1 + (0 if name == "gateway" else int(name[1:]))
@@ -230,7 +235,8 @@ class Cluster:
         proc = self._spawn(
             "gateway",
             ["gateway", "--config", str(self.config), "--listen", f"127.0.0.1:{self.gateway_port}",
-             "--metrics-listen", f"127.0.0.1:{self.metrics_port('gateway')}"],
+             "--metrics-listen", f"127.0.0.1:{self.metrics_port('gateway')}",
+             "--console-listen", self.console_url.removeprefix("http://")],
             {"TESSERA_ACCESS_KEY": self.access_key, "TESSERA_SECRET_KEY": self.secret_key},
         )
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -309,7 +315,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     access_key = "E2E" + secrets.token_hex(8).upper()
     # 40 characters with '+' and '/', like AWS secrets: they must survive signing and env passing.
     secret_key = base64.b64encode(secrets.token_bytes(30)).decode()
-    base_port = _free_port_range(2 * NODES + 2)  # nodes, gateway, then their metrics
+    base_port = _free_port_range(2 * NODES + 3)  # nodes, gateway, their metrics, the console
     c = Cluster(root, base_port, base_port + NODES, access_key, secret_key)
     c.init()
     with pytest.MonkeyPatch.context() as mp:

@@ -40,6 +40,8 @@ class Up:
     def __init__(self, data_dir: Path, base_port: int, s3_port: int, metrics_port: int):
         self.data_dir, self.base_port, self.s3_port = data_dir, base_port, s3_port
         self.metrics_port = metrics_port
+        # The console on the port after the nodes' metrics ports.
+        self.console_port = metrics_port + NODES + 1
         self.proc: subprocess.Popen | None = None
         self.banner: list[str] = []
 
@@ -56,7 +58,8 @@ class Up:
         log = open(self.data_dir.parent / f"up-{self.s3_port}.log", "ab")
         self.proc = subprocess.Popen(
             [str(TESSERA), "up", "--tls", "--data", str(self.data_dir), "--base-port", str(self.base_port),
-             "--s3", f"127.0.0.1:{self.s3_port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}"],
+             "--s3", f"127.0.0.1:{self.s3_port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+             "--console", f"127.0.0.1:{self.console_port}"],
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, text=True,
             preexec_fn=_die_with_parent)
         self.banner = []
@@ -97,8 +100,9 @@ class Up:
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("tls-up")
-    # Nodes, the gateway, then the gateway's metrics port and one per node (`--metrics-listen`).
-    base_port = _free_port_range(2 * NODES + 2)
+    # Nodes, the gateway, the gateway's metrics port and one per node (`--metrics-listen`), the
+    # console.
+    base_port = _free_port_range(2 * NODES + 3)
     cluster = Up(root / "data", base_port, base_port + NODES, base_port + NODES + 1)
     cluster.start()
     try:
@@ -152,6 +156,20 @@ def test_up_serves_the_metrics_of_the_gateway_and_of_every_node(up):
         with urllib.request.urlopen(url, timeout=10) as answer:
             text = answer.read().decode()
         assert "tessera_node_drive_capacity_bytes" in text, text[:2000]
+
+
+def test_up_serves_the_web_console_with_the_printed_credentials(up):
+    banner = "\n".join(up.banner)
+    console = f"http://127.0.0.1:{up.console_port}/"
+    assert f"Web console: {console}" in banner, banner
+    conn = http.client.HTTPConnection("127.0.0.1", up.console_port, timeout=10)
+    body = f"access_key={ACCESS_KEY}&secret_key={SECRET_KEY}"
+    conn.request("POST", "/login", body=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
+    answer = conn.getresponse()
+    answer.read()
+    assert answer.status == 303 and answer.getheader("location") == "/buckets"
+    assert "HttpOnly" in answer.getheader("set-cookie")
+    conn.close()
 
 
 def test_boto3_trusting_the_ca_round_trips_objects_over_https(up):

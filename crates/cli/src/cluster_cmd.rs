@@ -82,6 +82,12 @@ pub(crate) struct UpArgs {
     /// after ADDR's (the first node in cluster.toml at port+1, ...). Off unless given.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<SocketAddr>,
+    /// Address of the web console (log in with the S3 credentials printed at start).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9001")]
+    console: SocketAddr,
+    /// Serve no web console.
+    #[arg(long)]
+    no_console: bool,
 }
 
 /// Where `up --metrics-listen ADDR` serves the metrics of the gateway (index `None`) and of node
@@ -132,6 +138,13 @@ pub(crate) struct GatewayArgs {
     /// The certificate's private key (PEM); needs --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Serve the web console at http://ADDR/ (log in with S3 credentials). Off unless given.
+    /// Plain HTTP: keep it on a loopback or trusted address.
+    #[arg(long, value_name = "ADDR")]
+    console_listen: Option<SocketAddr>,
+    /// How long a console login lasts.
+    #[arg(long, default_value = "8h", value_parser = positive_duration)]
+    console_session_ttl: Duration,
 }
 
 /// An AWS-style region name: lowercase letters, digits and dashes.
@@ -372,16 +385,49 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
     };
     let exe = std::env::current_exe().context("find the tessera binary")?;
     let mut children = Vec::new();
-    if let Some(base) = args.metrics_listen {
-        up_metrics_addr(base, Some(map.nodes.len().saturating_sub(1)))?; // every port fits
-    }
-    let result =
-        spawn_all(&exe, &map, &config, args.s3, &credentials, tls.as_ref(), args.metrics_listen, &mut children)
-            .and_then(|()| {
-                supervise(&map, &config, args.s3, &credentials, tls.as_ref(), args.metrics_listen, &mut children)
-            });
+    let extra = UpExtras { metrics: args.metrics_listen, console: (!args.no_console).then_some(args.console) };
+    check_up_ports(&map, args.s3, extra)?;
+    let result = spawn_all(&exe, &map, &config, args.s3, &credentials, tls.as_ref(), extra, &mut children)
+        .and_then(|()| supervise(&map, &config, args.s3, &credentials, tls.as_ref(), extra, &mut children));
     stop_children(&mut children);
     result
+}
+
+/// What `up` serves besides nodes and S3.
+#[derive(Clone, Copy, Debug)]
+struct UpExtras {
+    /// `--metrics-listen`: the gateway's metrics there, node i's (0-based, cluster.toml order)
+    /// at its port + 1 + i.
+    metrics: Option<SocketAddr>,
+    /// The web console's address.
+    console: Option<SocketAddr>,
+}
+
+/// Refuses addresses of `up` that collide (a metrics port on a node's or the S3 port, ...),
+/// naming both, before anything starts.
+fn check_up_ports(map: &ClusterMap, s3: SocketAddr, extra: UpExtras) -> anyhow::Result<()> {
+    let mut taken: Vec<(SocketAddr, String)> =
+        map.nodes.iter().map(|node| (node.addr, format!("node {}", node.id))).collect();
+    taken.push((s3, "the S3 gateway".into()));
+    if let Some(console) = extra.console {
+        taken.push((console, "the web console".into()));
+    }
+    if let Some(base) = extra.metrics {
+        taken.push((up_metrics_addr(base, None)?, "the gateway's metrics".into()));
+        for (i, node) in map.nodes.iter().enumerate() {
+            taken.push((up_metrics_addr(base, Some(i))?, format!("node {}'s metrics", node.id)));
+        }
+    }
+    for (i, (addr, what)) in taken.iter().enumerate() {
+        let same_port = |other: &SocketAddr| {
+            other.port() == addr.port()
+                && (other.ip() == addr.ip() || other.ip().is_unspecified() || addr.ip().is_unspecified())
+        };
+        if let Some((_, other)) = taken[..i].iter().find(|(other, _)| same_port(other)) {
+            bail!("{what} and {other} would both listen on port {} (choose other addresses)", addr.port());
+        }
+    }
+    Ok(())
 }
 
 /// A child process of `up`.
@@ -425,9 +471,10 @@ fn spawn_all(
     s3: SocketAddr,
     credentials: &Credentials,
     tls: Option<&crate::local_ca::ServerCertificate>,
-    metrics: Option<SocketAddr>,
+    extra: UpExtras,
     children: &mut Vec<Proc>,
 ) -> anyhow::Result<()> {
+    let metrics = extra.metrics;
     for (i, node) in map.nodes.iter().enumerate() {
         let mut command = Command::new(exe);
         command.args(["node", "--config"]).arg(config).args(["--id", &node.id]);
@@ -452,6 +499,10 @@ fn spawn_all(
         gateway.args(["--metrics-listen", &base.to_string()]);
         extra_args.push_str(&format!(" --metrics-listen {base}"));
     }
+    if let Some(console) = extra.console {
+        gateway.args(["--console-listen", &console.to_string()]);
+        extra_args.push_str(&format!(" --console-listen {console}"));
+    }
     let child = gateway
         .env(ACCESS_KEY_ENV, &credentials.access_key)
         .env(SECRET_KEY_ENV, &credentials.secret_key)
@@ -471,9 +522,10 @@ fn supervise(
     s3: SocketAddr,
     credentials: &Credentials,
     tls: Option<&crate::local_ca::ServerCertificate>,
-    metrics: Option<SocketAddr>,
+    extra: UpExtras,
     children: &mut [Proc],
 ) -> anyhow::Result<()> {
+    let metrics = extra.metrics;
     let mut endpoints: Vec<(String, SocketAddr)> =
         map.nodes.iter().map(|node| (format!("node {}", node.id), node.addr)).collect();
     endpoints.push(("the S3 gateway".into(), s3));
@@ -495,6 +547,9 @@ fn supervise(
     println!("S3 endpoint: {scheme}://{s3}");
     if let Some(base) = metrics {
         println!("  metrics: http://{base}/metrics");
+    }
+    if let Some(console) = extra.console {
+        println!("Web console: http://{console}/ (log in with the access key and secret key below)");
     }
     println!("  access key: {}", credentials.access_key);
     println!("  secret key: {}", credentials.secret_key);
@@ -607,6 +662,18 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
             tls: args.tls_cert.clone().zip(args.tls_key.clone()).map(|(cert, key)| s3::TlsFiles { cert, key }),
         };
         tokio::spawn(expire_uploads(client.clone(), args.multipart_expiry, args.multipart_check_interval));
+        let console = match args.console_listen {
+            Some(listen) => {
+                let config = console::ConsoleConfig {
+                    listen,
+                    root_access_key: config.access_key.clone(),
+                    root_secret_key: config.secret_key.clone(),
+                    session_ttl: args.console_session_ttl,
+                };
+                Some(console::Console::bind(client.clone(), config).await.context("start the web console")?)
+            }
+            None => None,
+        };
         let gateway = s3::Gateway::bind(client, config).await.context("start the S3 gateway")?;
         match gateway.certificate() {
             None => tracing::info!("S3 gateway listening on http://{}", gateway.local_addr()?),
@@ -631,6 +698,14 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
             tracing::info!("metrics on http://{}/metrics", listener.local_addr()?);
             let metrics = gateway.metrics();
             tokio::spawn(crate::metrics_http::serve(listener, std::sync::Arc::new(move || metrics.render())));
+        }
+        if let Some(console) = console {
+            let addr = console.local_addr()?;
+            if !addr.ip().is_loopback() {
+                tracing::warn!("the web console serves plain HTTP on {addr}: logins cross the network in clear");
+            }
+            tracing::info!("web console on http://{addr}/");
+            tokio::spawn(console.serve(std::future::pending()));
         }
         gateway.serve(shutdown_signal()).await;
         Ok(())

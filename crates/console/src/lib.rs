@@ -1,0 +1,665 @@
+//! The web console: pages for people who would rather look than read, served by the gateway
+//! process on an address of its own (`tessera gateway --console-listen`, `tessera up` by
+//! default), over the same smart client the gateway uses.
+//!
+//! Log in with S3 credentials (the root's, or a scoped key's: the console does only what that
+//! key may). A session is a random id in an `HttpOnly`, `SameSite=Strict` cookie that expires;
+//! every change (a form POST, an upload) carries the session's CSRF token and must come from
+//! the console's own origin. Pages are rendered on the server (maud escapes every value);
+//! the only script is the console's own upload script, from its own origin, under a strict
+//! Content-Security-Policy. Names travel in query parameters, never as paths.
+//!
+//! Main types: [`Console`], [`ConsoleConfig`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use access::{Action, KeyStore};
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+mod pages;
+mod session;
+
+use session::{Session, Sessions, Who};
+
+/// Connections served at once; more wait in the listen backlog.
+pub const CONNECTIONS_MAX: usize = 256;
+/// Time a browser has to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest form body (login, create bucket, delete).
+const FORM_BYTES_MAX: usize = 16 << 10;
+/// Rows of one object listing page (folders and objects).
+pub const PAGE_ROWS: usize = 500;
+/// Listings one page of the object browser makes at most (each skips past a folder or reads
+/// up to [`PAGE_ROWS`] keys).
+const LISTINGS_PER_PAGE_MAX: usize = 100;
+/// Objects a bucket's count and size are summed over on the buckets page; past it the page
+/// says "at least".
+pub const BUCKET_COUNT_MAX: usize = 10_000;
+/// Buckets whose objects the buckets page counts; the others show no count.
+const BUCKETS_COUNTED_MAX: usize = 50;
+/// Bytes a download reads from the cluster at a time (memory per download).
+const DOWNLOAD_WINDOW: usize = 4 << 20;
+/// Pause after a failed login (slows guessing; the secret space makes guessing hopeless anyway).
+const LOGIN_FAILURE_PAUSE: Duration = Duration::from_millis(250);
+/// Name of the session cookie.
+const COOKIE: &str = "tessera_console";
+/// Every answer's Content-Security-Policy: the console's own script and style only, no frames.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; \
+                   form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+/// Session lifetime unless configured.
+pub const SESSION_TTL_DEFAULT: Duration = Duration::from_secs(8 * 3600);
+
+const CONSOLE_CSS: &str = include_str!("../assets/console.css");
+const CONSOLE_JS: &str = include_str!("../assets/console.js");
+
+/// What a console serves and whom it lets in.
+#[derive(Clone)]
+pub struct ConsoleConfig {
+    pub listen: SocketAddr,
+    /// The gateway's root credentials (also valid here).
+    pub root_access_key: String,
+    pub root_secret_key: String,
+    /// How long a login lasts.
+    pub session_ttl: Duration,
+}
+
+impl std::fmt::Debug for ConsoleConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsoleConfig")
+            .field("listen", &self.listen)
+            .field("root_access_key", &self.root_access_key)
+            .field("session_ttl", &self.session_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a console could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("listen for the console on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+}
+
+/// A bound console, ready to serve.
+pub struct Console {
+    listener: tokio::net::TcpListener,
+    state: Arc<State>,
+}
+
+impl std::fmt::Debug for Console {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Console").field("listener", &self.listener).finish_non_exhaustive()
+    }
+}
+
+struct State {
+    client: client::Client,
+    keys: KeyStore,
+    sessions: Sessions,
+    root_access_key: String,
+    root_secret_key: String,
+}
+
+impl Console {
+    pub async fn bind(client: client::Client, config: ConsoleConfig) -> Result<Self, Error> {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| Error::Bind { addr: config.listen, source })?;
+        let state = State {
+            keys: KeyStore::new(client.clone()),
+            client,
+            sessions: Sessions::new(config.session_ttl),
+            root_access_key: config.root_access_key,
+            root_secret_key: config.root_secret_key,
+        };
+        Ok(Self { listener, state: Arc::new(state) })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes.
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
+        let permits = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+        tokio::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                () = &mut shutdown => return,
+                permit = Arc::clone(&permits).acquire_owned() => permit.expect("the semaphore is never closed"),
+            };
+            let (stream, peer) = tokio::select! {
+                () = &mut shutdown => return,
+                accepted = self.listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!("accept a console connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let state = Arc::clone(&self.state);
+            let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                let state = Arc::clone(&state);
+                async move { Ok::<_, std::convert::Infallible>(with_security_headers(route(&state, request).await)) }
+            });
+            tokio::spawn(async move {
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                if let Err(e) = connection.await {
+                    tracing::debug!("console connection from {peer}: {e}");
+                }
+                drop(permit);
+            });
+        }
+    }
+}
+
+type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    http_body_util::Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: Body) -> Response<Body> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn page(status: StatusCode, markup: maud::Markup) -> Response<Body> {
+    respond(status, "text/html; charset=utf-8", full(markup.into_string()))
+}
+
+fn redirect(to: &str) -> Response<Body> {
+    let mut response = respond(StatusCode::SEE_OTHER, "text/plain; charset=utf-8", full(""));
+    let location = HeaderValue::from_str(to).unwrap_or_else(|_| HeaderValue::from_static("/"));
+    response.headers_mut().insert(header::LOCATION, location);
+    response
+}
+
+fn with_security_headers(mut response: Response<Body>) -> Response<Body> {
+    let headers = response.headers_mut();
+    headers.insert("content-security-policy", HeaderValue::from_static(CSP));
+    headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    headers.insert("x-frame-options", HeaderValue::from_static("DENY"));
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+/// A request's query parameter.
+fn param(request: &Request<hyper::body::Incoming>, name: &str) -> Option<String> {
+    let query = request.uri().query()?;
+    form_urlencoded::parse(query.as_bytes()).find(|(n, _)| n == name).map(|(_, v)| v.into_owned())
+}
+
+/// A query string (`?a=1&b=2`) of these pairs, URL-encoded.
+pub(crate) fn query(pairs: &[(&str, &str)]) -> String {
+    let mut out = form_urlencoded::Serializer::for_suffix(String::from("?"), 1);
+    for (name, value) in pairs {
+        out.append_pair(name, value);
+    }
+    out.finish()
+}
+
+/// The session id in the request's cookie.
+fn cookie_session(request: &Request<hyper::body::Incoming>) -> Option<String> {
+    request
+        .headers()
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.to_owned())
+}
+
+/// Whether a state-changing request comes from the console's own pages: browsers send
+/// `Origin` on POST and on script requests; its host must be the request's `Host`.
+fn same_origin(request: &Request<hyper::body::Incoming>) -> bool {
+    let host = request.headers().get(header::HOST).and_then(|v| v.to_str().ok());
+    let origin = request.headers().get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    match (host, origin) {
+        (Some(host), Some(origin)) => {
+            let origin_host = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"));
+            origin_host == Some(host)
+        }
+        // No Origin: not a browser's cross-site request (they all send it on POST now); the
+        // CSRF token still has to match.
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// Reads a urlencoded form body of at most [`FORM_BYTES_MAX`].
+async fn form(request: Request<hyper::body::Incoming>) -> Result<Vec<(String, String)>, Response<Body>> {
+    let limited = http_body_util::Limited::new(request.into_body(), FORM_BYTES_MAX);
+    let bytes = match limited.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => return Err(error_page(StatusCode::PAYLOAD_TOO_LARGE, "The form is too large.")),
+    };
+    Ok(form_urlencoded::parse(&bytes).into_owned().collect())
+}
+
+fn field<'a>(form: &'a [(String, String)], name: &str) -> &'a str {
+    form.iter().find(|(n, _)| n == name).map_or("", |(_, v)| v.as_str())
+}
+
+fn error_page(status: StatusCode, message: &str) -> Response<Body> {
+    page(status, pages::error(status, message))
+}
+
+/// The live session of the request, with its id; a scoped key's is checked against the
+/// cluster every [`session::KEY_RECHECK`] (a revoked key's session ends).
+async fn session_of(state: &State, request: &Request<hyper::body::Incoming>) -> Option<(String, Session)> {
+    let id = cookie_session(request)?;
+    let session = state.sessions.get(&id)?;
+    if let Who::Scoped(key) = &session.who
+        && session.checked.elapsed() >= session::KEY_RECHECK
+    {
+        match state.keys.find(&key.id).await {
+            Ok(Some(_)) => state.sessions.checked(&id),
+            Ok(None) | Err(access::Error::Unsealable { .. } | access::Error::BadRecord { .. }) => {
+                state.sessions.remove(&id);
+                return None;
+            }
+            // The cluster cannot say now: keep the session until it can.
+            Err(e) => tracing::warn!("console: cannot check access key {}: {e}", key.id),
+        }
+    }
+    Some((id, session))
+}
+
+async fn route(state: &State, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    let path = request.uri().path().to_owned();
+    let method = request.method().clone();
+    match (&method, path.as_str()) {
+        (&Method::GET, "/assets/console.css") => cached(respond(StatusCode::OK, "text/css; charset=utf-8", full(CONSOLE_CSS))),
+        (&Method::GET, "/assets/console.js") => {
+            cached(respond(StatusCode::OK, "text/javascript; charset=utf-8", full(CONSOLE_JS)))
+        }
+        (&Method::GET, "/login") => page(StatusCode::OK, pages::login(None)),
+        (&Method::POST, "/login") => login(state, request).await,
+        _ => {
+            let Some((id, session)) = session_of(state, &request).await else {
+                return match method {
+                    Method::GET => redirect("/login"),
+                    _ => error_page(StatusCode::UNAUTHORIZED, "Your session has ended: log in again."),
+                };
+            };
+            if method != Method::GET && !same_origin(&request) {
+                return error_page(StatusCode::FORBIDDEN, "Refused: the request did not come from the console's pages.");
+            }
+            authenticated(state, request, &id, &session, &method, &path).await
+        }
+    }
+}
+
+fn cached(mut response: Response<Body>) -> Response<Body> {
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("max-age=300"));
+    response
+}
+
+async fn authenticated(
+    state: &State,
+    request: Request<hyper::body::Incoming>,
+    id: &str,
+    session: &Session,
+    method: &Method,
+    path: &str,
+) -> Response<Body> {
+    let view = pages::View { who: &session.who, csrf: &session.csrf };
+    match (method, path) {
+        (&Method::GET, "/") => redirect("/buckets"),
+        (&Method::GET, "/buckets") => buckets(state, &view).await,
+        (&Method::GET, "/objects") => {
+            let bucket = param(&request, "bucket").unwrap_or_default();
+            let prefix = param(&request, "prefix").unwrap_or_default();
+            let after = param(&request, "after").unwrap_or_default();
+            objects(state, &view, &bucket, &prefix, &after).await
+        }
+        (&Method::GET, "/object") => {
+            let bucket = param(&request, "bucket").unwrap_or_default();
+            let key = param(&request, "key").unwrap_or_default();
+            object(state, &view, &bucket, &key).await
+        }
+        (&Method::GET, "/download") => {
+            let bucket = param(&request, "bucket").unwrap_or_default();
+            let key = param(&request, "key").unwrap_or_default();
+            download(state, &session.who, &bucket, &key).await
+        }
+        (&Method::PUT, "/upload") => upload(state, session, request).await,
+        (&Method::POST, _) => {
+            let form = match form(request).await {
+                Ok(form) => form,
+                Err(response) => return response,
+            };
+            if !session::same(field(&form, "csrf"), &session.csrf) {
+                return error_page(StatusCode::FORBIDDEN, "Refused: the form's token is not this session's. Reload the page.");
+            }
+            match path {
+                "/logout" => {
+                    state.sessions.remove(id);
+                    let mut response = redirect("/login");
+                    set_cookie(&mut response, "", Duration::ZERO);
+                    response
+                }
+                "/buckets/create" => create_bucket(state, &session.who, field(&form, "bucket")).await,
+                "/buckets/delete" => {
+                    delete_bucket(state, &session.who, field(&form, "bucket"), field(&form, "confirm")).await
+                }
+                "/object/delete" => delete_object(state, &session.who, field(&form, "bucket"), field(&form, "key")).await,
+                _ => error_page(StatusCode::NOT_FOUND, "No such page."),
+            }
+        }
+        _ => error_page(StatusCode::NOT_FOUND, "No such page."),
+    }
+}
+
+fn set_cookie(response: &mut Response<Body>, value: &str, max_age: Duration) {
+    let cookie = format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}", max_age.as_secs());
+    let value = HeaderValue::from_str(&cookie).expect("hex ids make a valid cookie");
+    response.headers_mut().insert(header::SET_COOKIE, value);
+}
+
+async fn login(state: &State, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    if !same_origin(&request) {
+        return error_page(StatusCode::FORBIDDEN, "Refused: the request did not come from the console's pages.");
+    }
+    let form = match form(request).await {
+        Ok(form) => form,
+        Err(response) => return response,
+    };
+    let (access_key, secret_key) = (field(&form, "access_key").trim(), field(&form, "secret_key"));
+    let who = if session::same(access_key, &state.root_access_key) {
+        session::same(secret_key, &state.root_secret_key).then(|| Who::Root { access_key: access_key.to_owned() })
+    } else {
+        match state.keys.find(access_key).await {
+            Ok(Some((key, secret))) if session::same(secret_key, secret.expose()) => Some(Who::Scoped(Arc::new(key))),
+            Ok(_) => None,
+            Err(access::Error::Cluster(e)) => {
+                tracing::warn!("console login: cannot look up an access key: {e}");
+                return page(StatusCode::SERVICE_UNAVAILABLE, pages::login(Some("The cluster cannot be read now; retry later.")));
+            }
+            Err(e) => {
+                tracing::error!("console login: refusing access key {access_key}: {e}");
+                None
+            }
+        }
+    };
+    let Some(who) = who else {
+        tracing::info!("console: failed login for access key {access_key:?}");
+        tokio::time::sleep(LOGIN_FAILURE_PAUSE).await;
+        return page(StatusCode::UNAUTHORIZED, pages::login(Some("Wrong access key or secret key.")));
+    };
+    tracing::info!("console: {} logged in", who.access_key());
+    let id = state.sessions.create(who);
+    let mut response = redirect("/buckets");
+    set_cookie(&mut response, &id, state.sessions.ttl());
+    response
+}
+
+/// A client error as a page: names the user's mistakes, hides the cluster's internals.
+fn client_error(error: &client::Error) -> Response<Body> {
+    use client::Error as E;
+    let (status, message) = match error {
+        E::NoSuchBucket { .. } | E::NotFound { .. } => (StatusCode::NOT_FOUND, error.to_string()),
+        E::InvalidName(_) | E::BucketNotEmpty { .. } | E::UploadsInProgress { .. } | E::ObjectTooLarge { .. } => {
+            (StatusCode::BAD_REQUEST, error.to_string())
+        }
+        E::DiskFull { .. } => (StatusCode::INSUFFICIENT_STORAGE, "The cluster is out of space.".to_owned()),
+        _ => {
+            tracing::warn!("console: {error}");
+            (StatusCode::SERVICE_UNAVAILABLE, "The cluster could not serve this now; retry later.".to_owned())
+        }
+    };
+    error_page(status, &message)
+}
+
+fn forbidden(who: &Who, what: &str) -> Response<Body> {
+    error_page(StatusCode::FORBIDDEN, &format!("Access key {} may not {what}.", who.access_key()))
+}
+
+async fn buckets(state: &State, view: &pages::View<'_>) -> Response<Body> {
+    let mut all = match state.client.buckets().await {
+        Ok(all) => all,
+        Err(e) => return client_error(&e),
+    };
+    all.retain(|b| !b.name.starts_with('.') && view.who.allows(Some(&b.name), Action::Read));
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut rows = Vec::with_capacity(all.len());
+    for (i, bucket) in all.into_iter().enumerate() {
+        let usage = if i < BUCKETS_COUNTED_MAX { bucket_usage(&state.client, &bucket.name).await } else { None };
+        rows.push(pages::BucketRow { name: bucket.name, created_ms: bucket.created_ms, usage });
+    }
+    page(StatusCode::OK, pages::buckets(view, &rows))
+}
+
+/// Objects and bytes of `bucket`, summed over at most [`BUCKET_COUNT_MAX`] objects (the flag
+/// says whether there are more).
+async fn bucket_usage(client: &client::Client, bucket: &str) -> Option<pages::Usage> {
+    let mut usage = pages::Usage::default();
+    let mut after = String::new();
+    loop {
+        let want = u32::try_from(BUCKET_COUNT_MAX - usage.objects).expect("small");
+        let listed = client.list(bucket, "", &after, want.max(1)).await.ok()?;
+        usage.objects += listed.entries.len();
+        usage.bytes += listed.entries.iter().map(|e| e.size).sum::<u64>();
+        match listed.next_start_after {
+            Some(next) if usage.objects < BUCKET_COUNT_MAX => after = next,
+            Some(_) => {
+                usage.more = true;
+                return Some(usage);
+            }
+            None => return Some(usage),
+        }
+    }
+}
+
+async fn create_bucket(state: &State, who: &Who, bucket: &str) -> Response<Body> {
+    if !who.allows(Some(bucket), Action::Admin) {
+        return forbidden(who, "create buckets");
+    }
+    match state.client.make_bucket(bucket).await {
+        Ok(()) => redirect(&format!("/objects{}", query(&[("bucket", bucket)]))),
+        Err(e) => client_error(&e),
+    }
+}
+
+async fn delete_bucket(state: &State, who: &Who, bucket: &str, confirm: &str) -> Response<Body> {
+    if !who.allows(Some(bucket), Action::Admin) {
+        return forbidden(who, "delete buckets");
+    }
+    if confirm != bucket {
+        return error_page(StatusCode::BAD_REQUEST, "Type the bucket's name to confirm its deletion.");
+    }
+    match state.client.remove_bucket(bucket).await {
+        Ok(()) => redirect("/buckets"),
+        Err(e) => client_error(&e),
+    }
+}
+
+/// The next path segment of `key` after `prefix`, with its `/`: a folder row.
+fn folder_of<'k>(key: &'k str, prefix: &str) -> Option<&'k str> {
+    let rest = key.strip_prefix(prefix)?;
+    let at = rest.find('/')?;
+    Some(&key[..prefix.len() + at + 1])
+}
+
+/// A key after every key that starts with `folder` (so a listing skips the folder's contents).
+fn past_folder(folder: &str) -> String {
+    format!("{folder}{}", char::MAX)
+}
+
+async fn objects(state: &State, view: &pages::View<'_>, bucket: &str, prefix: &str, after: &str) -> Response<Body> {
+    if !view.who.allows(Some(bucket), Action::Read) {
+        return forbidden(view.who, &format!("read bucket {bucket:?}"));
+    }
+    let mut rows: Vec<pages::Row> = Vec::new();
+    // Where the next listing starts: the last key shown, or past the last folder shown.
+    let mut next = after.to_owned();
+    let mut more = false;
+    for listing in 0.. {
+        if listing == LISTINGS_PER_PAGE_MAX {
+            more = true; // a page of few rows over many keys: the rest on the next page
+            break;
+        }
+        let listed = match state.client.list(bucket, prefix, &next, u32::try_from(PAGE_ROWS).expect("small")).await {
+            Ok(listed) => listed,
+            Err(e) => return client_error(&e),
+        };
+        let listed_any = !listed.entries.is_empty();
+        for entry in listed.entries {
+            if let Some(pages::Row::Folder(folder)) = rows.last()
+                && entry.key.starts_with(folder.as_str())
+            {
+                continue; // inside the folder just shown
+            }
+            if rows.len() == PAGE_ROWS {
+                more = true;
+                break;
+            }
+            match folder_of(&entry.key, prefix) {
+                Some(folder) => {
+                    next = past_folder(folder);
+                    rows.push(pages::Row::Folder(folder.to_owned()));
+                }
+                None => {
+                    next.clone_from(&entry.key);
+                    rows.push(pages::Row::Object(entry));
+                }
+            }
+        }
+        if more {
+            break;
+        }
+        match listed.next_start_after {
+            // Past a folder whose keys fill the rest of the page, `next` is already further.
+            Some(resume) if resume > next || listed_any => next = next.max(resume),
+            _ => break,
+        }
+    }
+    page(StatusCode::OK, pages::objects(view, bucket, prefix, &rows, more.then_some(next.as_str())))
+}
+
+async fn object(state: &State, view: &pages::View<'_>, bucket: &str, key: &str) -> Response<Body> {
+    if !view.who.allows(Some(bucket), Action::Read) {
+        return forbidden(view.who, &format!("read bucket {bucket:?}"));
+    }
+    match state.client.head(bucket, key).await {
+        Ok(info) => page(StatusCode::OK, pages::object(view, &info)),
+        Err(e) => client_error(&e),
+    }
+}
+
+/// `filename*=UTF-8''...` of RFC 6266 for the last segment of `key`.
+fn attachment(key: &str) -> String {
+    let name = key.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("download");
+    let encoded: String = form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>().replace('+', "%20");
+    format!("attachment; filename*=UTF-8''{encoded}")
+}
+
+async fn download(state: &State, who: &Who, bucket: &str, key: &str) -> Response<Body> {
+    if !who.allows(Some(bucket), Action::Read) {
+        return forbidden(who, &format!("read bucket {bucket:?}"));
+    }
+    let info = match state.client.head(bucket, key).await {
+        Ok(info) => info,
+        Err(e) => return client_error(&e),
+    };
+    let size = info.meta.size;
+    let client = state.client.clone();
+    let stream = futures_util::stream::try_unfold((client, info, 0u64), move |(client, info, offset)| async move {
+        if offset >= size {
+            return Ok(None);
+        }
+        let len = usize::try_from((size - offset).min(DOWNLOAD_WINDOW as u64)).expect("bounded by the window");
+        let mut buf = vec![0u8; len];
+        let read = client.read_at(&info, offset, &mut buf).await.map_err(std::io::Error::other)?;
+        if read == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the object ended early"));
+        }
+        buf.truncate(read);
+        let frame = hyper::body::Frame::data(Bytes::from(buf));
+        Ok(Some((frame, (client, info, offset + read as u64))))
+    });
+    let body = http_body_util::StreamBody::new(stream).boxed();
+    let mut response = respond(StatusCode::OK, "application/octet-stream", body);
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    if let Ok(value) = HeaderValue::from_str(&attachment(key)) {
+        headers.insert(header::CONTENT_DISPOSITION, value);
+    }
+    response
+}
+
+async fn delete_object(state: &State, who: &Who, bucket: &str, key: &str) -> Response<Body> {
+    if !who.allows(Some(bucket), Action::Write) {
+        return forbidden(who, &format!("delete objects in bucket {bucket:?}"));
+    }
+    let folder = key.rsplit_once('/').map_or("", |(folder, _)| folder);
+    let prefix = if folder.is_empty() { String::new() } else { format!("{folder}/") };
+    match state.client.delete(bucket, key).await {
+        Ok(()) => redirect(&format!("/objects{}", query(&[("bucket", bucket), ("prefix", &prefix)]))),
+        Err(e) => client_error(&e),
+    }
+}
+
+/// `PUT /upload?bucket=B&key=K` with the file as the body and the CSRF token in
+/// `x-csrf-token` (the console's script sends it, with progress); streamed into the cluster
+/// with bounded memory. Answers JSON-free plain text: `ok` or the error.
+async fn upload(state: &State, session: &Session, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    let text = |status, message: String| respond(status, "text/plain; charset=utf-8", full(message));
+    let token = request.headers().get("x-csrf-token").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !session::same(token, &session.csrf) {
+        return text(StatusCode::FORBIDDEN, "refused: the upload's token is not this session's; reload the page".into());
+    }
+    let bucket = param(&request, "bucket").unwrap_or_default();
+    let key = param(&request, "key").unwrap_or_default();
+    if !session.who.allows(Some(&bucket), Action::Write) {
+        let who = session.who.access_key();
+        return text(StatusCode::FORBIDDEN, format!("access key {who} may not write in bucket {bucket:?}"));
+    }
+    let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let frames = http_body_util::BodyStream::new(request.into_body());
+    let data = futures_util::StreamExt::filter_map(frames, |frame| async move {
+        match frame {
+            Ok(frame) => frame.into_data().ok().map(Ok),
+            Err(e) => Some(Err(std::io::Error::other(e))),
+        }
+    });
+    let mut reader = tokio_util::io::StreamReader::new(Box::pin(data));
+    let options = client::PutOptions { content_type, ..Default::default() };
+    match state.client.put(&bucket, &key, &mut reader, &options).await {
+        Ok(info) => {
+            tracing::info!("console: {} uploaded {bucket}/{key} ({} bytes)", session.who.access_key(), info.meta.size);
+            text(StatusCode::OK, "ok".into())
+        }
+        Err(e) => {
+            let status = client_error(&e).status();
+            let message = if status == StatusCode::SERVICE_UNAVAILABLE {
+                "the cluster could not store it now; retry later".to_owned()
+            } else {
+                e.to_string()
+            };
+            text(status, message)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,281 @@
+//! The console's pages, rendered on the server with maud: every interpolated value is escaped,
+//! so names and metadata with HTML in them show as text.
+
+use maud::{DOCTYPE, Markup, html};
+
+use crate::query;
+use crate::session::Who;
+
+/// What every page of a logged-in session needs.
+pub(crate) struct View<'a> {
+    pub(crate) who: &'a Who,
+    pub(crate) csrf: &'a str,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Usage {
+    pub(crate) objects: usize,
+    pub(crate) bytes: u64,
+    /// More objects than were counted.
+    pub(crate) more: bool,
+}
+
+pub(crate) struct BucketRow {
+    pub(crate) name: String,
+    pub(crate) created_ms: u64,
+    pub(crate) usage: Option<Usage>,
+}
+
+pub(crate) enum Row {
+    /// A common prefix ending in `/`.
+    Folder(String),
+    Object(client::ListEntry),
+}
+
+fn time(ms: u64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// Bytes in binary units, one decimal.
+pub(crate) fn bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+fn shell(title: &str, view: Option<&View<'_>>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · Tessera" }
+                link rel="stylesheet" href="/assets/console.css";
+                script src="/assets/console.js" defer {}
+            }
+            body {
+                header {
+                    a.brand href="/buckets" { "Tessera" }
+                    @if let Some(view) = view {
+                        nav { a href="/buckets" { "Buckets" } }
+                        span.who { "Logged in as " code { (view.who.access_key()) }
+                            @if let Who::Scoped(key) = view.who { " (" (key.permission) " on " (key.buckets) ")" } }
+                        form.inline method="post" action="/logout" {
+                            input type="hidden" name="csrf" value=(view.csrf);
+                            button type="submit" id="logout" { "Log out" }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+pub(crate) fn login(error: Option<&str>) -> Markup {
+    shell(
+        "Log in",
+        None,
+        html! {
+            h1 { "Log in" }
+            p { "With S3 credentials: the root's, or an access key's (`tessera key create`)." }
+            @if let Some(error) = error { p.error role="alert" { (error) } }
+            form.login method="post" action="/login" {
+                label { "Access key" input type="text" name="access_key" autocomplete="username" required; }
+                label { "Secret key" input type="password" name="secret_key" autocomplete="current-password" required; }
+                button type="submit" { "Log in" }
+            }
+        },
+    )
+}
+
+pub(crate) fn error(status: hyper::StatusCode, message: &str) -> Markup {
+    shell(
+        status.canonical_reason().unwrap_or("Error"),
+        None,
+        html! {
+            h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
+            p.error role="alert" { (message) }
+            p { a href="/buckets" { "Back to the buckets" } }
+        },
+    )
+}
+
+pub(crate) fn buckets(view: &View<'_>, rows: &[BucketRow]) -> Markup {
+    let admin = matches!(view.who, Who::Root { .. });
+    shell(
+        "Buckets",
+        Some(view),
+        html! {
+            h1 { "Buckets" }
+            @if admin {
+                form.inline method="post" action="/buckets/create" {
+                    input type="hidden" name="csrf" value=(view.csrf);
+                    input type="text" name="bucket" placeholder="new-bucket-name" required;
+                    button type="submit" id="create-bucket" { "Create bucket" }
+                }
+            }
+            @if rows.is_empty() { p { "No buckets yet." } } @else {
+                table id="buckets" {
+                    thead { tr { th { "Name" } th { "Objects" } th { "Size" } th { "Created" } @if admin { th { "Delete" } } } }
+                    tbody {
+                        @for row in rows {
+                            tr {
+                                td { a href={ "/objects" (query(&[("bucket", &row.name)])) } { (row.name) } }
+                                @match row.usage {
+                                    Some(usage) => {
+                                        td.num { @if usage.more { "≥ " } (usage.objects) }
+                                        td.num { @if usage.more { "≥ " } (bytes(usage.bytes)) }
+                                    }
+                                    None => { td.num { "—" } td.num { "—" } }
+                                }
+                                td { (time(row.created_ms)) }
+                                @if admin {
+                                    td {
+                                        form.inline.confirm method="post" action="/buckets/delete" {
+                                            input type="hidden" name="csrf" value=(view.csrf);
+                                            input type="hidden" name="bucket" value=(row.name);
+                                            input type="text" name="confirm" placeholder="type the name to confirm" required;
+                                            button type="submit" { "Delete" }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// The folders above `prefix`, as links: `bucket / a / b /`.
+fn breadcrumbs(bucket: &str, prefix: &str) -> Markup {
+    let mut parts = Vec::new();
+    let mut upto = String::new();
+    for segment in prefix.split_inclusive('/') {
+        upto.push_str(segment);
+        parts.push((segment.to_owned(), upto.clone()));
+    }
+    html! {
+        nav.crumbs {
+            a href="/buckets" { "Buckets" } " / "
+            a href={ "/objects" (query(&[("bucket", bucket)])) } { (bucket) }
+            @for (segment, upto) in &parts {
+                " / " a href={ "/objects" (query(&[("bucket", bucket), ("prefix", upto)])) } { (segment) }
+            }
+        }
+    }
+}
+
+pub(crate) fn objects(view: &View<'_>, bucket: &str, prefix: &str, rows: &[Row], more: Option<&str>) -> Markup {
+    let writable = view.who.allows(Some(bucket), access::Action::Write);
+    shell(
+        bucket,
+        Some(view),
+        html! {
+            (breadcrumbs(bucket, prefix))
+            form.inline method="get" action="/objects" {
+                input type="hidden" name="bucket" value=(bucket);
+                input type="search" name="prefix" value=(prefix) placeholder="search by prefix";
+                button type="submit" { "Search" }
+            }
+            @if writable {
+                section id="upload" data-bucket=(bucket) data-prefix=(prefix) data-csrf=(view.csrf) {
+                    p.drop { "Drop files here, or " input id="files" type="file" multiple; }
+                    ul id="uploads" {}
+                }
+            }
+            table id="objects" {
+                thead { tr { th { "Name" } th { "Size" } th { "Modified" } } }
+                tbody {
+                    @for row in rows {
+                        @match row {
+                            Row::Folder(folder) => tr.folder {
+                                td { a href={ "/objects" (query(&[("bucket", bucket), ("prefix", folder)])) } { (folder.strip_prefix(prefix).unwrap_or(folder)) } }
+                                td {} td {}
+                            },
+                            Row::Object(entry) => tr {
+                                td { a href={ "/object" (query(&[("bucket", bucket), ("key", &entry.key)])) } { (entry.key.strip_prefix(prefix).unwrap_or(&entry.key)) } }
+                                td.num { (bytes(entry.size)) }
+                                td { (time(entry.modified_ms)) }
+                            },
+                        }
+                    }
+                }
+            }
+            @if rows.is_empty() { p { "Nothing here." } }
+            @if let Some(after) = more {
+                p { a id="next" href={ "/objects" (query(&[("bucket", bucket), ("prefix", prefix), ("after", after)])) } { "Next page →" } }
+            }
+        },
+    )
+}
+
+pub(crate) fn object(view: &View<'_>, info: &client::ObjectInfo) -> Markup {
+    let meta = &info.meta;
+    let writable = view.who.allows(Some(&meta.bucket), access::Action::Write);
+    let folder = meta.key.rsplit_once('/').map_or(String::new(), |(folder, _)| format!("{folder}/"));
+    let geometry = meta.geometry();
+    let k = usize::from(meta.k);
+    html! {
+        (shell(&meta.key, Some(view), html! {
+            (breadcrumbs(&meta.bucket, &folder))
+            h1 { (meta.key) }
+            p {
+                a.button id="download" href={ "/download" (query(&[("bucket", &meta.bucket), ("key", &meta.key)])) } { "Download" }
+            }
+            dl {
+                dt { "Size" } dd { (bytes(meta.size)) " (" (meta.size) " bytes)" }
+                dt { "ETag" } dd { code { (meta.etag) } }
+                dt { "Content type" } dd { (meta.content_type) }
+                dt { "Modified" } dd { (time(meta.modified_ms)) }
+                dt { "Version" } dd { code { (meta.version.to_hex()) } }
+                dt { "Erasure" } dd { (meta.k) "+" (meta.m) ", " (bytes(u64::from(meta.chunk_bytes))) " chunks, " (geometry.stripes) " stripe(s), set " (meta.set_idx) }
+                @for (name, value) in &meta.user_meta { dt { "x-amz-meta-" (name) } dd { (value) } }
+            }
+            h2 { "Chunk placement" }
+            @if !meta.parts.is_empty() {
+                p { "A multipart object of " (meta.parts.len()) " parts; each part is an erasure-coded piece with its own placement." }
+            }
+            table id="chunks" {
+                thead { tr { th { "Position" } th { "Node" } th { "Drive" } th { "Data chunks" } th { "Parity chunks" } th { "Stripe 0" } th { "Metadata" } } }
+                tbody {
+                    @for (position, (node, drive)) in info.drives.iter().enumerate() {
+                        @let (data, parity) = (0..geometry.stripes).fold((0u64, 0u64), |(d, p), stripe| {
+                            if info.placement.chunk_at(stripe, position) < k { (d + 1, p) } else { (d, p + 1) }
+                        });
+                        @let has_meta = info.meta_positions.is_empty() || info.meta_positions.contains(&position);
+                        tr.(if has_meta { "present" } else { "missing" }) {
+                            td.num { (position) }
+                            td { (node) }
+                            td.num { (drive) }
+                            td.num { (data) }
+                            td.num { (parity) }
+                            td { @if geometry.stripes > 0 {
+                                @let chunk = info.placement.chunk_at(0, position);
+                                @if chunk < k { "data " (chunk) } @else { "parity " (chunk - k) }
+                            } }
+                            td { @if has_meta { "present" } @else { "missing: read around it, repair restores it" } }
+                        }
+                    }
+                }
+            }
+            @if writable {
+                form.inline method="post" action="/object/delete" {
+                    input type="hidden" name="csrf" value=(view.csrf);
+                    input type="hidden" name="bucket" value=(meta.bucket);
+                    input type="hidden" name="key" value=(meta.key);
+                    button type="submit" id="delete-object" { "Delete object" }
+                }
+            }
+        }))
+    }
+}

@@ -1,0 +1,42 @@
+use super::*;
+
+#[test]
+fn folders_are_the_next_segment_and_listing_skips_past_them() {
+    assert_eq!(folder_of("a/b/c.txt", ""), Some("a/"));
+    assert_eq!(folder_of("a/b/c.txt", "a/"), Some("a/b/"));
+    assert_eq!(folder_of("a/b/c.txt", "a/b/"), None);
+    assert_eq!(folder_of("top.txt", ""), None);
+    let past = past_folder("a/b/");
+    assert!(past.as_str() > "a/b/zzzz/\u{10FFFE}" && past.as_str() < "a/c");
+}
+
+#[test]
+fn downloads_name_the_file_without_letting_it_escape_the_header() {
+    assert_eq!(attachment("dir/report 2026.pdf"), "attachment; filename*=UTF-8''report%202026.pdf");
+    assert_eq!(attachment("x/\"; evil=1\r\n"), "attachment; filename*=UTF-8''%22%3B%20evil%3D1%0D%0A");
+    assert_eq!(attachment("dir/"), "attachment; filename*=UTF-8''download");
+}
+
+#[test]
+fn queries_encode_every_value() {
+    assert_eq!(query(&[("bucket", "b"), ("key", "a&b=c/../d é")]), "?bucket=b&key=a%26b%3Dc%2F..%2Fd+%C3%A9");
+}
+
+#[test]
+fn pages_escape_names_and_metadata() {
+    let who = Who::Root { access_key: "root".into() };
+    let view = pages::View { who: &who, csrf: "t0ken" };
+    let entry = client::ListEntry {
+        key: "<script>alert(1)</script>".into(),
+        version: proto::VersionId { unix_ns: 1, writer: 2 },
+        deleted: false,
+        size: 3,
+        etag: "e".into(),
+        modified_ms: 0,
+    };
+    let html = pages::objects(&view, "bkt", "", &[pages::Row::Object(entry)], None).into_string();
+    assert!(!html.contains("<script>alert"), "{html}");
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{html}");
+    let bad = pages::error(StatusCode::BAD_REQUEST, "<img src=x onerror=alert(1)>").into_string();
+    assert!(!bad.contains("<img"), "{bad}");
+}

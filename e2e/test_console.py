@@ -1,0 +1,291 @@
+"""The web console (`tessera gateway --console-listen`) over HTTP, as a browser would use it:
+login with S3 credentials, the session cookie and CSRF rules, buckets, the object browser,
+uploads and downloads, and bad input (forged tokens, other origins, HTML and `..` in names).
+
+A browser session in a real Chromium comes on top of these in its own test."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import re
+import subprocess
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import Cluster, _free_port_range, _wait_tcp
+from s3check import data, unique_bucket_name
+from test_access_keys import create_key, tessera_key
+
+PAGE_ROWS = 500  # console::PAGE_ROWS
+
+
+class Browser:
+    """Just enough of a browser: one cookie jar entry, Origin on state changes, no redirects."""
+
+    def __init__(self, base: str):
+        parsed = urllib.parse.urlsplit(base)
+        self.host, self.port = parsed.hostname, parsed.port
+        self.origin = f"http://{self.host}:{self.port}"
+        self.cookie: str | None = None
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
+                origin: str | None = "self") -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        try:
+            sent = dict(headers or {})
+            if self.cookie:
+                sent["Cookie"] = f"tessera_console={self.cookie}"
+            if method != "GET" and origin is not None:
+                sent["Origin"] = self.origin if origin == "self" else origin
+            conn.request(method, path, body=body, headers=sent)
+            answer = conn.getresponse()
+            got = {k.lower(): v for k, v in answer.getheaders()}
+            return answer.status, got, answer.read()
+        finally:
+            conn.close()
+
+    def get(self, path: str) -> tuple[int, dict[str, str], str]:
+        status, headers, body = self.request("GET", path)
+        return status, headers, body.decode()
+
+    def post(self, path: str, fields: dict[str, str], origin: str | None = "self") -> tuple[int, dict[str, str], str]:
+        body = urllib.parse.urlencode(fields).encode()
+        status, headers, answer = self.request(
+            "POST", path, body, {"Content-Type": "application/x-www-form-urlencoded"}, origin=origin)
+        return status, headers, answer.decode()
+
+    def login(self, access_key: str, secret_key: str) -> tuple[int, dict[str, str], str]:
+        status, headers, body = self.post("/login", {"access_key": access_key, "secret_key": secret_key})
+        cookie = headers.get("set-cookie", "")
+        match = re.match(r"tessera_console=([0-9a-f]*);", cookie)
+        if match:
+            self.cookie = match.group(1) or None
+        return status, headers, body
+
+    def csrf(self, page: str = "/buckets") -> str:
+        status, _, body = self.get(page)
+        assert status == 200, body
+        return re.search(r'name="csrf" value="([0-9a-f]{64})"', body).group(1)
+
+
+def q(**params: str) -> str:
+    return "?" + urllib.parse.urlencode(params)
+
+
+@pytest.fixture
+def browser(cluster: Cluster) -> Browser:
+    b = Browser(cluster.console_url)
+    status, headers, body = b.login(cluster.access_key, cluster.secret_key)
+    assert status == 303 and headers["location"] == "/buckets", body
+    return b
+
+
+def test_login_sets_a_strict_http_only_cookie_and_wrong_credentials_get_none(cluster):
+    b = Browser(cluster.console_url)
+    status, headers, _ = b.get("/buckets")
+    assert status == 303 and headers["location"] == "/login", "no session: to the login page"
+    status, headers, page = b.get("/login")
+    assert status == 200 and 'name="secret_key"' in page
+    csp = headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
+    assert headers["x-content-type-options"] == "nosniff"
+
+    for access_key, secret_key in [(cluster.access_key, "wrong"), ("nobody", cluster.secret_key), ("", "")]:
+        status, headers, page = b.login(access_key, secret_key)
+        assert status == 401 and "Wrong access key or secret key." in page, page
+        assert "set-cookie" not in headers and b.cookie is None
+        assert cluster.secret_key not in page
+
+    status, headers, _ = b.login(cluster.access_key, cluster.secret_key)
+    cookie = headers["set-cookie"]
+    assert status == 303 and b.cookie and len(b.cookie) == 64
+    for attribute in ("HttpOnly", "SameSite=Strict", "Path=/", "Max-Age="):
+        assert attribute in cookie, cookie
+    status, _, page = b.get("/buckets")
+    assert status == 200 and cluster.access_key in page and cluster.secret_key not in page
+
+    # A login posted from another site is refused (login CSRF).
+    other = Browser(cluster.console_url)
+    status, _, _ = other.post("/login", {"access_key": cluster.access_key, "secret_key": cluster.secret_key},
+                              origin="http://evil.example")
+    assert status == 403
+
+
+def test_every_change_needs_this_sessions_token_and_origin(cluster, browser, s3):
+    name = unique_bucket_name("console-csrf")
+    token = browser.csrf()
+    for fields, origin in [
+        ({"bucket": name}, "self"),                                   # no token
+        ({"bucket": name, "csrf": "0" * 64}, "self"),                 # forged token
+        ({"bucket": name, "csrf": token}, "http://evil.example"),     # right token, other site
+    ]:
+        status, _, page = browser.post("/buckets/create", fields, origin=origin)
+        assert status == 403, (fields, origin, page)
+    assert name not in {b["Name"] for b in s3.list_buckets()["Buckets"]}, "nothing was created"
+
+    status, headers, _ = browser.post("/buckets/create", {"bucket": name, "csrf": token})
+    assert status == 303 and headers["location"] == "/objects" + q(bucket=name)
+    s3.head_bucket(Bucket=name)
+
+    # Another session's token is not this one's.
+    other = Browser(cluster.console_url)
+    other.login(cluster.access_key, cluster.secret_key)
+    assert other.csrf() != token
+    status, _, _ = browser.post("/buckets/delete", {"bucket": name, "confirm": name, "csrf": other.csrf()})
+    assert status == 403
+    # Deleting needs the name typed again.
+    status, _, page = browser.post("/buckets/delete", {"bucket": name, "confirm": "nope", "csrf": token})
+    assert status == 400 and "confirm" in page
+    status, headers, _ = browser.post("/buckets/delete", {"bucket": name, "confirm": name, "csrf": token})
+    assert status == 303 and headers["location"] == "/buckets"
+    assert name not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
+
+    # Logging out ends the session: its cookie is worth nothing after.
+    old = browser.cookie
+    status, headers, _ = browser.post("/logout", {"csrf": token})
+    assert status == 303 and "Max-Age=0" in headers["set-cookie"]
+    browser.cookie = old
+    status, headers, _ = browser.get("/buckets")
+    assert status == 303 and headers["location"] == "/login"
+    status, _, _ = browser.post("/buckets/create", {"bucket": name, "csrf": token})
+    assert status == 401
+
+
+def test_upload_browse_download_and_delete_byte_exact(cluster, browser, bucket, s3):
+    token = browser.csrf()
+    body = data(3 * 1024 * 1024 + 17, seed=71)
+    status, _, answer = browser.request("PUT", "/upload" + q(bucket=bucket, key="dir/sub/blob.bin"), body,
+                                        {"x-csrf-token": token, "Content-Type": "application/x-test"})
+    assert (status, answer) == (200, b"ok")
+    assert s3.get_object(Bucket=bucket, Key="dir/sub/blob.bin")["Body"].read() == body
+    # Without the token, or with another, nothing is stored.
+    for headers in ({}, {"x-csrf-token": "f" * 64}):
+        status, _, _ = browser.request("PUT", "/upload" + q(bucket=bucket, key="sneaky.bin"), b"x", headers)
+        assert status == 403
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="sneaky")["KeyCount"] == 0
+
+    status, _, page = browser.get("/objects" + q(bucket=bucket))
+    assert status == 200 and 'href="/objects?bucket=' in page and ">dir/<" in page, page
+    status, _, page = browser.get("/objects" + q(bucket=bucket, prefix="dir/sub/"))
+    assert ">blob.bin<" in page
+    status, _, page = browser.get("/object" + q(bucket=bucket, key="dir/sub/blob.bin"))
+    assert status == 200 and "application/x-test" in page
+    chunk_rows = re.findall(r'<tr class="(present|missing)">', page)
+    assert chunk_rows == ["present"] * 6, "one row per position of the 4+2 set"
+    assert all(f"<td>n{i}</td>" in page for i in range(1, 7)), page
+
+    status, headers, got = browser.request("GET", "/download" + q(bucket=bucket, key="dir/sub/blob.bin"))
+    assert status == 200 and hashlib.sha256(got).digest() == hashlib.sha256(body).digest()
+    assert headers["content-disposition"] == "attachment; filename*=UTF-8''blob.bin"
+    assert int(headers["content-length"]) == len(body)
+
+    status, headers, _ = browser.post("/object/delete", {"bucket": bucket, "key": "dir/sub/blob.bin", "csrf": token})
+    assert status == 303 and headers["location"] == "/objects" + q(bucket=bucket, prefix="dir/sub/")
+    assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
+
+
+def test_html_in_names_and_metadata_is_shown_as_text(browser, bucket, s3):
+    key = 'x/<img src=q onerror=alert("k")>&amp;.txt'
+    s3.put_object(Bucket=bucket, Key=key, Body=b"hi", Metadata={"note": "<img src=x onerror=alert(1)>"})
+    for path in ("/objects" + q(bucket=bucket, prefix="x/"), "/object" + q(bucket=bucket, key=key)):
+        status, _, page = browser.get(path)
+        assert status == 200
+        assert "<img src=q" not in page and "<img src=x" not in page, page
+        assert "&lt;img src=q onerror=alert(&quot;k&quot;)&gt;&amp;amp;.txt" in page, page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in browser.get("/object" + q(bucket=bucket, key=key))[2]
+
+
+def test_dot_dot_names_are_object_keys_and_bad_buckets_are_refused(browser, bucket, s3, tmp_path):
+    token = browser.csrf()
+    key = "../../../../etc/passwd"
+    before = open("/etc/passwd", "rb").read()
+    status, _, answer = browser.request("PUT", "/upload" + q(bucket=bucket, key=key), b"not a passwd file",
+                                        {"x-csrf-token": token})
+    assert (status, answer) == (200, b"ok")
+    assert open("/etc/passwd", "rb").read() == before, "keys never become paths"
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"not a passwd file"
+    status, headers, got = browser.request("GET", "/download" + q(bucket=bucket, key=key))
+    assert status == 200 and got == b"not a passwd file"
+    assert headers["content-disposition"] == "attachment; filename*=UTF-8''passwd"
+    for bad in ("../etc", "..", ".tessera-access-keys", "a/b"):
+        status, _, page = browser.get("/objects" + q(bucket=bad))
+        assert status in (400, 403, 404), (bad, status)
+        assert "root:" not in page
+    status, _, page = browser.get("/object" + q(bucket=bucket, key="no/such/key"))
+    assert status == 404
+
+
+def test_a_scoped_key_sees_and_does_only_what_it_may(cluster, s3, bucket):
+    other = unique_bucket_name("console-other")
+    s3.create_bucket(Bucket=other)
+    s3.put_object(Bucket=bucket, Key="mine.txt", Body=b"mine")
+    made = create_key(cluster, "--bucket", bucket, "--read-only")
+    b = Browser(cluster.console_url)
+    status, _, _ = b.login(made["access_key"], made["secret_key"])
+    assert status == 303
+    status, _, page = b.get("/buckets")
+    assert bucket in page and other not in page and "Create bucket" not in page
+    token = b.csrf()
+    status, _, page = b.get("/objects" + q(bucket=other))
+    assert status == 403 and made["access_key"] in page
+    status, _, page = b.get("/objects" + q(bucket=bucket))
+    assert status == 200 and "mine.txt" in page and 'id="upload"' not in page, "no upload for a reader"
+    status, _, answer = b.request("PUT", "/upload" + q(bucket=bucket, key="no.txt"), b"x", {"x-csrf-token": token})
+    assert status == 403 and b"may not write" in answer
+    status, _, _ = b.post("/object/delete", {"bucket": bucket, "key": "mine.txt", "csrf": token})
+    assert status == 403
+    status, _, _ = b.post("/buckets/create", {"bucket": unique_bucket_name("by-reader"), "csrf": token})
+    assert status == 403
+    assert s3.get_object(Bucket=bucket, Key="mine.txt")["Body"].read() == b"mine"
+
+    # Revoking the key ends its sessions (checked every 5 s).
+    tessera_key(cluster, "revoke", made["access_key"])
+    deadline = time.monotonic() + 15
+    while b.get("/buckets")[0] == 200:
+        assert time.monotonic() < deadline, "the revoked key's session still works"
+        time.sleep(0.5)
+    assert b.get("/buckets")[1]["location"] == "/login"
+
+
+def test_listings_page_and_fold_folders(browser, bucket, s3):
+    keys = [f"flat/{i:04d}" for i in range(PAGE_ROWS + 20)] + [f"deep/{i}/x" for i in range(3)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: s3.put_object(Bucket=bucket, Key=k, Body=b"."), keys))
+    status, _, page = browser.get("/objects" + q(bucket=bucket))
+    assert re.findall(r">(deep/|flat/)<", page) == ["deep/", "flat/"], "each folder once"
+    status, _, page = browser.get("/objects" + q(bucket=bucket, prefix="flat/"))
+    shown = re.findall(r">(\d{4})<", page)
+    assert shown == [f"{i:04d}" for i in range(PAGE_ROWS)]
+    after = re.search(r'id="next" href="([^"]+)"', page).group(1).replace("&amp;", "&")
+    status, _, page = browser.get(after)
+    assert re.findall(r">(\d{4})<", page) == [f"{i:04d}" for i in range(PAGE_ROWS, PAGE_ROWS + 20)]
+    assert 'id="next"' not in page
+    status, _, page = browser.get("/objects" + q(bucket=bucket, prefix="deep/"))
+    assert re.findall(r">(\d/)<", page) == ["0/", "1/", "2/"]
+
+
+def test_a_session_expires(cluster, tmp_path):
+    s3_port = _free_port_range(2)
+    console = f"127.0.0.1:{s3_port + 1}"
+    proc = cluster.spawn_extra(
+        "gateway-short-sessions",
+        ["gateway", "--config", str(cluster.config), "--listen", f"127.0.0.1:{s3_port}",
+         "--console-listen", console, "--console-session-ttl", "2s"],
+        {"TESSERA_ACCESS_KEY": cluster.access_key, "TESSERA_SECRET_KEY": cluster.secret_key},
+    )
+    try:
+        _wait_tcp(s3_port, proc, "gateway-short-sessions", cluster.log_path("gateway-short-sessions"),
+                  time.monotonic() + 20)
+        b = Browser(f"http://{console}")
+        status, headers, _ = b.login(cluster.access_key, cluster.secret_key)
+        assert status == 303 and "Max-Age=2" in headers["set-cookie"]
+        assert b.get("/buckets")[0] == 200
+        time.sleep(2.5)
+        status, headers, _ = b.get("/buckets")
+        assert status == 303 and headers["location"] == "/login", "the session expired"
+    finally:
+        cluster.stop_extra("gateway-short-sessions")
