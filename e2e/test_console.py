@@ -1,14 +1,14 @@
 """The web console (`tessera gateway --console-listen`) over HTTP, as a browser would use it:
 login with S3 credentials, the session cookie and CSRF rules, buckets, the object browser,
-uploads and downloads, and bad input (forged tokens, other origins, HTML and `..` in names).
-
-A browser session in a real Chromium comes on top of these in its own test."""
+uploads and downloads, and bad input (forged tokens, other origins, HTML and `..` in names,
+cut uploads, rebound host names, planted cookies)."""
 
 from __future__ import annotations
 
 import hashlib
 import http.client
 import re
+import socket
 import subprocess
 import time
 import urllib.parse
@@ -108,11 +108,30 @@ def test_login_sets_a_strict_http_only_cookie_and_wrong_credentials_get_none(clu
     status, _, page = b.get("/buckets")
     assert status == 200 and cluster.access_key in page and cluster.secret_key not in page
 
-    # A login posted from another site is refused (login CSRF).
+    # A login posted from another site, or without saying where from, is refused (login CSRF).
     other = Browser(cluster.console_url)
-    status, _, _ = other.post("/login", {"access_key": cluster.access_key, "secret_key": cluster.secret_key},
-                              origin="http://evil.example")
-    assert status == 403
+    for origin in ("http://evil.example", "null", None):
+        status, headers, _ = other.post("/login", {"access_key": cluster.access_key, "secret_key": cluster.secret_key},
+                                        origin=origin)
+        assert status == 403 and "set-cookie" not in headers, origin
+
+    # A page of another site whose name was rebound to 127.0.0.1 names its own host: refused.
+    status, _, _ = b.request("GET", "/buckets", headers={"Host": f"evil.example:{b.port}"})
+    assert status == 421
+
+    # Two session cookies (another site on this host can plant one for a narrower path): none.
+    planted = Browser(cluster.console_url)
+    status, headers, _ = planted.request("GET", "/buckets",
+                                         headers={"Cookie": f"tessera_console={'a' * 64}; tessera_console={b.cookie}"})
+    assert status == 303 and headers["location"] == "/login"
+
+    # Logging in again ends the session before.
+    before = b.cookie
+    b.login(cluster.access_key, cluster.secret_key)
+    assert b.cookie != before
+    stale = Browser(cluster.console_url)
+    stale.cookie = before
+    assert stale.get("/buckets")[0] == 303
 
 
 def test_every_change_needs_this_sessions_token_and_origin(cluster, browser, s3):
@@ -186,6 +205,40 @@ def test_upload_browse_download_and_delete_byte_exact(cluster, browser, bucket, 
     status, headers, _ = browser.post("/object/delete", {"bucket": bucket, "key": "dir/sub/blob.bin", "csrf": token})
     assert status == 303 and headers["location"] == "/objects" + q(bucket=bucket, prefix="dir/sub/")
     assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
+
+
+def test_multipart_objects_download_whole_and_cut_uploads_store_nothing(browser, bucket, s3):
+    part = data(5 * 1024 * 1024 + 100, seed=72)
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="big/mp.bin")["UploadId"]
+    etags = [s3.upload_part(Bucket=bucket, Key="big/mp.bin", UploadId=upload, PartNumber=n, Body=part[: len(part) - n])["ETag"]
+             for n in (1, 2)]
+    s3.complete_multipart_upload(Bucket=bucket, Key="big/mp.bin", UploadId=upload, MultipartUpload={
+        "Parts": [{"PartNumber": n, "ETag": etag} for n, etag in zip((1, 2), etags)]})
+    status, _, page = browser.get("/object" + q(bucket=bucket, key="big/mp.bin"))
+    assert status == 200 and 'id="parts"' in page and 'id="chunks"' not in page, "no single chunk table for parts"
+    status, _, got = browser.request("GET", "/download" + q(bucket=bucket, key="big/mp.bin"))
+    assert status == 200 and got == part[:-1] + part[:-2]
+
+    # A body that ends before its Content-Length: nothing stored.
+    token = browser.csrf()
+    conn = http.client.HTTPConnection(browser.host, browser.port, timeout=30)
+    conn.putrequest("PUT", "/upload" + q(bucket=bucket, key="cut.bin"))
+    for name, value in [("Cookie", f"tessera_console={browser.cookie}"), ("Origin", browser.origin),
+                        ("x-csrf-token", token), ("Content-Length", str(1 << 20))]:
+        conn.putheader(name, value)
+    conn.endheaders()
+    conn.send(b"x" * 1000)
+    conn.sock.shutdown(socket.SHUT_WR)
+    try:
+        conn.getresponse().read()
+    except (OSError, http.client.HTTPException):
+        pass  # the console may close without an answer
+    conn.close()
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="cut")["KeyCount"] == 0
+
+    # The upload target is the folder shown, not a search's partial name.
+    status, _, page = browser.get("/objects" + q(bucket=bucket, prefix="big/m"))
+    assert 'data-prefix="big/"' in page, page
 
 
 def test_html_in_names_and_metadata_is_shown_as_text(browser, bucket, s3):

@@ -164,7 +164,8 @@ def test_up_serves_the_web_console_with_the_printed_credentials(up):
     assert f"Web console: {console}" in banner, banner
     conn = http.client.HTTPConnection("127.0.0.1", up.console_port, timeout=10)
     body = f"access_key={ACCESS_KEY}&secret_key={SECRET_KEY}"
-    conn.request("POST", "/login", body=body, headers={"Content-Type": "application/x-www-form-urlencoded"})
+    conn.request("POST", "/login", body=body, headers={
+        "Content-Type": "application/x-www-form-urlencoded", "Origin": f"http://127.0.0.1:{up.console_port}"})
     answer = conn.getresponse()
     answer.read()
     assert answer.status == 303 and answer.getheader("location") == "/buckets"

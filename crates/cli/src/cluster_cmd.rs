@@ -418,6 +418,7 @@ fn check_up_ports(map: &ClusterMap, s3: SocketAddr, extra: UpExtras) -> anyhow::
             taken.push((up_metrics_addr(base, Some(i))?, format!("node {}'s metrics", node.id)));
         }
     }
+    taken.retain(|(addr, _)| addr.port() != 0); // port 0: the system picks a free one
     for (i, (addr, what)) in taken.iter().enumerate() {
         let same_port = |other: &SocketAddr| {
             other.port() == addr.port()

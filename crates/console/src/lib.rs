@@ -38,11 +38,18 @@ pub const PAGE_ROWS: usize = 500;
 /// Listings one page of the object browser makes at most (each skips past a folder or reads
 /// up to [`PAGE_ROWS`] keys).
 const LISTINGS_PER_PAGE_MAX: usize = 100;
-/// Objects a bucket's count and size are summed over on the buckets page; past it the page
-/// says "at least".
-pub const BUCKET_COUNT_MAX: usize = 10_000;
+/// Objects a bucket's count and size are summed over on the buckets page (one listing); past
+/// it the page says "at least".
+pub const BUCKET_COUNT_MAX: usize = 1_000;
 /// Buckets whose objects the buckets page counts; the others show no count.
-const BUCKETS_COUNTED_MAX: usize = 50;
+const BUCKETS_COUNTED_MAX: usize = 20;
+/// Time a browser has to send a whole form, and the longest pause inside an upload's body.
+const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Key lookups in the cluster (logins, session checks) at once; more wait.
+const KEY_LOOKUPS_MAX: usize = 8;
+/// How long a scoped key's session lives on when its key cannot be checked (the cluster does
+/// not answer); past it the session ends, so a revocation is never missed for longer.
+const KEY_CHECK_GRACE: Duration = Duration::from_secs(30);
 /// Bytes a download reads from the cluster at a time (memory per download).
 const DOWNLOAD_WINDOW: usize = 4 << 20;
 /// Pause after a failed login (slows guessing; the secret space makes guessing hopeless anyway).
@@ -101,6 +108,9 @@ impl std::fmt::Debug for Console {
 struct State {
     client: client::Client,
     keys: KeyStore,
+    key_lookups: tokio::sync::Semaphore,
+    /// Host names the console answers to (DNS rebinding): empty means any.
+    hosts: Vec<String>,
     sessions: Sessions,
     root_access_key: String,
     root_secret_key: String,
@@ -111,8 +121,11 @@ impl Console {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| Error::Bind { addr: config.listen, source })?;
+        let local = listener.local_addr().map_err(|source| Error::Bind { addr: config.listen, source })?;
         let state = State {
             keys: KeyStore::new(client.clone()),
+            key_lookups: tokio::sync::Semaphore::new(KEY_LOOKUPS_MAX),
+            hosts: allowed_hosts(local),
             client,
             sessions: Sessions::new(config.session_ttl),
             root_access_key: config.root_access_key,
@@ -162,6 +175,21 @@ impl Console {
             });
         }
     }
+}
+
+/// The host names a console on `local` answers to: on a loopback address only loopback names
+/// (a page of another site whose name was rebound to 127.0.0.1 is refused); elsewhere any.
+fn allowed_hosts(local: SocketAddr) -> Vec<String> {
+    if !local.ip().is_loopback() {
+        return Vec::new();
+    }
+    let ip = match local.ip() {
+        std::net::IpAddr::V4(ip) => ip.to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+    };
+    let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "[::1]".into(), ip];
+    hosts.dedup();
+    hosts.into_iter().map(|host| format!("{host}:{}", local.port())).collect()
 }
 
 type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
@@ -215,22 +243,33 @@ pub(crate) fn query(pairs: &[(&str, &str)]) -> String {
     out.finish()
 }
 
-/// The session id in the request's cookie.
+/// The session id in the request's cookie. Several session cookies (another site on this host
+/// can set one for a narrower path: cookies are not scoped by port) mean no session.
 fn cookie_session(request: &Request<hyper::body::Incoming>) -> Option<String> {
-    request
+    let mut ids = request
         .headers()
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value.to_owned())
+        .filter(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.to_owned());
+    let id = ids.next()?;
+    ids.next().is_none().then_some(id)
+}
+
+/// Whether the request names a host the console answers to ([`allowed_hosts`]).
+fn host_allowed(state: &State, request: &Request<hyper::body::Incoming>) -> bool {
+    let host = request.headers().get(header::HOST).and_then(|v| v.to_str().ok());
+    state.hosts.is_empty() || host.is_some_and(|host| state.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)))
 }
 
 /// Whether a state-changing request comes from the console's own pages: browsers send
-/// `Origin` on POST and on script requests; its host must be the request's `Host`.
-fn same_origin(request: &Request<hyper::body::Incoming>) -> bool {
+/// `Origin` on POST and on script requests; its host must be the request's `Host`. Without
+/// `Origin` it is no browser's cross-site request, and the CSRF token still has to match,
+/// unless `origin_required` (the login, which has no token yet).
+fn same_origin(request: &Request<hyper::body::Incoming>, origin_required: bool) -> bool {
     let host = request.headers().get(header::HOST).and_then(|v| v.to_str().ok());
     let origin = request.headers().get(header::ORIGIN).and_then(|v| v.to_str().ok());
     match (host, origin) {
@@ -238,9 +277,7 @@ fn same_origin(request: &Request<hyper::body::Incoming>) -> bool {
             let origin_host = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://"));
             origin_host == Some(host)
         }
-        // No Origin: not a browser's cross-site request (they all send it on POST now); the
-        // CSRF token still has to match.
-        (Some(_), None) => true,
+        (Some(_), None) => !origin_required,
         (None, _) => false,
     }
 }
@@ -248,9 +285,10 @@ fn same_origin(request: &Request<hyper::body::Incoming>) -> bool {
 /// Reads a urlencoded form body of at most [`FORM_BYTES_MAX`].
 async fn form(request: Request<hyper::body::Incoming>) -> Result<Vec<(String, String)>, Response<Body>> {
     let limited = http_body_util::Limited::new(request.into_body(), FORM_BYTES_MAX);
-    let bytes = match limited.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(_) => return Err(error_page(StatusCode::PAYLOAD_TOO_LARGE, "The form is too large.")),
+    let bytes = match tokio::time::timeout(BODY_IDLE_TIMEOUT, limited.collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(_)) => return Err(error_page(StatusCode::PAYLOAD_TOO_LARGE, "The form is too large.")),
+        Err(_) => return Err(error_page(StatusCode::REQUEST_TIMEOUT, "The form took too long to arrive.")),
     };
     Ok(form_urlencoded::parse(&bytes).into_owned().collect())
 }
@@ -271,24 +309,40 @@ async fn session_of(state: &State, request: &Request<hyper::body::Incoming>) -> 
     if let Who::Scoped(key) = &session.who
         && session.checked.elapsed() >= session::KEY_RECHECK
     {
+        let _permit = state.key_lookups.acquire().await.expect("the semaphore is never closed");
         match state.keys.find(&key.id).await {
             Ok(Some(_)) => state.sessions.checked(&id),
             Ok(None) | Err(access::Error::Unsealable { .. } | access::Error::BadRecord { .. }) => {
                 state.sessions.remove(&id);
                 return None;
             }
-            // The cluster cannot say now: keep the session until it can.
-            Err(e) => tracing::warn!("console: cannot check access key {}: {e}", key.id),
+            // The cluster cannot say now: the session lives on for a grace period only.
+            Err(e) if session.checked.elapsed() < KEY_CHECK_GRACE => {
+                tracing::warn!("console: cannot check access key {}: {e}", key.id);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "console: ending a session of access key {}: no check for {KEY_CHECK_GRACE:?}: {e}",
+                    key.id
+                );
+                state.sessions.remove(&id);
+                return None;
+            }
         }
     }
     Some((id, session))
 }
 
 async fn route(state: &State, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    if !host_allowed(state, &request) {
+        return error_page(StatusCode::MISDIRECTED_REQUEST, "This console answers to its own address only.");
+    }
     let path = request.uri().path().to_owned();
     let method = request.method().clone();
     match (&method, path.as_str()) {
-        (&Method::GET, "/assets/console.css") => cached(respond(StatusCode::OK, "text/css; charset=utf-8", full(CONSOLE_CSS))),
+        (&Method::GET, "/assets/console.css") => {
+            cached(respond(StatusCode::OK, "text/css; charset=utf-8", full(CONSOLE_CSS)))
+        }
         (&Method::GET, "/assets/console.js") => {
             cached(respond(StatusCode::OK, "text/javascript; charset=utf-8", full(CONSOLE_JS)))
         }
@@ -301,8 +355,11 @@ async fn route(state: &State, request: Request<hyper::body::Incoming>) -> Respon
                     _ => error_page(StatusCode::UNAUTHORIZED, "Your session has ended: log in again."),
                 };
             };
-            if method != Method::GET && !same_origin(&request) {
-                return error_page(StatusCode::FORBIDDEN, "Refused: the request did not come from the console's pages.");
+            if method != Method::GET && !same_origin(&request, false) {
+                return error_page(
+                    StatusCode::FORBIDDEN,
+                    "Refused: the request did not come from the console's pages.",
+                );
             }
             authenticated(state, request, &id, &session, &method, &path).await
         }
@@ -349,7 +406,10 @@ async fn authenticated(
                 Err(response) => return response,
             };
             if !session::same(field(&form, "csrf"), &session.csrf) {
-                return error_page(StatusCode::FORBIDDEN, "Refused: the form's token is not this session's. Reload the page.");
+                return error_page(
+                    StatusCode::FORBIDDEN,
+                    "Refused: the form's token is not this session's. Reload the page.",
+                );
             }
             match path {
                 "/logout" => {
@@ -362,7 +422,9 @@ async fn authenticated(
                 "/buckets/delete" => {
                     delete_bucket(state, &session.who, field(&form, "bucket"), field(&form, "confirm")).await
                 }
-                "/object/delete" => delete_object(state, &session.who, field(&form, "bucket"), field(&form, "key")).await,
+                "/object/delete" => {
+                    delete_object(state, &session.who, field(&form, "bucket"), field(&form, "key")).await
+                }
                 _ => error_page(StatusCode::NOT_FOUND, "No such page."),
             }
         }
@@ -377,9 +439,10 @@ fn set_cookie(response: &mut Response<Body>, value: &str, max_age: Duration) {
 }
 
 async fn login(state: &State, request: Request<hyper::body::Incoming>) -> Response<Body> {
-    if !same_origin(&request) {
+    if !same_origin(&request, true) {
         return error_page(StatusCode::FORBIDDEN, "Refused: the request did not come from the console's pages.");
     }
+    let previous = cookie_session(&request);
     let form = match form(request).await {
         Ok(form) => form,
         Err(response) => return response,
@@ -388,12 +451,16 @@ async fn login(state: &State, request: Request<hyper::body::Incoming>) -> Respon
     let who = if session::same(access_key, &state.root_access_key) {
         session::same(secret_key, &state.root_secret_key).then(|| Who::Root { access_key: access_key.to_owned() })
     } else {
+        let _permit = state.key_lookups.acquire().await.expect("the semaphore is never closed");
         match state.keys.find(access_key).await {
             Ok(Some((key, secret))) if session::same(secret_key, secret.expose()) => Some(Who::Scoped(Arc::new(key))),
             Ok(_) => None,
             Err(access::Error::Cluster(e)) => {
                 tracing::warn!("console login: cannot look up an access key: {e}");
-                return page(StatusCode::SERVICE_UNAVAILABLE, pages::login(Some("The cluster cannot be read now; retry later.")));
+                return page(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    pages::login(Some("The cluster cannot be read now; retry later.")),
+                );
             }
             Err(e) => {
                 tracing::error!("console login: refusing access key {access_key}: {e}");
@@ -402,11 +469,16 @@ async fn login(state: &State, request: Request<hyper::body::Incoming>) -> Respon
         }
     };
     let Some(who) = who else {
-        tracing::info!("console: failed login for access key {access_key:?}");
+        // The typed id only when it is one of ours: a secret pasted in the wrong field stays out.
+        let shown = if access::is_key_id(access_key) { access_key } else { "(not a key id)" };
+        tracing::info!("console: failed login for access key {shown}");
         tokio::time::sleep(LOGIN_FAILURE_PAUSE).await;
         return page(StatusCode::UNAUTHORIZED, pages::login(Some("Wrong access key or secret key.")));
     };
     tracing::info!("console: {} logged in", who.access_key());
+    if let Some(previous) = previous {
+        state.sessions.remove(&previous); // a new login never keeps the old session
+    }
     let id = state.sessions.create(who);
     let mut response = redirect("/buckets");
     set_cookie(&mut response, &id, state.sessions.ttl());
@@ -422,6 +494,11 @@ fn client_error(error: &client::Error) -> Response<Body> {
             (StatusCode::BAD_REQUEST, error.to_string())
         }
         E::DiskFull { .. } => (StatusCode::INSUFFICIENT_STORAGE, "The cluster is out of space.".to_owned()),
+        // An upload whose body broke off (or paused too long): nothing was stored.
+        E::Source(e) => {
+            tracing::debug!("console: an upload ended early: {e}");
+            (StatusCode::BAD_REQUEST, "The upload ended early; nothing was stored.".to_owned())
+        }
         _ => {
             tracing::warn!("console: {error}");
             (StatusCode::SERVICE_UNAVAILABLE, "The cluster could not serve this now; retry later.".to_owned())
@@ -452,22 +529,12 @@ async fn buckets(state: &State, view: &pages::View<'_>) -> Response<Body> {
 /// Objects and bytes of `bucket`, summed over at most [`BUCKET_COUNT_MAX`] objects (the flag
 /// says whether there are more).
 async fn bucket_usage(client: &client::Client, bucket: &str) -> Option<pages::Usage> {
-    let mut usage = pages::Usage::default();
-    let mut after = String::new();
-    loop {
-        let want = u32::try_from(BUCKET_COUNT_MAX - usage.objects).expect("small");
-        let listed = client.list(bucket, "", &after, want.max(1)).await.ok()?;
-        usage.objects += listed.entries.len();
-        usage.bytes += listed.entries.iter().map(|e| e.size).sum::<u64>();
-        match listed.next_start_after {
-            Some(next) if usage.objects < BUCKET_COUNT_MAX => after = next,
-            Some(_) => {
-                usage.more = true;
-                return Some(usage);
-            }
-            None => return Some(usage),
-        }
-    }
+    let listed = client.list(bucket, "", "", u32::try_from(BUCKET_COUNT_MAX).expect("small")).await.ok()?;
+    Some(pages::Usage {
+        objects: listed.entries.len(),
+        bytes: listed.entries.iter().map(|e| e.size).sum(),
+        more: listed.next_start_after.is_some(),
+    })
 }
 
 async fn create_bucket(state: &State, who: &Who, bucket: &str) -> Response<Body> {
@@ -626,7 +693,10 @@ async fn upload(state: &State, session: &Session, request: Request<hyper::body::
     let text = |status, message: String| respond(status, "text/plain; charset=utf-8", full(message));
     let token = request.headers().get("x-csrf-token").and_then(|v| v.to_str().ok()).unwrap_or("");
     if !session::same(token, &session.csrf) {
-        return text(StatusCode::FORBIDDEN, "refused: the upload's token is not this session's; reload the page".into());
+        return text(
+            StatusCode::FORBIDDEN,
+            "refused: the upload's token is not this session's; reload the page".into(),
+        );
     }
     let bucket = param(&request, "bucket").unwrap_or_default();
     let key = param(&request, "key").unwrap_or_default();
@@ -636,10 +706,18 @@ async fn upload(state: &State, session: &Session, request: Request<hyper::body::
     }
     let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let frames = http_body_util::BodyStream::new(request.into_body());
+    // Each frame must come within BODY_IDLE_TIMEOUT: a stalled upload gives its slot back.
+    let frames = futures_util::stream::unfold(frames, |mut frames| async move {
+        match tokio::time::timeout(BODY_IDLE_TIMEOUT, futures_util::StreamExt::next(&mut frames)).await {
+            Ok(Some(frame)) => Some((frame.map_err(std::io::Error::other), frames)),
+            Ok(None) => None,
+            Err(_) => Some((Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the upload stalled")), frames)),
+        }
+    });
     let data = futures_util::StreamExt::filter_map(frames, |frame| async move {
         match frame {
             Ok(frame) => frame.into_data().ok().map(Ok),
-            Err(e) => Some(Err(std::io::Error::other(e))),
+            Err(e) => Some(Err(e)),
         }
     });
     let mut reader = tokio_util::io::StreamReader::new(Box::pin(data));
@@ -651,10 +729,13 @@ async fn upload(state: &State, session: &Session, request: Request<hyper::body::
         }
         Err(e) => {
             let status = client_error(&e).status();
-            let message = if status == StatusCode::SERVICE_UNAVAILABLE {
-                "the cluster could not store it now; retry later".to_owned()
-            } else {
-                e.to_string()
+            let message = match &e {
+                client::Error::InvalidName(_)
+                | client::Error::NoSuchBucket { .. }
+                | client::Error::ObjectTooLarge { .. } => e.to_string(),
+                client::Error::Source(_) => "the upload ended early; nothing was stored".to_owned(),
+                client::Error::DiskFull { .. } => "the cluster is out of space".to_owned(),
+                _ => "the cluster could not store it now; retry later".to_owned(),
             };
             text(status, message)
         }

@@ -177,6 +177,12 @@ fn breadcrumbs(bucket: &str, prefix: &str) -> Markup {
 
 pub(crate) fn objects(view: &View<'_>, bucket: &str, prefix: &str, rows: &[Row], more: Option<&str>) -> Markup {
     let writable = view.who.allows(Some(bucket), access::Action::Write);
+    // Uploads land in the folder shown, not under a search's partial name.
+    let folder = prefix.rfind('/').map_or("", |at| &prefix[..=at]);
+    let name = |key: &str| -> String {
+        let shown = key.strip_prefix(prefix).unwrap_or(key);
+        if shown.is_empty() { key.to_owned() } else { shown.to_owned() }
+    };
     shell(
         bucket,
         Some(view),
@@ -188,7 +194,7 @@ pub(crate) fn objects(view: &View<'_>, bucket: &str, prefix: &str, rows: &[Row],
                 button type="submit" { "Search" }
             }
             @if writable {
-                section id="upload" data-bucket=(bucket) data-prefix=(prefix) data-csrf=(view.csrf) {
+                section id="upload" data-bucket=(bucket) data-prefix=(folder) data-csrf=(view.csrf) {
                     p.drop { "Drop files here, or " input id="files" type="file" multiple; }
                     ul id="uploads" {}
                 }
@@ -199,11 +205,11 @@ pub(crate) fn objects(view: &View<'_>, bucket: &str, prefix: &str, rows: &[Row],
                     @for row in rows {
                         @match row {
                             Row::Folder(folder) => tr.folder {
-                                td { a href={ "/objects" (query(&[("bucket", bucket), ("prefix", folder)])) } { (folder.strip_prefix(prefix).unwrap_or(folder)) } }
+                                td { a href={ "/objects" (query(&[("bucket", bucket), ("prefix", folder)])) } { (name(folder)) } }
                                 td {} td {}
                             },
                             Row::Object(entry) => tr {
-                                td { a href={ "/object" (query(&[("bucket", bucket), ("key", &entry.key)])) } { (entry.key.strip_prefix(prefix).unwrap_or(&entry.key)) } }
+                                td { a href={ "/object" (query(&[("bucket", bucket), ("key", &entry.key)])) } { (name(&entry.key)) } }
                                 td.num { (bytes(entry.size)) }
                                 td { (time(entry.modified_ms)) }
                             },
@@ -243,8 +249,8 @@ pub(crate) fn object(view: &View<'_>, info: &client::ObjectInfo) -> Markup {
             }
             h2 { "Chunk placement" }
             @if !meta.parts.is_empty() {
-                p { "A multipart object of " (meta.parts.len()) " parts; each part is an erasure-coded piece with its own placement." }
-            }
+                p id="parts" { "A multipart object of " (meta.parts.len()) " parts: each part is an erasure-coded piece of its own, placed by its own key (possibly in another erasure set), so no one table describes it." }
+            } @else {
             table id="chunks" {
                 thead { tr { th { "Position" } th { "Node" } th { "Drive" } th { "Data chunks" } th { "Parity chunks" } th { "Stripe 0" } th { "Metadata" } } }
                 tbody {
@@ -267,6 +273,7 @@ pub(crate) fn object(view: &View<'_>, info: &client::ObjectInfo) -> Markup {
                         }
                     }
                 }
+            }
             }
             @if writable {
                 form.inline method="post" action="/object/delete" {

@@ -9,6 +9,9 @@ use access::AccessKey;
 
 /// Sessions held at once; at the bound, expired ones are dropped first, then the oldest.
 pub(crate) const SESSIONS_MAX: usize = 10_000;
+/// Sessions of one access key at once; a new login past it ends that key's oldest session, so
+/// one identity can never push out the others'.
+pub(crate) const SESSIONS_PER_KEY_MAX: usize = 64;
 /// How often a scoped key's session checks that the key still exists (a revoked key's
 /// sessions end within this).
 pub(crate) const KEY_RECHECK: Duration = Duration::from_secs(5);
@@ -73,6 +76,15 @@ impl Sessions {
     pub(crate) fn create(&self, who: Who) -> String {
         let now = Instant::now();
         let mut by_id = self.by_id.lock().expect("sessions lock poisoned");
+        let mine: Vec<(Instant, String)> = by_id
+            .iter()
+            .filter(|(_, s)| s.who.access_key() == who.access_key())
+            .map(|(id, s)| (s.expires, id.clone()))
+            .collect();
+        if mine.len() >= SESSIONS_PER_KEY_MAX {
+            let oldest = mine.into_iter().min().map(|(_, id)| id).expect("at least one");
+            by_id.remove(&oldest);
+        }
         if by_id.len() >= SESSIONS_MAX {
             by_id.retain(|_, session| session.expires > now);
         }
@@ -131,12 +143,18 @@ mod tests {
         std::thread::sleep(Duration::from_millis(60));
         assert!(sessions.get(&id).is_none(), "expired");
         let long = Sessions::new(Duration::from_secs(60));
-        let first = long.create(Who::Root { access_key: "root".into() });
-        for _ in 0..SESSIONS_MAX {
-            long.create(Who::Root { access_key: "root".into() });
+        let root = long.create(Who::Root { access_key: "root".into() });
+        let first = long.create(Who::Root { access_key: "other".into() });
+        for _ in 0..SESSIONS_PER_KEY_MAX {
+            long.create(Who::Root { access_key: "other".into() });
+        }
+        assert_eq!(long.by_id.lock().unwrap().len(), SESSIONS_PER_KEY_MAX + 1);
+        assert!(long.get(&first).is_none(), "that key's oldest made room");
+        assert!(long.get(&root).is_some(), "another key's session is untouched");
+        for i in 0..SESSIONS_MAX {
+            long.create(Who::Root { access_key: format!("key-{i}") });
         }
         assert_eq!(long.by_id.lock().unwrap().len(), SESSIONS_MAX);
-        assert!(long.get(&first).is_none(), "the oldest made room");
     }
 
     #[test]
