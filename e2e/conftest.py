@@ -426,6 +426,20 @@ def make_client(cluster: Cluster) -> ClientFactory:
 
 
 @pytest.fixture
+def localhost_subdomains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`BUCKET.localhost` resolves to 127.0.0.1 in this test (virtual-host style addressing
+    against the gateway, whose base domain is localhost)."""
+    real_getaddrinfo = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):
+        if isinstance(host, str) and host.endswith(".localhost"):
+            host = "127.0.0.1"
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+
+
+@pytest.fixture
 def s3(make_client: ClientFactory):
     """A boto3 client of its own per test, so no pooled connection outlives a test."""
     return make_client()

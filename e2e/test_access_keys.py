@@ -8,7 +8,6 @@ is AccessDenied, and a revoked key stops working.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 
@@ -119,7 +118,7 @@ def test_a_read_write_key_writes_in_its_bucket_but_copies_only_from_buckets_it_r
     tessera_key(cluster, "revoke", made["access_key"])
 
 
-def test_batch_deletes_part_copies_and_upload_listings_stay_in_scope(cluster, make_client, two_buckets, monkeypatch):
+def test_batch_deletes_part_copies_and_upload_listings_stay_in_scope(cluster, make_client, two_buckets, localhost_subdomains):
     mine, other = two_buckets
     reader = create_key(cluster, "--bucket", mine, "--bucket", other, "--read-only")
     writer = create_key(cluster, "--bucket", mine)
@@ -151,14 +150,6 @@ def test_batch_deletes_part_copies_and_upload_listings_stay_in_scope(cluster, ma
     root.abort_multipart_upload(Bucket=other, Key="theirs.bin", UploadId=theirs)
 
     # Virtual-host style addressing names the bucket in the Host header: the same scope.
-    real_getaddrinfo = socket.getaddrinfo
-
-    def resolve_localhost_subdomains(host, *args, **kwargs):
-        if isinstance(host, str) and host.endswith(".localhost"):
-            host = "127.0.0.1"
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", resolve_localhost_subdomains)
     port = cluster.endpoint.rsplit(":", 1)[1]
     vhost = make_client(writer["access_key"], writer["secret_key"], addressing_style="virtual",
                         endpoint_url=f"http://localhost:{port}")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -149,16 +148,8 @@ def test_keys_with_special_characters_round_trip_through_put_get_list(s3, bucket
     assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == keys
 
 
-def test_virtual_hosted_style_requests_address_the_bucket_by_host(make_client, cluster, bucket, monkeypatch):
+def test_virtual_hosted_style_requests_address_the_bucket_by_host(make_client, cluster, bucket, localhost_subdomains):
     """`BUCKET.localhost:PORT` names the bucket (the gateway's base domain is localhost)."""
-    real_getaddrinfo = socket.getaddrinfo
-
-    def resolve_localhost_subdomains(host, *args, **kwargs):
-        if isinstance(host, str) and host.endswith(".localhost"):
-            host = "127.0.0.1"
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", resolve_localhost_subdomains)
     port = cluster.endpoint.rsplit(":", 1)[1]
     s3v = make_client(endpoint_url=f"http://localhost:{port}", addressing_style="virtual")
     body = data(300 * KIB, seed=15)

@@ -487,8 +487,14 @@ async fn login(state: &State, request: Request<hyper::body::Incoming>) -> Respon
 
 /// A client error as a page: names the user's mistakes, hides the cluster's internals.
 fn client_error(error: &client::Error) -> Response<Body> {
+    let (status, message) = describe(error);
+    error_page(status, &message)
+}
+
+/// The status and the message a person may see for a failed client call (logged here).
+fn describe(error: &client::Error) -> (StatusCode, String) {
     use client::Error as E;
-    let (status, message) = match error {
+    match error {
         E::NoSuchBucket { .. } | E::NotFound { .. } => (StatusCode::NOT_FOUND, error.to_string()),
         E::InvalidName(_) | E::BucketNotEmpty { .. } | E::UploadsInProgress { .. } | E::ObjectTooLarge { .. } => {
             (StatusCode::BAD_REQUEST, error.to_string())
@@ -503,8 +509,7 @@ fn client_error(error: &client::Error) -> Response<Body> {
             tracing::warn!("console: {error}");
             (StatusCode::SERVICE_UNAVAILABLE, "The cluster could not serve this now; retry later.".to_owned())
         }
-    };
-    error_page(status, &message)
+    }
 }
 
 fn forbidden(who: &Who, what: &str) -> Response<Body> {
@@ -728,15 +733,7 @@ async fn upload(state: &State, session: &Session, request: Request<hyper::body::
             text(StatusCode::OK, "ok".into())
         }
         Err(e) => {
-            let status = client_error(&e).status();
-            let message = match &e {
-                client::Error::InvalidName(_)
-                | client::Error::NoSuchBucket { .. }
-                | client::Error::ObjectTooLarge { .. } => e.to_string(),
-                client::Error::Source(_) => "the upload ended early; nothing was stored".to_owned(),
-                client::Error::DiskFull { .. } => "the cluster is out of space".to_owned(),
-                _ => "the cluster could not store it now; retry later".to_owned(),
-            };
+            let (status, message) = describe(&e);
             text(status, message)
         }
     }
