@@ -36,7 +36,10 @@ GROW_SEED = 4
 # faults (which strike the first pool); its nodes are down for the final reads. Seed 7 kills
 # two nodes in the middle of a delete's commit: its marker, left on one of them, read as
 # "absent" over an acknowledged PUT in about one run of three on builds before 1b350b4 (the
-# fix: a reader never takes an unconfirmed marker).
+# fix: a reader never takes an unconfirmed marker). Seed 7 also failed a fresh-clone CI once
+# (2026-11-27): the stale-map client heard from one node only, just as the pool addition's map
+# reached the others, and a ranged GET read the value an acknowledged overwrite had replaced (the
+# fix: too few answers to see every acknowledged version fail the read).
 DECOMMISSION_SEEDS = [4, 7]
 # Reads racing overwrites on a healthy cluster: on 7960c51 they failed (the old data file was
 # unlinked under them); every read must succeed.

@@ -647,6 +647,15 @@ async fn versions_many(
 
 /// The version one set's replies agree on (maybe a delete marker), `None` for a key the set
 /// does not hold, or `Unavailable` with the numbers.
+///
+/// Whatever it chose, the answers must be enough to have seen every acknowledged version: one
+/// is on W drives, so with W or more drives silent it may be on none that answered, and the
+/// version chosen (or "absent") may be older than an acknowledged write. The read fails then
+/// (`crate::may_miss_acknowledged`), as does the mover's look at the key: a ranged read needs
+/// only the chunks it covers, so the chunks of an older version's holder were enough to answer
+/// with it. (Chaos seed 7 of the decommission test: a client with an old map heard only from
+/// the one node the new map had not reached yet, the others refusing its requests or down,
+/// and read the value an acknowledged overwrite had replaced 3 s before.)
 fn choose(
     client: &Client,
     bucket: &str,
@@ -656,43 +665,58 @@ fn choose(
     promote: crate::Promote,
 ) -> Result<Option<ObjectMeta>, Error> {
     let replies = &answers.replies;
-    let drives = client.set_drives(&placement);
     let erasure = client.erasure_at(&placement);
     let k = erasure.k;
+    let write_quorum = erasure.write_quorum();
+    let chosen = choose_version(replies, erasure.marker_quorum(), write_quorum, promote);
+    if crate::may_miss_acknowledged(replies, chosen.as_ref().map(|m| m.version), write_quorum) {
+        let needed = k.max(erasure.n() - write_quorum + 1);
+        return Err(too_few_answered(client, bucket, key, placement, answers, needed));
+    }
     let reachable = replies.iter().filter(|r| r.is_some()).count();
-    let Some(meta) = choose_version(replies, erasure.marker_quorum(), erasure.write_quorum(), promote) else {
-        if reachable < k {
-            let unreachable = drives
-                .iter()
-                .zip(replies)
-                .zip(&answers.why)
-                .filter(|((_, r), _)| r.is_none())
-                .map(|((d, _), why)| {
-                    let node = client.node_id(d.node_idx).to_owned();
-                    let why = match why {
-                        Some(Silence::Failed(error)) => error.clone(),
-                        Some(Silence::Unavailable) => format!(
-                            "node {node}: drive {} cannot answer for the key (being rebuilt, or its metadata unreadable)",
-                            d.drive_idx
-                        ),
-                        None => format!("node {node}: no answer"),
-                    };
-                    FailedNode { node, reason: why }
-                })
-                .collect();
-            return Err(Error::Unavailable {
-                action: "read",
-                bucket: bucket.into(),
-                key: key.into(),
-                available: reachable,
-                total: drives.len(),
-                needed: k,
-                unreachable,
-            });
-        }
-        return Ok(None);
-    };
-    Ok(Some(meta))
+    if chosen.is_none() && reachable < k {
+        return Err(too_few_answered(client, bucket, key, placement, answers, k));
+    }
+    Ok(chosen)
+}
+
+/// A read fails: fewer drives answered than `needed`. Names every silent drive and why.
+fn too_few_answered(
+    client: &Client,
+    bucket: &str,
+    key: &str,
+    placement: Placement,
+    answers: &KeyAnswers,
+    needed: usize,
+) -> Error {
+    let drives = client.set_drives(&placement);
+    let unreachable = drives
+        .iter()
+        .zip(&answers.replies)
+        .zip(&answers.why)
+        .filter(|((_, r), _)| r.is_none())
+        .map(|((d, _), why)| {
+            let node = client.node_id(d.node_idx).to_owned();
+            let why = match why {
+                Some(Silence::Failed(error)) => error.clone(),
+                Some(Silence::Unavailable) => format!(
+                    "node {node}: drive {} cannot answer for the key (being rebuilt, or its metadata unreadable)",
+                    d.drive_idx
+                ),
+                None => format!("node {node}: no answer"),
+            };
+            FailedNode { node, reason: why }
+        })
+        .collect();
+    Error::Unavailable {
+        action: "read",
+        bucket: bucket.into(),
+        key: key.into(),
+        available: answers.replies.iter().filter(|r| r.is_some()).count(),
+        total: drives.len(),
+        needed,
+        unreachable,
+    }
 }
 
 /// [`choose`] for a reader. When nothing was readable, `choose` gives the newest version seen

@@ -1187,6 +1187,29 @@ fn unseen_holders(replies: &[Option<proto::KeyVersions>], version: proto::Versio
         .count()
 }
 
+/// Whether an acknowledged version newer than `chosen` (or any, with `None`: the key read as
+/// absent) could hide from `replies`: it is on W drives, and a drive that answered shows
+/// every version it holds, unless it did not answer or its retained versions were cut from the
+/// answer while its current one is newer than `chosen` (retained versions are older than the
+/// current one). With W such drives, every holder of that version may be among them.
+fn may_miss_acknowledged(
+    replies: &[Option<proto::KeyVersions>],
+    chosen: Option<proto::VersionId>,
+    write_quorum: usize,
+) -> bool {
+    let hiding = replies
+        .iter()
+        .filter(|reply| match reply {
+            None => true,
+            Some(v) => {
+                v.retained_truncated
+                    && v.current.as_ref().is_some_and(|c| chosen.is_none_or(|chosen| c.version > chosen))
+            }
+        })
+        .count();
+    hiding >= write_quorum
+}
+
 /// Whether `meta`, which [`choose_version`] gave as the newest version seen when nothing was
 /// readable, is no answer for a reader: a version without a data file (a delete marker, an
 /// empty object, a multipart record) that fewer drives hold than reading it takes and that no

@@ -240,3 +240,32 @@ fn a_failed_deletes_leftover_marker_is_no_answer_unless_acknowledged() {
     data.size = 1;
     assert!(!is_unconfirmed(&replies, &data, 2));
 }
+
+/// 4+2: W = 5 of 6 drives; an acknowledged version is on at least one of any two.
+#[test]
+fn a_reader_hearing_from_fewer_drives_than_can_show_every_acknowledged_version_is_refused() {
+    let replies = |answers: &[Reply]| -> Vec<Option<proto::KeyVersions>> { answers.iter().map(versions_of).collect() };
+    let v = |n: u64| Some(VersionId { unix_ns: n, writer: 1 });
+    // Chaos seed 7: only the drive that missed the overwrite answered; the five that hold it
+    // (or refused a stale map) were silent. Its old version is what `choose_version` sees.
+    let one = replies(&[None, None, None, None, None, Some((Some(1), vec![]))]);
+    assert_eq!(signed(choose_version(&one, 3, 5, Promote::Yes)), Some(1));
+    assert!(may_miss_acknowledged(&one, v(1), 5), "an overwrite on the 5 silent drives may be acknowledged");
+    // Nothing held and five silent: "absent" could hide an acknowledged first write too.
+    let nothing = replies(&[None, None, None, None, None, Some((None, vec![]))]);
+    assert!(may_miss_acknowledged(&nothing, None, 5));
+    // Two answers: any version on 5 drives shows in one of them.
+    let two = replies(&[None, None, None, None, Some((Some(2), vec![1])), Some((Some(1), vec![]))]);
+    assert!(!may_miss_acknowledged(&two, v(2), 5));
+    let two_empty = replies(&[None, None, None, None, Some((None, vec![])), Some((None, vec![]))]);
+    assert!(!may_miss_acknowledged(&two_empty, None, 5));
+    // A drive whose retained versions were cut and whose current one is newer than the chosen
+    // version may hold a newer one unseen; one whose current is the chosen version cannot.
+    let mut cut = replies(&[None, None, None, None, Some((Some(3), vec![2])), Some((Some(1), vec![]))]);
+    cut[4].as_mut().unwrap().retained_truncated = true;
+    assert!(may_miss_acknowledged(&cut, v(1), 5));
+    assert!(!may_miss_acknowledged(&cut, v(3), 5));
+    // 2+1: W = 3 = n, so every acknowledged version is on every drive: one answer shows it.
+    let alone = replies(&[None, None, Some((Some(1), vec![]))]);
+    assert!(!may_miss_acknowledged(&alone, v(1), 3));
+}

@@ -392,3 +392,46 @@ fn an_overwrite_acknowledged_without_its_finalize_is_never_read_past_with_two_ho
     assert_eq!(head.meta.version, overwrite.version);
     assert!(head.meta.version > info.meta.version);
 }
+
+#[test]
+fn a_read_that_hears_from_too_few_drives_to_see_every_acknowledged_version_fails() {
+    // Chaos seed 7 of the decommission test (CI, 2026-11-27): a client whose map a pool
+    // addition had just made old heard only from the one node the new map had not reached yet
+    // (the others refused its requests; two were down). That node had missed an acknowledged
+    // overwrite, and a ranged GET answered with the value it replaced: the range needed only
+    // that node's chunk. One answer of six cannot show a version acknowledged on W = 5 drives.
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["repair", "pause"]);
+    let (old, info, map, overwrite) = object_and_overwrite(&cluster);
+    for position in 0..5 {
+        let outcome = hand_commit(&cluster, position, &overwrite, CommitCondition::None);
+        assert!(matches!(outcome, Response::Committed { .. }), "{outcome:?}");
+    }
+    let set = &map.sets[overwrite.set_idx as usize];
+    for position in 0..5 {
+        cluster.kill_node(set.drives[position].node_idx);
+    }
+    let reader = cluster.client();
+    let failed = block_on(reader.head("bkt", "K")).expect_err("the old object is not an answer");
+    let client::Error::Unavailable { available, needed, unreachable, .. } = &failed else {
+        panic!("expected Unavailable, got {failed}");
+    };
+    assert_eq!((*available, *needed, unreachable.len()), (1, 4, 5), "{failed}");
+    // What the checker did: a ranged GET of each data chunk of stripe 0 through the CLI. Before
+    // the fix, the one held by the drive that answered returned the replaced bytes.
+    let geometry = info.meta.geometry();
+    let k = map.erasure.k;
+    for chunk in 0..k {
+        let offset = (chunk * geometry.chunk_len(0)).to_string();
+        let out = cluster.cli(&["get", "bkt/K", "-", "--offset", &offset, "--length", "1000"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "chunk {chunk} read {} bytes of the replaced object", out.stdout.len());
+        assert!(stderr.contains("1 of 6 chunks reachable, 4 needed"), "chunk {chunk}: {stderr}");
+        assert!(out.stdout.is_empty(), "chunk {chunk}: nothing of {} old bytes is written", old.len());
+    }
+    // The fault is the one described: the five killed nodes are what the read missed.
+    for position in 0..5 {
+        let id = &map.nodes[set.drives[position].node_idx].id;
+        assert!(unreachable.iter().any(|f| &f.node == id), "{id} is named as unreachable: {failed}");
+    }
+}
