@@ -1,12 +1,13 @@
 """The web console (`tessera gateway --console-listen`) over HTTP, as a browser would use it:
 login with S3 credentials, the session cookie and CSRF rules, buckets, the object browser,
-uploads and downloads, and bad input (forged tokens, other origins, HTML and `..` in names,
+uploads and downloads, access keys, and bad input (forged tokens, other origins, HTML and `..` in names,
 cut uploads, rebound host names, planted cookies)."""
 
 from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import re
 import socket
 import subprocess
@@ -15,10 +16,11 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from botocore.exceptions import ClientError
 
 from conftest import Cluster, _free_port_range, _wait_tcp
 from s3check import data, unique_bucket_name
-from test_access_keys import create_key, tessera_key
+from test_access_keys import create_key, error_code, tessera_key
 
 PAGE_ROWS = 500  # console::PAGE_ROWS
 
@@ -342,3 +344,80 @@ def test_a_session_expires(cluster, tmp_path):
         assert status == 303 and headers["location"] == "/login", "the session expired"
     finally:
         cluster.stop_extra("gateway-short-sessions")
+
+
+def test_the_root_creates_and_revokes_scoped_keys_that_the_gateway_enforces(cluster, browser, bucket, make_client):
+    other = unique_bucket_name("console-keys-other")
+    root = make_client()
+    root.create_bucket(Bucket=other)
+    root.put_object(Bucket=bucket, Key="seen.txt", Body=b"seen")
+    status, _, page = browser.get("/keys")
+    assert status == 200 and 'action="/keys/create"' in page and 'href="/keys"' in page
+    token = browser.csrf("/keys")
+
+    # Bad forms change nothing: no bucket, both "all" and names, an unknown permission, a bad
+    # name, a description with HTML is kept as text (escaped below).
+    before = tessera_key(cluster, "ls", "--json").stdout
+    for fields in ({"buckets": "", "permission": "read-only"},
+                   {"buckets": bucket, "all_buckets": "on", "permission": "read-only"},
+                   {"buckets": bucket, "permission": "admin"},
+                   {"buckets": "Bad_Name", "permission": "read-only"}):
+        status, _, page = browser.post("/keys/create", {**fields, "csrf": token})
+        assert status == 400, (fields, page)
+    status, _, _ = browser.post("/keys/create", {"buckets": bucket, "permission": "read-only", "csrf": "0" * 64})
+    assert status == 403
+    status, _, _ = browser.post("/keys/create", {"buckets": bucket, "permission": "read-only", "csrf": token},
+                                origin="http://evil.example")
+    assert status == 403
+    assert tessera_key(cluster, "ls", "--json").stdout == before, "no key was made by a refused form"
+
+    # A read-only key on one bucket: its secret shown once, never cached; the gateway enforces it.
+    status, headers, page = browser.post(
+        "/keys/create",
+        {"buckets": bucket, "permission": "read-only", "description": "<b>reader</b>", "csrf": token})
+    assert status == 200 and headers["cache-control"] == "no-store", page
+    access_key = re.search(r'id="new-access-key">(TK[0-9A-Z]{18})<', page).group(1)
+    secret_key = re.search(r'id="new-secret-key">([0-9A-Za-z]{40})<', page).group(1)
+    assert "&lt;b&gt;reader&lt;/b&gt;" in page and "<b>reader</b>" not in page
+    reader = make_client(access_key, secret_key)
+    assert reader.get_object(Bucket=bucket, Key="seen.txt")["Body"].read() == b"seen"
+    assert error_code(lambda: reader.put_object(Bucket=bucket, Key="no.txt", Body=b"x")) == "AccessDenied"
+    assert error_code(lambda: reader.list_objects_v2(Bucket=other)) == "AccessDenied"
+    status, _, page = browser.get("/keys")
+    assert access_key in page and secret_key not in page, "the list never shows a secret"
+    listed = {k["access_key"]: k for k in map(json.loads, tessera_key(cluster, "ls", "--json").stdout.splitlines())}
+    assert listed[access_key]["permission"] == "read-only" and listed[access_key]["buckets"] == [bucket]
+
+    # A read-write key on all buckets writes anywhere, but a scoped session cannot manage keys.
+    status, _, page = browser.post("/keys/create", {"buckets": "", "all_buckets": "on", "permission": "read-write",
+                                                    "csrf": token})
+    assert status == 200, page
+    writer_key = re.search(r'id="new-access-key">(TK[0-9A-Z]{18})<', page).group(1)
+    writer_secret = re.search(r'id="new-secret-key">([0-9A-Za-z]{40})<', page).group(1)
+    make_client(writer_key, writer_secret).put_object(Bucket=other, Key="w.txt", Body=b"w")
+    scoped = Browser(cluster.console_url)
+    assert scoped.login(writer_key, writer_secret)[0] == 303
+    scoped_token = scoped.csrf()
+    assert 'href="/keys"' not in scoped.get("/buckets")[2]
+    assert scoped.get("/keys")[0] == 403
+    status, _, _ = scoped.post("/keys/create", {"buckets": other, "permission": "read-write", "csrf": scoped_token})
+    assert status == 403
+    status, _, _ = scoped.post("/keys/revoke", {"id": access_key, "csrf": scoped_token})
+    assert status == 403
+    assert access_key in tessera_key(cluster, "ls").stdout, "a scoped key revoked nothing"
+
+    # Revoking in the console: the gateway refuses the key within 10 s; an unknown id is a 404.
+    status, headers, _ = browser.post("/keys/revoke", {"id": access_key, "csrf": token})
+    assert status == 303 and headers["location"] == "/keys"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            reader.head_object(Bucket=bucket, Key="seen.txt")
+        except ClientError:
+            break
+        assert time.monotonic() < deadline, "the revoked key still reads"
+        time.sleep(0.5)
+    status, _, page = browser.post("/keys/revoke", {"id": access_key, "csrf": token})
+    assert status == 404 and access_key in page
+    assert access_key not in browser.get("/keys")[2]
+    tessera_key(cluster, "revoke", writer_key)

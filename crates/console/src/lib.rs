@@ -399,6 +399,7 @@ async fn authenticated(
             let key = param(&request, "key").unwrap_or_default();
             download(state, &session.who, &bucket, &key).await
         }
+        (&Method::GET, "/keys") => keys(state, &view).await,
         (&Method::PUT, "/upload") => upload(state, session, request).await,
         (&Method::POST, _) => {
             let form = match form(request).await {
@@ -425,6 +426,8 @@ async fn authenticated(
                 "/object/delete" => {
                     delete_object(state, &session.who, field(&form, "bucket"), field(&form, "key")).await
                 }
+                "/keys/create" => create_key(state, &view, &form).await,
+                "/keys/revoke" => revoke_key(state, &session.who, field(&form, "id")).await,
                 _ => error_page(StatusCode::NOT_FOUND, "No such page."),
             }
         }
@@ -529,6 +532,92 @@ async fn buckets(state: &State, view: &pages::View<'_>) -> Response<Body> {
         rows.push(pages::BucketRow { name: bucket.name, created_ms: bucket.created_ms, usage });
     }
     page(StatusCode::OK, pages::buckets(view, &rows))
+}
+
+/// Only the root manages access keys (as only `tessera key`, with the cluster secret, can).
+fn may_manage_keys(who: &Who) -> bool {
+    matches!(who, Who::Root { .. })
+}
+
+async fn keys(state: &State, view: &pages::View<'_>) -> Response<Body> {
+    if !may_manage_keys(view.who) {
+        return forbidden(view.who, "manage access keys");
+    }
+    match state.keys.list().await {
+        Ok(listed) => page(StatusCode::OK, pages::keys(view, &listed)),
+        Err(e) => key_error(&e),
+    }
+}
+
+/// The buckets a key form names: `all` checked, or names separated by commas or white space.
+fn form_buckets(all: bool, names: &str) -> Result<access::Buckets, String> {
+    let names: Vec<String> =
+        names.split(|c: char| c == ',' || c.is_whitespace()).filter(|n| !n.is_empty()).map(str::to_owned).collect();
+    match (all, names.is_empty()) {
+        (true, true) => Ok(access::Buckets::All),
+        (true, false) => Err("Name some buckets or check \"all buckets\", not both.".to_owned()),
+        (false, true) => Err("Name at least one bucket, or check \"all buckets\".".to_owned()),
+        (false, false) => Ok(access::Buckets::Only(names)),
+    }
+}
+
+async fn create_key(state: &State, view: &pages::View<'_>, form: &[(String, String)]) -> Response<Body> {
+    if !may_manage_keys(view.who) {
+        return forbidden(view.who, "manage access keys");
+    }
+    let buckets = match form_buckets(field(form, "all_buckets") == "on", field(form, "buckets")) {
+        Ok(buckets) => buckets,
+        Err(message) => return error_page(StatusCode::BAD_REQUEST, &message),
+    };
+    let permission = match field(form, "permission") {
+        "read-only" => access::Permission::ReadOnly,
+        "read-write" => access::Permission::ReadWrite,
+        _ => return error_page(StatusCode::BAD_REQUEST, "Choose read-only or read-write."),
+    };
+    match state.keys.create(buckets, permission, field(form, "description").trim()).await {
+        Ok((key, secret)) => {
+            tracing::info!(
+                "console: {} created access key {} ({} on {})",
+                view.who.access_key(),
+                key.id,
+                key.permission,
+                key.buckets
+            );
+            let mut response = page(StatusCode::OK, pages::key_created(view, &key, secret.expose()));
+            // The secret is on this page only: no cache keeps it.
+            response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            response
+        }
+        Err(e) => key_error(&e),
+    }
+}
+
+async fn revoke_key(state: &State, who: &Who, id: &str) -> Response<Body> {
+    if !may_manage_keys(who) {
+        return forbidden(who, "manage access keys");
+    }
+    match state.keys.revoke(id).await {
+        Ok(()) => {
+            tracing::info!("console: {} revoked access key {id}", who.access_key());
+            redirect("/keys")
+        }
+        Err(e) => key_error(&e),
+    }
+}
+
+/// A failed key operation as a page: the user's mistakes named, the cluster's failures hidden.
+fn key_error(error: &access::Error) -> Response<Body> {
+    match error {
+        access::Error::Cluster(e) => client_error(e),
+        access::Error::NoSuchKey(_) => error_page(StatusCode::NOT_FOUND, &error.to_string()),
+        access::Error::InvalidScope(_) | access::Error::TooManyKeys(_) => {
+            error_page(StatusCode::BAD_REQUEST, &error.to_string())
+        }
+        access::Error::Unsealable { .. } | access::Error::BadRecord { .. } => {
+            tracing::error!("console: {error}");
+            error_page(StatusCode::INTERNAL_SERVER_ERROR, &error.to_string())
+        }
+    }
 }
 
 /// Objects and bytes of `bucket`, summed over at most [`BUCKET_COUNT_MAX`] objects (the flag

@@ -64,7 +64,10 @@ fn shell(title: &str, view: Option<&View<'_>>, body: Markup) -> Markup {
                 header {
                     a.brand href="/buckets" { "Tessera" }
                     @if let Some(view) = view {
-                        nav { a href="/buckets" { "Buckets" } }
+                        nav {
+                            a href="/buckets" { "Buckets" }
+                            @if matches!(view.who, Who::Root { .. }) { " " a href="/keys" { "Access keys" } }
+                        }
                         span.who { "Logged in as " code { (view.who.access_key()) }
                             @if let Who::Scoped(key) = view.who { " (" (key.permission) " on " (key.buckets) ")" } }
                         form.inline method="post" action="/logout" {
@@ -285,4 +288,78 @@ pub(crate) fn object(view: &View<'_>, info: &client::ObjectInfo) -> Markup {
             }
         }))
     }
+}
+
+/// The access keys (root only): each with its scope and a revoke button, records that do not
+/// open with their error (gateways refuse them), and the form that makes a new key.
+pub(crate) fn keys(view: &View<'_>, listed: &[(String, Result<access::AccessKey, access::Error>)]) -> Markup {
+    shell(
+        "Access keys",
+        Some(view),
+        html! {
+            h1 { "Access keys" }
+            p { "Keys limited to some buckets (or all), read-only or read-write. Every gateway enforces them; a revoked key stops working within 5 seconds." }
+            form.key method="post" action="/keys/create" id="create-key" {
+                input type="hidden" name="csrf" value=(view.csrf);
+                label { "Buckets " input type="text" name="buckets" placeholder="bucket-a, bucket-b"; }
+                label { input type="checkbox" name="all_buckets"; " all buckets, present and future" }
+                label { "Permission "
+                    select name="permission" {
+                        option value="read-only" selected { "read-only" }
+                        option value="read-write" { "read-write" }
+                    }
+                }
+                label { "Description " input type="text" name="description" maxlength=(access::DESCRIPTION_CHARS_MAX) placeholder="what it is for"; }
+                button type="submit" { "Create key" }
+            }
+            @if listed.is_empty() { p { "No access keys yet." } } @else {
+                table id="keys" {
+                    thead { tr { th { "Access key" } th { "Permission" } th { "Buckets" } th { "Description" } th { "Created" } th { "Revoke" } } }
+                    tbody {
+                        @for (id, key) in listed {
+                            tr {
+                                td { code { (id) } }
+                                @match key {
+                                    Ok(key) => {
+                                        td { (key.permission) }
+                                        td { @match &key.buckets { access::Buckets::All => { "all" } access::Buckets::Only(names) => { (names.join(", ")) } } }
+                                        td { (key.description) }
+                                        td { (time(key.created_ms)) }
+                                    }
+                                    Err(e) => { td.error colspan="4" { "refused by every gateway: " (e) } }
+                                }
+                                td {
+                                    form.inline method="post" action="/keys/revoke" {
+                                        input type="hidden" name="csrf" value=(view.csrf);
+                                        input type="hidden" name="id" value=(id);
+                                        button type="submit" { "Revoke" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// A new key's id and secret: the only time the secret is shown.
+pub(crate) fn key_created(view: &View<'_>, key: &access::AccessKey, secret: &str) -> Markup {
+    shell(
+        "Access key created",
+        Some(view),
+        html! {
+            h1 { "Access key created" }
+            p.notice role="alert" { "Copy the secret key now: neither the console nor `tessera key` shows it again." }
+            dl id="new-key" {
+                dt { "Access key" } dd { code id="new-access-key" { (key.id) } }
+                dt { "Secret key" } dd { code id="new-secret-key" { (secret) } }
+                dt { "Permission" } dd { (key.permission) }
+                dt { "Buckets" } dd { @match &key.buckets { access::Buckets::All => { "all" } access::Buckets::Only(names) => { (names.join(", ")) } } }
+                @if !key.description.is_empty() { dt { "Description" } dd { (key.description) } }
+            }
+            p { a href="/keys" { "Back to the access keys" } }
+        },
+    )
 }

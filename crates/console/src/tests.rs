@@ -40,3 +40,11 @@ fn pages_escape_names_and_metadata() {
     let bad = pages::error(StatusCode::BAD_REQUEST, "<img src=x onerror=alert(1)>").into_string();
     assert!(!bad.contains("<img"), "{bad}");
 }
+
+#[test]
+fn a_key_form_names_buckets_or_all_of_them_never_both_or_neither() {
+    assert_eq!(form_buckets(true, " "), Ok(access::Buckets::All));
+    assert_eq!(form_buckets(false, "a, b\nc,,"), Ok(access::Buckets::Only(vec!["a".into(), "b".into(), "c".into()])));
+    assert!(form_buckets(true, "a").is_err());
+    assert!(form_buckets(false, " , ").is_err());
+}
