@@ -421,3 +421,33 @@ def test_the_root_creates_and_revokes_scoped_keys_that_the_gateway_enforces(clus
     assert status == 404 and access_key in page
     assert access_key not in browser.get("/keys")[2]
     tessera_key(cluster, "revoke", writer_key)
+
+
+def test_the_cluster_page_shows_nodes_drives_sets_and_a_node_going_down(cluster, browser):
+    status, _, page = browser.get("/cluster")
+    assert status == 200, page
+    assert 'http-equiv="refresh"' in page, "the page reloads itself"
+    assert re.search(r'<p id="health" class="ok">', page) and "6 of 6 nodes up" in page, page
+    for i in range(1, 7):
+        assert f'data-node="n{i}"' in page
+    assert page.count("<meter") == 6, "one capacity meter per drive"
+    assert cluster.secret_key not in page
+
+    # A killed node shows as down, its drive as "node down", its set as degraded.
+    with cluster.nodes_down(3):
+        status, _, page = browser.get("/cluster")
+        assert status == 200
+        row = re.search(r'<tr class="missing" data-node="n3">(.*?)</tr>', page, re.S)
+        assert row and "<td>down</td>" in row.group(1), page
+        assert "5 of 6 nodes up" in page and 'class="error"' in page
+        assert "node down" in page and "degraded" in page
+    status, _, page = browser.get("/cluster")
+    assert "6 of 6 nodes up" in page
+
+    # Only the root sees the nodes.
+    made = create_key(cluster, "--all-buckets")
+    scoped = Browser(cluster.console_url)
+    assert scoped.login(made["access_key"], made["secret_key"])[0] == 303
+    status, _, page = scoped.get("/cluster")
+    assert status == 403 and 'data-node="n1"' not in page
+    tessera_key(cluster, "revoke", made["access_key"])

@@ -2,11 +2,10 @@
 //! their health, repair. Exits non-zero when a node is down, a drive cannot answer or a set has
 //! lost a drive.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::bail;
-use serde::Serialize;
+use client::ClusterStatus;
 
 use crate::ConfigArg;
 use crate::size::format_bytes;
@@ -20,85 +19,12 @@ pub(crate) struct StatusArgs {
     config: ConfigArg,
 }
 
-#[derive(Debug, Serialize)]
-struct Status {
-    cluster_id: String,
-    map_version: u64,
-    /// `ok`, or `degraded` when anything below is down, unreadable or short of a drive.
-    health: &'static str,
-    nodes: Vec<NodeStatus>,
-    sets: Vec<SetStatus>,
-    repair: RepairSummary,
-}
-
-#[derive(Debug, Serialize)]
-struct NodeStatus {
-    id: String,
-    addr: String,
-    up: bool,
-    /// Why the node did not answer.
-    error: Option<String>,
-    version: Option<String>,
-    uptime_s: Option<u64>,
-    map_version: Option<u64>,
-    connections: Option<u64>,
-    drives: Vec<DriveStatus>,
-}
-
-#[derive(Debug, Serialize)]
-struct DriveStatus {
-    /// 1-based, as the CLI names drives.
-    drive: usize,
-    path: String,
-    total_bytes: Option<u64>,
-    used_bytes: Option<u64>,
-    free_bytes: Option<u64>,
-    /// Object versions with data on the drive (multipart pieces included).
-    versions: Option<u64>,
-    /// I/O and database errors since the node started.
-    errors: Option<u64>,
-    rebuilding: bool,
-    /// Why the drive could not answer.
-    problem: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct SetStatus {
-    set: usize,
-    pool: Option<u32>,
-    erasure: String,
-    /// `node/drive` of each drive, in set order.
-    drives: Vec<String>,
-    /// Those not serving: node down, drive unreadable or being rebuilt.
-    out: Vec<String>,
-    /// `ok`; `degraded` (readable and writable with up to m drives out); `unavailable` (more
-    /// than m out: some objects cannot be read).
-    health: &'static str,
-}
-
-#[derive(Debug, Default, Serialize)]
-struct RepairSummary {
-    /// Repair queue entries over all drives (a version below full redundancy is queued on the
-    /// drives that hold it).
-    queued_entries: u64,
-    queued_bytes: u64,
-    /// Queued versions with fewer than k+1 healthy chunks.
-    at_risk: u64,
-    bytes_repaired: u64,
-    versions_repaired: u64,
-    paused_nodes: Vec<String>,
-    /// Nodes whose repair status could not be read.
-    unknown_nodes: Vec<String>,
-}
-
 pub(crate) fn run(args: &StatusArgs) -> anyhow::Result<()> {
     crate::init_logging("error");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let status = runtime.block_on(async {
         let client = crate::object_cmd::connect(&args.config)?;
-        let map = client.fresh_map().await;
-        let (infos, repairs) = tokio::join!(client.node_info(), client.repair_status());
-        anyhow::Ok(gather(&map, infos, repairs))
+        anyhow::Ok(client.cluster_status().await)
     })?;
     if args.json {
         println!("{}", serde_json::to_string(&status)?);
@@ -117,138 +43,7 @@ pub(crate) fn run(args: &StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn gather(
-    map: &cluster::ClusterMap,
-    infos: Vec<(String, Result<client::NodeInfo, String>)>,
-    repairs: Vec<(String, Result<client::RepairStatus, client::Error>)>,
-) -> Status {
-    let mut nodes = Vec::with_capacity(map.nodes.len());
-    for (node, (id, answer)) in map.nodes.iter().zip(infos) {
-        debug_assert_eq!(node.id, id, "answers come in node order");
-        let path = |idx: usize| node.drives.get(idx).map(|p| p.display().to_string()).unwrap_or_default();
-        let status = match answer {
-            Ok(info) => NodeStatus {
-                id,
-                addr: node.addr.to_string(),
-                up: true,
-                error: None,
-                version: Some(info.version),
-                uptime_s: Some(info.uptime_ms / 1000),
-                map_version: Some(info.map_version),
-                connections: Some(info.connections),
-                drives: info
-                    .drives
-                    .into_iter()
-                    .enumerate()
-                    .map(|(idx, d)| {
-                        let known = d.problem.is_none() || d.total_bytes > 0;
-                        DriveStatus {
-                            drive: idx + 1,
-                            path: path(idx),
-                            total_bytes: known.then_some(d.total_bytes),
-                            used_bytes: known.then_some(d.total_bytes.saturating_sub(d.free_bytes)),
-                            free_bytes: known.then_some(d.free_bytes),
-                            versions: d.versions,
-                            errors: Some(d.errors),
-                            rebuilding: d.rebuilding,
-                            problem: d.problem,
-                        }
-                    })
-                    .collect(),
-            },
-            Err(error) => NodeStatus {
-                id,
-                addr: node.addr.to_string(),
-                up: false,
-                error: Some(error),
-                version: None,
-                uptime_s: None,
-                map_version: None,
-                connections: None,
-                drives: (0..node.drives.len())
-                    .map(|idx| DriveStatus {
-                        drive: idx + 1,
-                        path: path(idx),
-                        total_bytes: None,
-                        used_bytes: None,
-                        free_bytes: None,
-                        versions: None,
-                        errors: None,
-                        rebuilding: false,
-                        problem: None,
-                    })
-                    .collect(),
-            },
-        };
-        nodes.push(status);
-    }
-    // A drive is out when its node is down, it cannot answer, or it is being rebuilt.
-    let out: BTreeSet<(usize, usize)> = nodes
-        .iter()
-        .enumerate()
-        .flat_map(|(node_idx, n)| {
-            n.drives
-                .iter()
-                .filter(move |d| !n.up || d.problem.is_some() || d.rebuilding)
-                .map(move |d| (node_idx, d.drive - 1))
-        })
-        .collect();
-    let sets = map
-        .sets
-        .iter()
-        .enumerate()
-        .map(|(set_idx, set)| {
-            let pool = map.pool_of_set(set_idx).map(|p| &map.pools[p]);
-            let erasure = pool.map_or(map.erasure, |p| p.erasure);
-            let name = |d: &cluster::DriveRef| format!("{}/{}", map.nodes[d.node_idx].id, d.drive_idx + 1);
-            let out_here: Vec<String> =
-                set.drives.iter().filter(|d| out.contains(&(d.node_idx, d.drive_idx))).map(name).collect();
-            let health = match out_here.len() {
-                0 => "ok",
-                n if n <= erasure.m => "degraded",
-                _ => "unavailable",
-            };
-            SetStatus {
-                set: set_idx,
-                pool: pool.map(|p| p.id),
-                erasure: erasure.to_string(),
-                drives: set.drives.iter().map(name).collect(),
-                out: out_here,
-                health,
-            }
-        })
-        .collect::<Vec<_>>();
-    let mut repair = RepairSummary::default();
-    for (node, answer) in repairs {
-        match answer {
-            Ok(status) => {
-                if status.paused {
-                    repair.paused_nodes.push(node);
-                }
-                for drive in &status.drives {
-                    repair.queued_entries += drive.queued_versions;
-                    repair.queued_bytes += drive.queued_bytes;
-                    repair.at_risk += drive.at_risk;
-                    repair.bytes_repaired += drive.bytes_repaired;
-                    repair.versions_repaired += drive.versions_repaired;
-                }
-            }
-            Err(_) => repair.unknown_nodes.push(node),
-        }
-    }
-    let healthy = nodes.iter().all(|n| n.up && n.drives.iter().all(|d| d.problem.is_none()))
-        && sets.iter().all(|s| s.health == "ok");
-    Status {
-        cluster_id: map.cluster_id.clone(),
-        map_version: map.version,
-        health: if healthy { "ok" } else { "degraded" },
-        nodes,
-        sets,
-        repair,
-    }
-}
-
-fn print_tables(status: &Status) {
+fn print_tables(status: &ClusterStatus) {
     let up = status.nodes.iter().filter(|n| n.up).count();
     println!(
         "cluster {} (map version {}): {}, {} of {} nodes up",

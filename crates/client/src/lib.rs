@@ -37,6 +37,7 @@ mod pace;
 mod put;
 mod query;
 mod relocate;
+mod status;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -67,6 +68,7 @@ pub use proto::{
 };
 pub use query::{QUERY_SILENCE_MAX, QueryReply, QueryStats};
 pub use relocate::{MoveKind, Moved, PoolListing};
+pub use status::{ClusterStatus, DriveStatus, NodeStatus, RepairSummary, SetStatus};
 
 /// Most runs of one operation when nodes show its map to be stale: the first with the map it
 /// had, then each with the newer map fetched.

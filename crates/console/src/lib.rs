@@ -400,6 +400,7 @@ async fn authenticated(
             download(state, &session.who, &bucket, &key).await
         }
         (&Method::GET, "/keys") => keys(state, &view).await,
+        (&Method::GET, "/cluster") => cluster(state, &view).await,
         (&Method::PUT, "/upload") => upload(state, session, request).await,
         (&Method::POST, _) => {
             let form = match form(request).await {
@@ -532,6 +533,16 @@ async fn buckets(state: &State, view: &pages::View<'_>) -> Response<Body> {
         rows.push(pages::BucketRow { name: bucket.name, created_ms: bucket.created_ms, usage });
     }
     page(StatusCode::OK, pages::buckets(view, &rows))
+}
+
+/// Nodes, drives, erasure sets and repair, as `tessera status` shows them (root only: node
+/// addresses and drive paths are the operator's business). The page refreshes itself.
+async fn cluster(state: &State, view: &pages::View<'_>) -> Response<Body> {
+    if !matches!(view.who, Who::Root { .. }) {
+        return forbidden(view.who, "see the cluster's nodes");
+    }
+    let status = state.client.cluster_status().await;
+    page(StatusCode::OK, pages::cluster(view, &status))
 }
 
 /// Only the root manages access keys (as only `tessera key`, with the cluster secret, can).
