@@ -404,16 +404,24 @@ def test_the_root_creates_and_revokes_scoped_keys_that_the_gateway_enforces(clus
     assert status == 403
     status, _, _ = scoped.post("/keys/revoke", {"id": access_key, "csrf": scoped_token})
     assert status == 403
-    assert access_key in tessera_key(cluster, "ls").stdout, "a scoped key revoked nothing"
+    reading = Browser(cluster.console_url)
+    assert reading.login(access_key, secret_key)[0] == 303 and reading.get("/buckets")[0] == 200
+    status, _, _ = browser.post("/keys/revoke", {"id": access_key, "csrf": "0" * 64})
+    assert status == 403
+    status, _, _ = browser.post("/keys/revoke", {"id": access_key, "csrf": token}, origin="http://evil.example")
+    assert status == 403
+    assert access_key in tessera_key(cluster, "ls").stdout, "no refused request revoked anything"
 
     # Revoking in the console: the gateway refuses the key within 10 s; an unknown id is a 404.
     status, headers, _ = browser.post("/keys/revoke", {"id": access_key, "csrf": token})
     assert status == 303 and headers["location"] == "/keys"
+    assert reading.get("/buckets")[1].get("location") == "/login", "its console sessions end at once"
     deadline = time.monotonic() + 10
     while True:
         try:
             reader.head_object(Bucket=bucket, Key="seen.txt")
-        except ClientError:
+        except ClientError as e:
+            assert e.response["ResponseMetadata"]["HTTPStatusCode"] == 403, e.response
             break
         assert time.monotonic() < deadline, "the revoked key still reads"
         time.sleep(0.5)
@@ -433,16 +441,26 @@ def test_the_cluster_page_shows_nodes_drives_sets_and_a_node_going_down(cluster,
     assert page.count("<meter") == 6, "one capacity meter per drive"
     assert cluster.secret_key not in page
 
+    def cluster_page_once(text: str) -> str:
+        """The cluster page once it shows `text` (pages share one status round of 2 s)."""
+        deadline = time.monotonic() + 15
+        while True:
+            status, _, page = browser.get("/cluster")
+            assert status == 200, page
+            if text in page:
+                return page
+            assert time.monotonic() < deadline, f"the cluster page never showed {text!r}: {page}"
+            time.sleep(0.5)
+
     # A killed node shows as down, its drive as "node down", its set as degraded.
     with cluster.nodes_down(3):
-        status, _, page = browser.get("/cluster")
-        assert status == 200
+        page = cluster_page_once("5 of 6 nodes up")
         row = re.search(r'<tr class="missing" data-node="n3">(.*?)</tr>', page, re.S)
         assert row and "<td>down</td>" in row.group(1), page
-        assert "5 of 6 nodes up" in page and 'class="error"' in page
-        assert "node down" in page and "degraded" in page
-    status, _, page = browser.get("/cluster")
-    assert "6 of 6 nodes up" in page
+        assert "5 of 6 nodes up" in page and 'class="error"' in page and "node down" in page
+        sets = re.search(r'<table id="sets">(.*?)</table>', page, re.S).group(1)
+        assert re.search(r"n3/1</td><td>degraded</td>", sets), sets
+    cluster_page_once("6 of 6 nodes up")
 
     # Only the root sees the nodes.
     made = create_key(cluster, "--all-buckets")

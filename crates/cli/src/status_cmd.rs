@@ -32,7 +32,7 @@ pub(crate) fn run(args: &StatusArgs) -> anyhow::Result<()> {
         print_tables(&status);
     }
     if status.health != "ok" {
-        let down: Vec<&str> = status.nodes.iter().filter(|n| !n.up).map(|n| n.id.as_str()).collect();
+        let down: Vec<&str> = status.nodes.iter().filter(|n| !n.up && !n.removed).map(|n| n.id.as_str()).collect();
         let sets = status.sets.iter().filter(|s| s.health != "ok").count();
         bail!(
             "cluster degraded: {} node(s) down ({}), {sets} erasure set(s) short of a drive",
@@ -44,14 +44,11 @@ pub(crate) fn run(args: &StatusArgs) -> anyhow::Result<()> {
 }
 
 fn print_tables(status: &ClusterStatus) {
-    let up = status.nodes.iter().filter(|n| n.up).count();
+    let serving = status.nodes.iter().filter(|n| !n.removed).count();
+    let up = status.nodes.iter().filter(|n| n.up && !n.removed).count();
     println!(
         "cluster {} (map version {}): {}, {} of {} nodes up",
-        status.cluster_id,
-        status.map_version,
-        status.health,
-        up,
-        status.nodes.len()
+        status.cluster_id, status.map_version, status.health, up, serving
     );
     println!();
     println!(
@@ -59,6 +56,14 @@ fn print_tables(status: &ClusterStatus) {
         "NODE", "ADDRESS", "STATE", "VERSION", "UPTIME", "MAP", "CONNS"
     );
     for node in &status.nodes {
+        if node.removed {
+            let state = if node.up { "up" } else { "down" };
+            println!(
+                "{:<8} {:<22} {:<5} in a removed pool: holds nothing, may be shut down",
+                node.id, node.addr, state
+            );
+            continue;
+        }
         if !node.up {
             println!("{:<8} {:<22} {:<5} {}", node.id, node.addr, "down", node.error.as_deref().unwrap_or_default());
             continue;
@@ -81,7 +86,7 @@ fn print_tables(status: &ClusterStatus) {
         "DRIVE", "SIZE", "USED", "USE%", "VERSIONS", "ERRORS", "STATE"
     );
     let or_dash = |v: Option<u64>, f: fn(u64) -> String| v.map_or("-".to_owned(), f);
-    for node in &status.nodes {
+    for node in status.nodes.iter().filter(|n| !n.removed) {
         for drive in &node.drives {
             let state = if !node.up {
                 "node down".to_owned()

@@ -11,7 +11,7 @@
 //! not have an older version in one pool come back once a newer delete marker in the other is
 //! collected (only its floor is left).
 
-use cluster::Placement;
+use cluster::{Placement, PoolState};
 use proto::{BATCH_ITEMS_MAX, KeyVersions, MetaDetail, MetaKey, ObjectMeta, Request, Response, VersionId};
 
 use crate::coalesce::{self, ItemAnswer};
@@ -245,8 +245,10 @@ async fn head_round(client: &Client, keys: &[(String, String)], brief: bool) -> 
 /// version that pool cannot read now (its failure), or an object whose write raced this read
 /// ([`Outcome::Unsettled`]). A pool that could not tell (too few drives answered) fails the
 /// read only if no other pool holds a version: a key's writes go to one pool, so a pool that
-/// cannot be read is then the only place it can be. (A key whose first versions raced into two
-/// pools reads the older while the newer one's pool cannot be read: ARCHITECTURE.md, Pools.)
+/// cannot be read is then the only place it can be; except that a version in a draining pool
+/// is no answer while an active pool cannot tell (overwrites of a draining pool's keys go to an
+/// active pool). (A key whose first versions raced into two pools reads the older while the
+/// newer one's pool cannot be read: ARCHITECTURE.md, Pools.)
 /// With several pools, remembers where the key was.
 fn newest_of_pools(client: &Client, bucket: &str, key: &str, chosen: Vec<PoolChoice<'_>>, remember: bool) -> Outcome {
     let version_of =
@@ -273,14 +275,27 @@ fn newest_of_pools(client: &Client, bucket: &str, key: &str, chosen: Vec<PoolCho
     let unsettled =
         if floor_ahead { unreadable_floor(client, bucket, key, &chosen, floor.expect("checked")) } else { None };
     let mut unavailable = None;
+    // An active pool that could not tell what it holds of the key.
+    let mut active_unclear = None;
     let mut picked = None;
+    let pools = &client.topo.map.pools;
     for (i, (lookup, answer, choice)) in chosen.into_iter().enumerate() {
         match choice {
+            Err(e) if pools[lookup.pool].state == PoolState::Active => active_unclear = active_unclear.or(Some(e)),
             Err(e) => unavailable = unavailable.or(Some(e)),
             Ok(Some(meta)) if Some(i) == newest => picked = Some((lookup, answer, meta)),
             Ok(_) => {}
         }
     }
+    // A draining pool's version is no answer while an active pool cannot tell: writes of a key
+    // whose newest version is in a draining pool go to an active one, so that version may be
+    // one an acknowledged overwrite there replaced.
+    if picked.as_ref().is_some_and(|(lookup, ..)| pools[lookup.pool].state == PoolState::Draining)
+        && let Some(e) = active_unclear.take()
+    {
+        return Outcome::Done(Box::new(Err(e)));
+    }
+    let unavailable = unavailable.or(active_unclear);
     let not_found = || Error::NotFound { bucket: bucket.into(), key: key.into() };
     if floor_ahead {
         return match (unavailable, unsettled) {

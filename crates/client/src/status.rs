@@ -35,6 +35,9 @@ pub struct NodeStatus {
     pub id: String,
     pub addr: String,
     pub up: bool,
+    /// All its drives are in pools since removed (decommissioned): it holds nothing, may be
+    /// shut down, and its state does not count toward the cluster's health.
+    pub removed: bool,
     /// Why the node did not answer.
     pub error: Option<String>,
     pub version: Option<String>,
@@ -98,8 +101,25 @@ fn gather(
     infos: Vec<(String, Result<NodeInfo, String>)>,
     repairs: Vec<(String, Result<RepairStatus, Error>)>,
 ) -> ClusterStatus {
+    let removed_set = |set_idx: usize| {
+        map.pool_of_set(set_idx).is_some_and(|pool| map.pools[pool].state == cluster::PoolState::Removed)
+    };
+    // Nodes whose every drive is in a removed pool's sets.
+    let removed: Vec<bool> = (0..map.nodes.len())
+        .map(|node_idx| {
+            let mut sets =
+                map.sets.iter().enumerate().filter(|(_, set)| set.drives.iter().any(|d| d.node_idx == node_idx));
+            let mut any = false;
+            let all_removed = sets.all(|(set_idx, _)| {
+                any = true;
+                removed_set(set_idx)
+            });
+            any && all_removed
+        })
+        .collect();
     let mut nodes = Vec::with_capacity(map.nodes.len());
-    for (node, (id, answer)) in map.nodes.iter().zip(infos) {
+    for (node_idx, (node, (id, answer))) in map.nodes.iter().zip(infos).enumerate() {
+        let removed = removed[node_idx];
         debug_assert_eq!(node.id, id, "answers come in node order");
         let path = |idx: usize| node.drives.get(idx).map(|p| p.display().to_string()).unwrap_or_default();
         let status = match answer {
@@ -107,6 +127,7 @@ fn gather(
                 id,
                 addr: node.addr.to_string(),
                 up: true,
+                removed,
                 error: None,
                 version: Some(info.version),
                 uptime_s: Some(info.uptime_ms / 1000),
@@ -136,6 +157,7 @@ fn gather(
                 id,
                 addr: node.addr.to_string(),
                 up: false,
+                removed,
                 error: Some(error),
                 version: None,
                 uptime_s: None,
@@ -169,10 +191,12 @@ fn gather(
                 .map(move |d| (node_idx, d.drive - 1))
         })
         .collect();
+    // A removed pool's sets hold nothing any more.
     let sets = map
         .sets
         .iter()
         .enumerate()
+        .filter(|(set_idx, _)| !removed_set(*set_idx))
         .map(|(set_idx, set)| {
             let pool = map.pool_of_set(set_idx).map(|p| &map.pools[p]);
             let erasure = pool.map_or(map.erasure, |p| p.erasure);
@@ -209,10 +233,11 @@ fn gather(
                     repair.versions_repaired += drive.versions_repaired;
                 }
             }
+            Err(_) if nodes.iter().any(|n| n.id == node && n.removed) => {}
             Err(_) => repair.unknown_nodes.push(node),
         }
     }
-    let healthy = nodes.iter().all(|n| n.up && n.drives.iter().all(|d| d.problem.is_none()))
+    let healthy = nodes.iter().filter(|n| !n.removed).all(|n| n.up && n.drives.iter().all(|d| d.problem.is_none()))
         && sets.iter().all(|s| s.health == "ok");
     ClusterStatus {
         cluster_id: map.cluster_id.clone(),

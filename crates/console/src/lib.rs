@@ -114,7 +114,14 @@ struct State {
     sessions: Sessions,
     root_access_key: String,
     root_secret_key: String,
+    /// The last cluster status asked of the nodes and when: every open cluster page reloads
+    /// every few seconds, and all of them share one round of requests per
+    /// [`CLUSTER_STATUS_MAX_AGE`] (the lock is held while it is asked anew).
+    cluster_status: tokio::sync::Mutex<Option<(std::time::Instant, Arc<client::ClusterStatus>)>>,
 }
+
+/// How long one round of status requests to every node serves the cluster pages.
+const CLUSTER_STATUS_MAX_AGE: Duration = Duration::from_secs(2);
 
 impl Console {
     pub async fn bind(client: client::Client, config: ConsoleConfig) -> Result<Self, Error> {
@@ -130,6 +137,7 @@ impl Console {
             sessions: Sessions::new(config.session_ttl),
             root_access_key: config.root_access_key,
             root_secret_key: config.root_secret_key,
+            cluster_status: tokio::sync::Mutex::new(None),
         };
         Ok(Self { listener, state: Arc::new(state) })
     }
@@ -541,7 +549,17 @@ async fn cluster(state: &State, view: &pages::View<'_>) -> Response<Body> {
     if !matches!(view.who, Who::Root { .. }) {
         return forbidden(view.who, "see the cluster's nodes");
     }
-    let status = state.client.cluster_status().await;
+    let status = {
+        let mut last = state.cluster_status.lock().await;
+        match last.as_ref() {
+            Some((at, status)) if at.elapsed() < CLUSTER_STATUS_MAX_AGE => Arc::clone(status),
+            _ => {
+                let status = Arc::new(state.client.cluster_status().await);
+                *last = Some((std::time::Instant::now(), Arc::clone(&status)));
+                status
+            }
+        }
+    };
     page(StatusCode::OK, pages::cluster(view, &status))
 }
 
@@ -610,6 +628,8 @@ async fn revoke_key(state: &State, who: &Who, id: &str) -> Response<Body> {
     match state.keys.revoke(id).await {
         Ok(()) => {
             tracing::info!("console: {} revoked access key {id}", who.access_key());
+            // This console's sessions of the key end now; other consoles' at their next check.
+            state.sessions.end_key(id);
             redirect("/keys")
         }
         Err(e) => key_error(&e),

@@ -378,7 +378,8 @@ pub(crate) const CLUSTER_REFRESH_S: u32 = 5;
 
 /// The cluster page: health, nodes, drives (with how full each is), erasure sets, repair.
 pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus) -> Markup {
-    let up = status.nodes.iter().filter(|n| n.up).count();
+    let serving: Vec<&client::NodeStatus> = status.nodes.iter().filter(|n| !n.removed).collect();
+    let up = serving.iter().filter(|n| n.up).count();
     let repair = &status.repair;
     let or_dash = |v: Option<u64>, f: fn(u64) -> String| v.map_or_else(|| "—".to_owned(), f);
     shell_refreshed(
@@ -389,7 +390,7 @@ pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus) -> Markup
             h1 { "Cluster" }
             p id="health" class=(if status.health == "ok" { "ok" } else { "error" }) {
                 "Cluster " code { (status.cluster_id) } " (map version " (status.map_version) "): "
-                strong { (status.health) } ", " (up) " of " (status.nodes.len()) " nodes up. "
+                strong { (status.health) } ", " (up) " of " (serving.len()) " nodes up. "
                 span.muted { "This page reloads every " (CLUSTER_REFRESH_S) " s." }
             }
             h2 { "Nodes" }
@@ -397,10 +398,13 @@ pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus) -> Markup
                 thead { tr { th { "Node" } th { "Address" } th { "State" } th { "Version" } th { "Uptime" } th { "Map" } th { "Connections" } } }
                 tbody {
                     @for node in &status.nodes {
-                        tr.(if node.up { "present" } else { "missing" }) data-node=(node.id) {
+                        tr.(if node.up || node.removed { "present" } else { "missing" }) data-node=(node.id) {
                             td { (node.id) }
                             td { code { (node.addr) } }
-                            @if node.up {
+                            @if node.removed {
+                                td { "removed" }
+                                td colspan="4" { "in a decommissioned pool: holds nothing, may be shut down" }
+                            } @else if node.up {
                                 td { "up" }
                                 td { (node.version.as_deref().unwrap_or("—")) }
                                 td.num { (or_dash(node.uptime_s, |s| humantime::format_duration(std::time::Duration::from_secs(s)).to_string())) }
@@ -418,7 +422,7 @@ pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus) -> Markup
             table id="drives" {
                 thead { tr { th { "Drive" } th { "Used" } th { "Size" } th { "Versions" } th { "Errors" } th { "State" } th { "Path" } } }
                 tbody {
-                    @for node in &status.nodes {
+                    @for node in status.nodes.iter().filter(|n| !n.removed) {
                         @for drive in &node.drives {
                             @let state = if !node.up { "node down".to_owned() } else if let Some(problem) = &drive.problem { format!("error: {problem}") } else if drive.rebuilding { "rebuilding".to_owned() } else { "ok".to_owned() };
                             tr.(if state == "ok" { "present" } else { "missing" }) {

@@ -121,6 +121,15 @@ impl Sessions {
     pub(crate) fn remove(&self, id: &str) {
         self.by_id.lock().expect("sessions lock poisoned").remove(id);
     }
+
+    /// Ends every session of scoped key `key_id` (revoked here: its sessions need not wait for
+    /// their next check).
+    pub(crate) fn end_key(&self, key_id: &str) {
+        self.by_id
+            .lock()
+            .expect("sessions lock poisoned")
+            .retain(|_, session| !matches!(&session.who, Who::Scoped(key) if key.id == key_id));
+    }
 }
 
 /// Constant-time equality of two strings (tokens, secrets).

@@ -186,6 +186,10 @@ fn a_pool_decommissioned_under_a_running_workload_loses_no_acknowledged_write() 
     for idx in 0..6 {
         cluster.kill_node(idx);
     }
+    // ... and the cluster is healthy: a removed pool's nodes hold nothing and do not count.
+    let status = cluster.cli_ok(&["status"]);
+    assert!(status.contains(": ok, 6 of 6 nodes up"), "{status}");
+    assert!(status.contains("in a removed pool: holds nothing, may be shut down"), "{status}");
     for (key, value) in acked.lock().unwrap().iter() {
         expected.insert(key.clone(), Some(value.clone()));
     }
@@ -434,4 +438,56 @@ fn a_pool_whose_keys_do_not_fit_elsewhere_is_not_decommissioned() {
     one_line(&cluster, &["pool", "decommission", "1"], "the other active pools have");
     let map = map_of(&cluster);
     assert_eq!((map.version, map.pools[0].state), (3, PoolState::Active), "nothing changed");
+}
+
+#[test]
+fn a_key_overwritten_into_the_active_pool_never_reads_back_from_the_draining_one() {
+    // While pool 1 drains, a key's overwrite goes to pool 2 and the replaced version stays in
+    // pool 1 until moved or retired. If pool 2's set cannot tell what it holds (five of six
+    // drives out; the one left missed the overwrite), the read must fail: pool 1's version is
+    // older than an acknowledged write. Before the fix it was answered, as "a pool that cannot
+    // be read fails the read only if no other pool holds a version".
+    let mut cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let old = payload(4 << 20, 1);
+    block_on(cluster.client().put_bytes("bkt", "K", &old, &Default::default())).unwrap();
+    add_pool(&mut cluster);
+    // Pool 1 draining, K not moved yet (4 MiB at 100 KiB/s takes 40 s): the run is killed first.
+    let run = cluster.cli_spawn(&["pool", "decommission", "1", "--rate", "100KiB/s"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while keys_left(&cluster).is_none() {
+        assert!(Instant::now() < deadline, "the decommission never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    kill(run);
+    let map = map_of(&cluster);
+    assert_eq!(map.pools[0].state, PoolState::Draining);
+    let before = block_on(cluster.client().head("bkt", "K")).unwrap();
+    assert!(map.pools[0].sets.contains(&before.placement.set_idx), "K is still in pool 1");
+
+    // The overwrite lands on five of pool 2's six drives (n12 down), then those five go down
+    // and n12 comes back without it.
+    cluster.kill_node(11);
+    let new = payload(1_000, 2);
+    let written = block_on(cluster.client().put_bytes("bkt", "K", &new, &Default::default())).unwrap();
+    assert!(map.pools[1].sets.contains(&written.placement.set_idx), "the overwrite went to pool 2");
+    for idx in 6..11 {
+        cluster.kill_node(idx);
+    }
+    cluster.start_node(11);
+    cluster.wait_ready();
+    let reader = cluster.client();
+    let read = block_on(reader.head("bkt", "K"));
+    let Err(failed @ client::Error::Unavailable { .. }) = &read else {
+        panic!("pool 1's replaced version is no answer: {read:?}");
+    };
+    assert!(failed.to_string().contains("1 of 6 chunks reachable"), "{failed}");
+    let get = block_on(reader.get("bkt", "K"));
+    assert!(get.is_err(), "a GET fails the same way");
+    // Pool 2 back: the overwrite reads.
+    for idx in 6..11 {
+        cluster.start_node(idx);
+    }
+    cluster.wait_ready();
+    assert_eq!(block_on(cluster.client().get("bkt", "K")).unwrap(), new);
 }

@@ -417,17 +417,27 @@ fn a_read_that_hears_from_too_few_drives_to_see_every_acknowledged_version_fails
         panic!("expected Unavailable, got {failed}");
     };
     assert_eq!((*available, *needed, unreachable.len()), (1, 4, 5), "{failed}");
-    // What the checker did: a ranged GET of each data chunk of stripe 0 through the CLI. Before
-    // the fix, the one held by the drive that answered returned the replaced bytes.
+    // What the checker did: ranged GETs through the CLI, one at the start of every data chunk
+    // of every stripe. Before the fix, one lying in a chunk of the drive that answered (position
+    // 5; which chunks those are depends on the key's rotation) returned the replaced bytes.
     let geometry = info.meta.geometry();
-    let k = map.erasure.k;
-    for chunk in 0..k {
-        let offset = (chunk * geometry.chunk_len(0)).to_string();
-        let out = cluster.cli(&["get", "bkt/K", "-", "--offset", &offset, "--length", "1000"]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "chunk {chunk} read {} bytes of the replaced object", out.stdout.len());
-        assert!(stderr.contains("1 of 6 chunks reachable, 4 needed"), "chunk {chunk}: {stderr}");
-        assert!(out.stdout.is_empty(), "chunk {chunk}: nothing of {} old bytes is written", old.len());
+    let (k, chunk_bytes) = (map.erasure.k, u64::from(map.chunk_bytes));
+    for stripe in 0..geometry.stripes {
+        for chunk in 0..k {
+            let offset = stripe * k as u64 * chunk_bytes + (chunk * geometry.chunk_len(stripe)) as u64;
+            if offset >= info.meta.size {
+                continue;
+            }
+            let out = cluster.cli(&["get", "bkt/K", "-", "--offset", &offset.to_string(), "--length", "1000"]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success(),
+                "stripe {stripe} chunk {chunk}: read {} bytes of the replaced object",
+                out.stdout.len()
+            );
+            assert!(stderr.contains("1 of 6 chunks reachable, 4 needed"), "stripe {stripe} chunk {chunk}: {stderr}");
+            assert!(out.stdout.is_empty(), "nothing of the {} old bytes is written", old.len());
+        }
     }
     // The fault is the one described: the five killed nodes are what the read missed.
     for position in 0..5 {
