@@ -95,6 +95,18 @@ fn keys_left(cluster: &Cluster) -> Option<u64> {
     line.split("draining: ").nth(1)?.split(' ').next()?.parse().ok()
 }
 
+/// Starts a slow decommission of pool 1 and kills it (kill -9) once it is under way: pool 1 is
+/// left draining with its keys mostly unmoved.
+fn start_decommission_then_kill(cluster: &Cluster) {
+    let run = cluster.cli_spawn(&["pool", "decommission", "1", "--rate", "100KiB/s"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while keys_left(cluster).is_none() {
+        assert!(Instant::now() < deadline, "the decommission never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    kill(run);
+}
+
 /// Kills a CLI run (kill -9) and returns what it printed.
 fn kill(mut child: Child) -> String {
     child.kill().expect("kill the cli");
@@ -316,13 +328,7 @@ fn rebalance_spreads_keys_over_pools_and_a_decommission_can_be_called_off() {
     assert!(again.contains("nothing moved"), "balanced already: {again}");
 
     // A decommission started, killed, and called off: the pool takes writes again.
-    let run = cluster.cli_spawn(&["pool", "decommission", "1", "--rate", "100KiB/s"]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while keys_left(&cluster).is_none() {
-        assert!(Instant::now() < deadline, "the decommission never started");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    kill(run);
+    start_decommission_then_kill(&cluster);
     let out = cluster.cli_ok(&["pool", "decommission", "1", "--cancel"]);
     assert!(out.contains("pool 1 is active again"), "{out}");
     assert_eq!(map_of(&cluster).pools[0].state, PoolState::Active);
@@ -453,13 +459,7 @@ fn a_key_overwritten_into_the_active_pool_never_reads_back_from_the_draining_one
     block_on(cluster.client().put_bytes("bkt", "K", &old, &Default::default())).unwrap();
     add_pool(&mut cluster);
     // Pool 1 draining, K not moved yet (4 MiB at 100 KiB/s takes 40 s): the run is killed first.
-    let run = cluster.cli_spawn(&["pool", "decommission", "1", "--rate", "100KiB/s"]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while keys_left(&cluster).is_none() {
-        assert!(Instant::now() < deadline, "the decommission never started");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    kill(run);
+    start_decommission_then_kill(&cluster);
     let map = map_of(&cluster);
     assert_eq!(map.pools[0].state, PoolState::Draining);
     let before = block_on(cluster.client().head("bkt", "K")).unwrap();
