@@ -396,11 +396,7 @@ fn version_unreadable(
                 (Some(_), _) => {
                     format!("node {node}: drive {} does not hold version {}", d.drive_idx, version.to_hex())
                 }
-                (None, Some(Silence::Failed(error))) => error.clone(),
-                (None, Some(Silence::Unavailable)) => {
-                    format!("node {node}: drive {} cannot answer for the key", d.drive_idx)
-                }
-                (None, None) => format!("node {node}: no answer"),
+                (None, why) => silent_reason(&node, d.drive_idx, why.as_ref()),
             };
             FailedNode { node, reason }
         })
@@ -413,6 +409,19 @@ fn version_unreadable(
         total: drives.len(),
         needed,
         unreachable,
+    }
+}
+
+/// Why drive `drive_idx` of `node` gave no usable answer, for an error naming it.
+fn silent_reason(node: &str, drive_idx: usize, why: Option<&Silence>) -> String {
+    match why {
+        Some(Silence::Failed(error)) => error.clone(),
+        Some(Silence::Unavailable) => {
+            format!(
+                "node {node}: drive {drive_idx} cannot answer for the key (being rebuilt, or its metadata unreadable)"
+            )
+        }
+        None => format!("node {node}: no answer"),
     }
 }
 
@@ -712,15 +721,8 @@ fn too_few_answered(
         .filter(|((_, r), _)| r.is_none())
         .map(|((d, _), why)| {
             let node = client.node_id(d.node_idx).to_owned();
-            let why = match why {
-                Some(Silence::Failed(error)) => error.clone(),
-                Some(Silence::Unavailable) => format!(
-                    "node {node}: drive {} cannot answer for the key (being rebuilt, or its metadata unreadable)",
-                    d.drive_idx
-                ),
-                None => format!("node {node}: no answer"),
-            };
-            FailedNode { node, reason: why }
+            let reason = silent_reason(&node, d.drive_idx, why.as_ref());
+            FailedNode { node, reason }
         })
         .collect();
     Error::Unavailable {

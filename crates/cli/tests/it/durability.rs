@@ -123,6 +123,21 @@ fn object_and_overwrite(cluster: &Cluster) -> (Vec<u8>, client::ObjectInfo, Arc<
     (old, info, map, overwrite)
 }
 
+/// [`object_and_overwrite`], with the overwrite committed by hand on positions 0-4 (W = 5:
+/// acknowledged, never finalized) and repair paused, which would give position 5 the overwrite
+/// from the others.
+fn overwrite_missed_by_position_5(
+    cluster: &Cluster,
+) -> (Vec<u8>, client::ObjectInfo, Arc<cluster::ClusterMap>, ObjectMeta) {
+    cluster.cli_ok(&["repair", "pause"]);
+    let written = object_and_overwrite(cluster);
+    for position in 0..5 {
+        let outcome = hand_commit(cluster, position, &written.3, CommitCondition::None);
+        assert!(matches!(outcome, Response::Committed { .. }), "{outcome:?}");
+    }
+    written
+}
+
 #[test]
 fn a_rollback_planned_with_an_older_map_is_still_served() {
     // A writer's overwrite landed on 4 of 6 drives (short of W = 5), and before its rollbacks
@@ -358,13 +373,7 @@ fn an_overwrite_acknowledged_without_its_finalize_is_never_read_past_with_two_ho
     // it on 3 (fewer than k = 4) and the old version on 4 (one current, three retained): the
     // old one is "readable", yet returning it goes back behind an acknowledged write.
     let mut cluster = Cluster::start(Shape::default());
-    // Repair would give position 5 the overwrite from the others (and make it readable).
-    cluster.cli_ok(&["repair", "pause"]);
-    let (_old, info, map, overwrite) = object_and_overwrite(&cluster);
-    for position in 0..5 {
-        let outcome = hand_commit(&cluster, position, &overwrite, CommitCondition::None);
-        assert!(matches!(outcome, Response::Committed { .. }), "{outcome:?}");
-    }
+    let (_old, info, map, overwrite) = overwrite_missed_by_position_5(&cluster);
     let set = &map.sets[overwrite.set_idx as usize];
     let down: Vec<usize> = (3..5).map(|position| set.drives[position].node_idx).collect();
     for &node in &down {
@@ -401,12 +410,7 @@ fn a_read_that_hears_from_too_few_drives_to_see_every_acknowledged_version_fails
     // overwrite, and a ranged GET answered with the value it replaced: the range needed only
     // that node's chunk. One answer of six cannot show a version acknowledged on W = 5 drives.
     let mut cluster = Cluster::start(Shape::default());
-    cluster.cli_ok(&["repair", "pause"]);
-    let (old, info, map, overwrite) = object_and_overwrite(&cluster);
-    for position in 0..5 {
-        let outcome = hand_commit(&cluster, position, &overwrite, CommitCondition::None);
-        assert!(matches!(outcome, Response::Committed { .. }), "{outcome:?}");
-    }
+    let (old, info, map, overwrite) = overwrite_missed_by_position_5(&cluster);
     let set = &map.sets[overwrite.set_idx as usize];
     for position in 0..5 {
         cluster.kill_node(set.drives[position].node_idx);
