@@ -243,6 +243,75 @@ def test_multipart_objects_download_whole_and_cut_uploads_store_nothing(browser,
     assert 'data-prefix="big/"' in page, page
 
 
+def test_browser_multipart_uploads_make_one_object_and_refuse_bad_parts(cluster, browser, bucket, s3):
+    """The endpoints console.js uses for files larger than one part (the real browser drives
+    them in test_console_browser.py); here each refusal, by raw HTTP."""
+    token = browser.csrf()
+    upload_headers = {"x-csrf-token": token}
+
+    def call(method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        status, _, answer = browser.request(method, path, body, {**upload_headers, **(headers or {})})
+        return status, answer.decode()
+
+    status, upload = call("POST", "/upload/start" + q(bucket=bucket, key="mp/video.bin"),
+                          headers={"Content-Type": "video/mp4"})
+    assert status == 200 and re.fullmatch(r"[0-9a-f]{32}", upload), upload
+    parts = [data(5 * 1024 * 1024, seed=80), data(1000, seed=81)]
+    etags = []
+    for number, part in enumerate(parts, start=1):
+        status, etag = call("PUT", "/upload/part" + q(bucket=bucket, key="mp/video.bin", upload=upload, part=str(number)),
+                            part)
+        assert status == 200 and etag == hashlib.md5(part).hexdigest(), etag
+        etags.append(etag)
+
+    # A part larger than the part limit is refused by its length, before a byte is read.
+    conn = http.client.HTTPConnection(browser.host, browser.port, timeout=30)
+    conn.putrequest("PUT", "/upload/part" + q(bucket=bucket, key="mp/video.bin", upload=upload, part="3"))
+    for name, value in [("Cookie", f"tessera_console={browser.cookie}"), ("Origin", browser.origin),
+                        ("x-csrf-token", token), ("Content-Length", str(6 << 30))]:
+        conn.putheader(name, value)
+    conn.endheaders()
+    answer = conn.getresponse()
+    assert answer.status == 413 and "a part may have at most 5368709120" in answer.read().decode()
+    conn.close()
+
+    # Bad part numbers, another session's token, unknown uploads, malformed or wrong part lists.
+    assert call("PUT", "/upload/part" + q(bucket=bucket, key="mp/video.bin", upload=upload, part="x"), b"1")[0] == 400
+    status, answer = call("PUT", "/upload/part" + q(bucket=bucket, key="mp/video.bin", upload=upload, part="10001"), b"1")
+    assert status == 400 and "part numbers are 1 to 10000" in answer, answer
+    status, _, _ = browser.request("POST", "/upload/start" + q(bucket=bucket, key="mp/x"), None,
+                                   {"x-csrf-token": "0" * 64})
+    assert status == 403
+    status, answer = call("PUT", "/upload/part" + q(bucket=bucket, key="mp/video.bin", upload="0" * 32, part="1"), b"1")
+    assert status == 404 and "no such multipart upload" in answer, answer
+    complete = "/upload/complete" + q(bucket=bucket, key="mp/video.bin", upload=upload)
+    assert call("POST", complete, b"one two")[0] == 400
+    assert call("POST", complete, b"")[0] == 400
+    status, answer = call("POST", complete, f"1 {etags[0]}\n2 {'0' * 32}".encode())
+    assert status == 400 and "invalid part 2" in answer, answer
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="mp/")["KeyCount"] == 0, "nothing until a right Complete"
+
+    status, answer = call("POST", complete, "\n".join(f"{n} {e}" for n, e in enumerate(etags, start=1)).encode())
+    assert status == 200 and answer == "ok", answer
+    got = s3.get_object(Bucket=bucket, Key="mp/video.bin")
+    assert got["Body"].read() == b"".join(parts) and got["ContentType"] == "video/mp4"
+    assert got["ETag"].strip('"').endswith("-2")
+
+    # An upload aborted by the script leaves no parts behind; a read-only key may start none.
+    status, upload = call("POST", "/upload/start" + q(bucket=bucket, key="mp/aborted.bin"))
+    assert status == 200
+    assert call("PUT", "/upload/part" + q(bucket=bucket, key="mp/aborted.bin", upload=upload, part="1"), b"abc")[0] == 200
+    assert call("POST", "/upload/abort" + q(bucket=bucket, key="mp/aborted.bin", upload=upload))[0] == 200
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    made = create_key(cluster, "--bucket", bucket, "--read-only")
+    reader = Browser(cluster.console_url)
+    assert reader.login(made["access_key"], made["secret_key"])[0] == 303
+    status, _, answer = reader.request("POST", "/upload/start" + q(bucket=bucket, key="mp/r"), None,
+                                       {"x-csrf-token": reader.csrf()})
+    assert status == 403 and b"may not write" in answer
+    tessera_key(cluster, "revoke", made["access_key"])
+
+
 def test_html_in_names_and_metadata_is_shown_as_text(browser, bucket, s3):
     key = 'x/<img src=q onerror=alert("k")>&amp;.txt'
     s3.put_object(Bucket=bucket, Key=key, Body=b"hi", Metadata={"note": "<img src=x onerror=alert(1)>"})
@@ -429,6 +498,54 @@ def test_the_root_creates_and_revokes_scoped_keys_that_the_gateway_enforces(clus
     assert status == 404 and access_key in page
     assert access_key not in browser.get("/keys")[2]
     tessera_key(cluster, "revoke", writer_key)
+
+
+def test_the_cluster_page_charts_this_gateways_traffic_from_its_counters(cluster, browser, bucket, s3):
+    status, _, page = browser.get("/cluster")
+    assert status == 200 and 'id="charts"' in page and 'src="/assets/uPlot.iife.min.js"' in page, page
+    status, headers, script = browser.get("/assets/uPlot.iife.min.js")
+    assert status == 200 and headers["content-type"].startswith("text/javascript") and "uPlot" in script
+    assert browser.get("/assets/uPlot.min.css")[0] == 200
+
+    def series() -> dict:
+        status, headers, body = browser.get("/cluster/traffic")
+        assert status == 200 and headers["content-type"] == "application/json", body
+        got = json.loads(body)
+        lengths = {len(got[name]) for name in ("time", "received_mb_s", "sent_mb_s", "requests_s",
+                                               "server_errors_s", "mean_latency_ms")}
+        assert len(lengths) == 1 and got["interval_s"] == 2, got
+        return got
+
+    # Uploads and downloads of 4 MiB show as MB/s in and out, with requests and their latency,
+    # in a sample taken after they were answered (one every 2 s).
+    before = series()["time"]
+    since = before[-1] if before else 0
+    body = data(4 * 1024 * 1024, seed=90)
+    for i in range(3):
+        s3.put_object(Bucket=bucket, Key=f"t{i}", Body=body)
+        assert s3.get_object(Bucket=bucket, Key=f"t{i}")["Body"].read() == body
+    deadline = time.monotonic() + 15
+    while True:
+        got = series()
+        fresh = [i for i, t in enumerate(got["time"]) if t > since]
+        # Rates are over each sample's own interval (about 2 s): back to megabytes by it.
+        seconds = [t - (got["time"][i - 1] if i else t - got["interval_s"]) for i, t in enumerate(got["time"])]
+        received = sum(got["received_mb_s"][i] * seconds[i] for i in fresh)
+        sent = sum(got["sent_mb_s"][i] * seconds[i] for i in fresh)
+        if received >= 3 * 4.19 * 0.9 and sent >= 3 * 4.19 * 0.9:
+            break
+        assert time.monotonic() < deadline, f"12.6 MB in and out never showed in the samples: {got}"
+        time.sleep(0.5)
+    busy = [i for i in fresh if got["requests_s"][i] > 0]
+    assert busy and all(got["mean_latency_ms"][i] > 0 for i in busy), got
+    assert len(got["time"]) <= 299, "ten minutes of samples at most"
+
+    # Only the root sees them.
+    made = create_key(cluster, "--all-buckets")
+    scoped = Browser(cluster.console_url)
+    assert scoped.login(made["access_key"], made["secret_key"])[0] == 303
+    assert scoped.get("/cluster/traffic")[0] == 403
+    tessera_key(cluster, "revoke", made["access_key"])
 
 
 def test_the_cluster_page_shows_nodes_drives_sets_and_a_node_going_down(cluster, browser):

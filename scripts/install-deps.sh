@@ -7,14 +7,16 @@
 #   clang-sys actually loads (libclang.so, libclang-N.so, libclang.so.N), not libclang-cpp.
 # - Tests: iproute2 (network namespaces for the fault checker), procps (ps, used by benches),
 #   faketime (clients with skewed clocks in the fault checker), nftables (lossy links and
-#   partitions in the checker: this kernel has no netem).
+#   partitions in the checker: this kernel has no netem), chromium and chromium-driver (the
+#   console's test in a real headless browser, e2e/test_console_browser.py: Selenium is given
+#   both paths, so no browser is ever downloaded).
 #
 # `scripts/check-fresh.sh` removes these packages and runs .ci/run on a fresh clone: run it
 # whenever this list changes.
 set -euo pipefail
 
 # The packages, in one list: check-fresh.sh removes exactly these.
-PACKAGES=(nasm autoconf automake libtool pkg-config help2man libclang-dev iproute2 procps faketime nftables)
+PACKAGES=(nasm autoconf automake libtool pkg-config help2man libclang-dev iproute2 procps faketime nftables chromium chromium-driver)
 
 if [ "${1:-}" = "--list" ]; then
   printf '%s\n' "${PACKAGES[@]}"
@@ -44,6 +46,8 @@ command -v ip >/dev/null || missing+=(iproute2)
 command -v ps >/dev/null || missing+=(procps)
 command -v faketime >/dev/null || missing+=(faketime)
 command -v nft >/dev/null || missing+=(nftables)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
 have_libclang || missing+=(libclang-dev)
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -129,7 +129,7 @@ pub(crate) struct GatewayArgs {
     #[arg(long, default_value = s3::DEFAULT_REGION, value_parser = region_name)]
     region: String,
     /// Serve Prometheus metrics at http://ADDR/metrics (off unless given: then the gateway
-    /// counts nothing).
+    /// counts nothing, unless --console-listen's charts need its counters).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
     /// Serve HTTPS with this certificate chain (PEM, leaf first); needs --tls-key.
@@ -659,23 +659,36 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
             region: args.region.clone(),
             // Counted only when served: without --metrics-listen the request path does no
             // metrics work (what bench/metrics-overhead.sh compares against).
-            metrics: args.metrics_listen.is_some(),
+            // The console's charts read the same counters.
+            metrics: args.metrics_listen.is_some() || args.console_listen.is_some(),
             tls: args.tls_cert.clone().zip(args.tls_key.clone()).map(|(cert, key)| s3::TlsFiles { cert, key }),
         };
         tokio::spawn(expire_uploads(client.clone(), args.multipart_expiry, args.multipart_check_interval));
+        let gateway = s3::Gateway::bind(client.clone(), config.clone()).await.context("start the S3 gateway")?;
         let console = match args.console_listen {
             Some(listen) => {
+                let metrics = gateway.metrics();
+                let traffic: console::TrafficSource = std::sync::Arc::new(move || {
+                    let totals = metrics.totals();
+                    console::Traffic {
+                        requests: totals.requests,
+                        server_errors: totals.server_errors,
+                        request_seconds: totals.request_seconds,
+                        bytes_received: totals.bytes_received,
+                        bytes_sent: totals.bytes_sent,
+                    }
+                });
                 let config = console::ConsoleConfig {
                     listen,
-                    root_access_key: config.access_key.clone(),
-                    root_secret_key: config.secret_key.clone(),
+                    root_access_key: config.access_key,
+                    root_secret_key: config.secret_key,
                     session_ttl: args.console_session_ttl,
+                    traffic: Some(traffic),
                 };
-                Some(console::Console::bind(client.clone(), config).await.context("start the web console")?)
+                Some(console::Console::bind(client, config).await.context("start the web console")?)
             }
             None => None,
         };
-        let gateway = s3::Gateway::bind(client, config).await.context("start the S3 gateway")?;
         match gateway.certificate() {
             None => tracing::info!("S3 gateway listening on http://{}", gateway.local_addr()?),
             Some(cert) => {

@@ -1,9 +1,95 @@
 // The console's only script: uploads with progress (drag and drop or the file picker).
-// Each file is one PUT /upload?bucket=B&key=K with the session's CSRF token in a header;
-// the page reloads once every upload has ended, so the listing shows the new objects.
+// A file of at most one part is one PUT /upload?bucket=B&key=K; a larger one is a multipart
+// upload: POST /upload/start, one PUT /upload/part per slice of the file (each tried up to
+// PART_TRIES times), POST /upload/complete with the parts' ETags (or /upload/abort when a part
+// fails for good). Every request carries the session's CSRF token in a header. The page
+// reloads once every upload has ended, so the listing shows the new objects.
 "use strict";
 
-function uploadOne(section, file, list) {
+const MIB = 1024 * 1024;
+// Parts are at least this large (S3 wants 5 MiB but the last), fewer requests for big files.
+const PART_BYTES_MIN = 16 * MIB;
+// S3's limits: 10,000 parts of at most 5 GiB, objects of at most 5 TiB.
+const PARTS_MAX = 10000;
+const PART_BYTES_MAX = 5 * 1024 * MIB;
+const OBJECT_BYTES_MAX = 5 * 1024 * 1024 * MIB;
+// Tries of one part before the upload gives up (a broken connection, a node restarting).
+const PART_TRIES = 3;
+
+// How a file of `size` bytes is sent: {parts: 1} for one PUT, else the part size and count;
+// {error} when no upload can hold it.
+function partPlan(size) {
+  if (size > OBJECT_BYTES_MAX) {
+    return { error: "the file has " + size + " bytes; an object may have at most 5 TiB (" + OBJECT_BYTES_MAX + " bytes)" };
+  }
+  if (size <= PART_BYTES_MIN) {
+    return { parts: 1, partBytes: size };
+  }
+  const partBytes = Math.max(PART_BYTES_MIN, Math.ceil(size / PARTS_MAX / MIB) * MIB);
+  console.assert(partBytes <= PART_BYTES_MAX);
+  return { parts: Math.ceil(size / partBytes), partBytes: partBytes };
+}
+
+// One request; resolves to {status, text}. `onProgress(loaded)` follows the body sent.
+function send(method, url, csrf, body, contentType, onProgress) {
+  return new Promise((resolve) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open(method, url);
+    xhr.setRequestHeader("x-csrf-token", csrf);
+    if (contentType) {
+      xhr.setRequestHeader("content-type", contentType);
+    }
+    if (onProgress) {
+      xhr.upload.onprogress = (event) => onProgress(event.loaded);
+    }
+    xhr.onload = () => resolve({ status: xhr.status, text: xhr.responseText });
+    xhr.onerror = () => resolve({ status: 0, text: "the connection broke" });
+    xhr.send(body);
+  });
+}
+
+function target(section, key, extra) {
+  return new URLSearchParams(Object.assign({ bucket: section.dataset.bucket, key: key }, extra)).toString();
+}
+
+// A multipart upload of `file`; resolves to {status, text} like send().
+async function uploadParts(section, file, key, plan, progress) {
+  const csrf = section.dataset.csrf;
+  const started = await send("POST", "/upload/start?" + target(section, key, {}), csrf, null, file.type);
+  if (started.status !== 200) {
+    return started;
+  }
+  const upload = started.text;
+  const lines = [];
+  let done = 0;
+  for (let part = 1; part <= plan.parts; part++) {
+    const slice = file.slice((part - 1) * plan.partBytes, Math.min(file.size, part * plan.partBytes));
+    let answer = null;
+    for (let attempt = 1; attempt <= PART_TRIES; attempt++) {
+      const url = "/upload/part?" + target(section, key, { upload: upload, part: String(part) });
+      answer = await send("PUT", url, csrf, slice, null, (loaded) => progress(done + loaded));
+      // A refusal (4xx) will not change on a retry.
+      if (answer.status === 200 || (answer.status >= 400 && answer.status < 500)) {
+        break;
+      }
+    }
+    if (answer.status !== 200) {
+      await send("POST", "/upload/abort?" + target(section, key, { upload: upload }), csrf, null, null);
+      return { status: answer.status, text: "part " + part + " of " + plan.parts + ": " + answer.text };
+    }
+    lines.push(part + " " + answer.text);
+    done += slice.size;
+    progress(done);
+  }
+  const completed = await send(
+    "POST", "/upload/complete?" + target(section, key, { upload: upload }), csrf, lines.join("\n"), "text/plain", null);
+  if (completed.status !== 200) {
+    await send("POST", "/upload/abort?" + target(section, key, { upload: upload }), csrf, null, null);
+  }
+  return completed;
+}
+
+async function uploadOne(section, file, list) {
   const key = section.dataset.prefix + file.name;
   const item = document.createElement("li");
   const name = document.createElement("span");
@@ -15,32 +101,25 @@ function uploadOne(section, file, list) {
   status.className = "status";
   item.append(name, bar, status);
   list.append(item);
-  return new Promise((resolve) => {
-    const xhr = new XMLHttpRequest();
-    const query = new URLSearchParams({ bucket: section.dataset.bucket, key: key });
-    xhr.open("PUT", "/upload?" + query.toString());
-    xhr.setRequestHeader("x-csrf-token", section.dataset.csrf);
-    if (file.type) {
-      xhr.setRequestHeader("content-type", file.type);
-    }
-    xhr.upload.onprogress = (event) => {
-      bar.value = event.loaded;
-      status.textContent = Math.floor((100 * event.loaded) / (event.total || 1)) + "%";
-    };
-    xhr.onload = () => {
-      const ok = xhr.status === 200;
-      item.className = ok ? "done" : "failed";
-      bar.value = ok ? bar.max : bar.value;
-      status.textContent = ok ? "uploaded" : "failed: " + xhr.responseText;
-      resolve(ok);
-    };
-    xhr.onerror = () => {
-      item.className = "failed";
-      status.textContent = "failed: the connection broke";
-      resolve(false);
-    };
-    xhr.send(file);
-  });
+  const progress = (loaded) => {
+    bar.value = loaded;
+    status.textContent = Math.floor((100 * loaded) / (file.size || 1)) + "%";
+  };
+  const plan = partPlan(file.size);
+  let answer;
+  if (plan.error) {
+    answer = { status: 0, text: plan.error };
+  } else if (plan.parts === 1) {
+    answer = await send("PUT", "/upload?" + target(section, key, {}), section.dataset.csrf, file, file.type, progress);
+  } else {
+    status.textContent = "0% (" + plan.parts + " parts)";
+    answer = await uploadParts(section, file, key, plan, progress);
+  }
+  const ok = answer.status === 200;
+  item.className = ok ? "done" : "failed";
+  bar.value = ok ? bar.max : bar.value;
+  status.textContent = ok ? "uploaded" : "failed: " + answer.text;
+  return ok;
 }
 
 async function uploadAll(section, files) {
@@ -55,7 +134,63 @@ async function uploadAll(section, files) {
   }
 }
 
+// The cluster page's live charts (uPlot, vendored): the gateway's throughput, and its request
+// rate with their mean latency, from /cluster/traffic every 2 s. Draws nothing without uPlot.
+const CHART_POLL_MS = 2000;
+
+function chartData(series) {
+  return {
+    throughput: [series.time, series.received_mb_s, series.sent_mb_s],
+    latency: [series.time, series.mean_latency_ms, series.requests_s],
+  };
+}
+
+function startCharts(section) {
+  if (typeof uPlot === "undefined") {
+    return;
+  }
+  const width = Math.max(300, section.clientWidth);
+  const time = { label: "time" };
+  let plots = null;
+  const draw = (series) => {
+    const data = chartData(series);
+    if (plots === null) {
+      plots = {
+        throughput: new uPlot({
+          title: "Throughput (MB/s)", width: width, height: 220,
+          series: [time, { label: "received", stroke: "#2563eb", width: 2 }, { label: "sent", stroke: "#16a34a", width: 2 }],
+          axes: [{}, { label: "MB/s" }],
+        }, data.throughput, document.getElementById("throughput-chart")),
+        latency: new uPlot({
+          title: "Requests and their mean latency", width: width, height: 220,
+          scales: { ms: {}, rps: {} },
+          series: [time,
+            { label: "mean latency (ms)", stroke: "#dc2626", width: 2, scale: "ms", spanGaps: false },
+            { label: "requests/s", stroke: "#6b7280", width: 1, scale: "rps" }],
+          axes: [{}, { scale: "ms", label: "ms" }, { scale: "rps", side: 1, label: "requests/s", grid: { show: false } }],
+        }, data.latency, document.getElementById("latency-chart")),
+      };
+    } else {
+      plots.throughput.setData(data.throughput);
+      plots.latency.setData(data.latency);
+    }
+    section.dataset.points = String(series.time.length);
+  };
+  const poll = () => {
+    fetch(section.dataset.src, { credentials: "same-origin" })
+      .then((answer) => (answer.ok ? answer.json() : null))
+      .then((series) => series && draw(series))
+      .catch(() => {});
+  };
+  poll();
+  window.setInterval(poll, CHART_POLL_MS);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  const charts = document.getElementById("charts");
+  if (charts) {
+    startCharts(charts);
+  }
   const section = document.getElementById("upload");
   if (!section) {
     return;

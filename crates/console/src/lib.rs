@@ -24,6 +24,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 
 mod pages;
 mod session;
+mod traffic;
+
+pub use traffic::{Traffic, TrafficSource};
 
 use session::{Session, Sessions, Who};
 
@@ -64,6 +67,9 @@ pub const SESSION_TTL_DEFAULT: Duration = Duration::from_secs(8 * 3600);
 
 const CONSOLE_CSS: &str = include_str!("../assets/console.css");
 const CONSOLE_JS: &str = include_str!("../assets/console.js");
+/// uPlot, vendored from npm at a pinned version (scripts/vendor-console-assets.sh).
+const UPLOT_JS: &str = include_str!("../assets/vendor/uplot/uPlot.iife.min.js");
+const UPLOT_CSS: &str = include_str!("../assets/vendor/uplot/uPlot.min.css");
 
 /// What a console serves and whom it lets in.
 #[derive(Clone)]
@@ -74,6 +80,8 @@ pub struct ConsoleConfig {
     pub root_secret_key: String,
     /// How long a login lasts.
     pub session_ttl: Duration,
+    /// The gateway's request totals, for the cluster page's live charts (none: no charts).
+    pub traffic: Option<TrafficSource>,
 }
 
 impl std::fmt::Debug for ConsoleConfig {
@@ -118,6 +126,8 @@ struct State {
     /// every few seconds, and all of them share one round of requests per
     /// [`CLUSTER_STATUS_MAX_AGE`] (the lock is held while it is asked anew).
     cluster_status: tokio::sync::Mutex<Option<(std::time::Instant, Arc<client::ClusterStatus>)>>,
+    /// The gateway's traffic, sampled (only when the console was given a source).
+    traffic: Option<Arc<traffic::Samples>>,
 }
 
 /// How long one round of status requests to every node serves the cluster pages.
@@ -138,7 +148,11 @@ impl Console {
             root_access_key: config.root_access_key,
             root_secret_key: config.root_secret_key,
             cluster_status: tokio::sync::Mutex::new(None),
+            traffic: config.traffic.as_ref().map(|_| Arc::new(traffic::Samples::default())),
         };
+        if let (Some(samples), Some(source)) = (&state.traffic, config.traffic) {
+            tokio::spawn(traffic::sample(Arc::downgrade(samples), source));
+        }
         Ok(Self { listener, state: Arc::new(state) })
     }
 
@@ -228,7 +242,10 @@ fn with_security_headers(mut response: Response<Body>) -> Response<Body> {
     let headers = response.headers_mut();
     headers.insert("content-security-policy", HeaderValue::from_static(CSP));
     headers.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
-    headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    // Not `no-referrer`: under it browsers send `Origin: null` on the console's own form posts,
+    // which the same-origin check must refuse. `same-origin` keeps URLs (bucket and key names)
+    // from other sites and still names the console's origin to itself.
+    headers.insert("referrer-policy", HeaderValue::from_static("same-origin"));
     headers.insert("x-frame-options", HeaderValue::from_static("DENY"));
     if !headers.contains_key(header::CACHE_CONTROL) {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -354,6 +371,12 @@ async fn route(state: &State, request: Request<hyper::body::Incoming>) -> Respon
         (&Method::GET, "/assets/console.js") => {
             cached(respond(StatusCode::OK, "text/javascript; charset=utf-8", full(CONSOLE_JS)))
         }
+        (&Method::GET, "/assets/uPlot.iife.min.js") => {
+            cached(respond(StatusCode::OK, "text/javascript; charset=utf-8", full(UPLOT_JS)))
+        }
+        (&Method::GET, "/assets/uPlot.min.css") => {
+            cached(respond(StatusCode::OK, "text/css; charset=utf-8", full(UPLOT_CSS)))
+        }
         (&Method::GET, "/login") => page(StatusCode::OK, pages::login(None)),
         (&Method::POST, "/login") => login(state, request).await,
         _ => {
@@ -409,7 +432,12 @@ async fn authenticated(
         }
         (&Method::GET, "/keys") => keys(state, &view).await,
         (&Method::GET, "/cluster") => cluster(state, &view).await,
+        (&Method::GET, "/cluster/traffic") => traffic(state, &session.who),
         (&Method::PUT, "/upload") => upload(state, session, request).await,
+        (&Method::POST, "/upload/start") => upload_start(state, session, request).await,
+        (&Method::PUT, "/upload/part") => upload_part(state, session, request).await,
+        (&Method::POST, "/upload/complete") => upload_complete(state, session, request).await,
+        (&Method::POST, "/upload/abort") => upload_abort(state, session, request).await,
         (&Method::POST, _) => {
             let form = match form(request).await {
                 Ok(form) => form,
@@ -507,10 +535,16 @@ fn client_error(error: &client::Error) -> Response<Body> {
 fn describe(error: &client::Error) -> (StatusCode, String) {
     use client::Error as E;
     match error {
-        E::NoSuchBucket { .. } | E::NotFound { .. } => (StatusCode::NOT_FOUND, error.to_string()),
-        E::InvalidName(_) | E::BucketNotEmpty { .. } | E::UploadsInProgress { .. } | E::ObjectTooLarge { .. } => {
-            (StatusCode::BAD_REQUEST, error.to_string())
+        E::NoSuchBucket { .. } | E::NotFound { .. } | E::NoSuchUpload { .. } => {
+            (StatusCode::NOT_FOUND, error.to_string())
         }
+        E::InvalidName(_)
+        | E::BucketNotEmpty { .. }
+        | E::UploadsInProgress { .. }
+        | E::ObjectTooLarge { .. }
+        | E::InvalidPart { .. }
+        | E::InvalidPartOrder
+        | E::EntityTooSmall { .. } => (StatusCode::BAD_REQUEST, error.to_string()),
         E::DiskFull { .. } => (StatusCode::INSUFFICIENT_STORAGE, "The cluster is out of space.".to_owned()),
         // An upload whose body broke off (or paused too long): nothing was stored.
         E::Source(e) => {
@@ -560,7 +594,20 @@ async fn cluster(state: &State, view: &pages::View<'_>) -> Response<Body> {
             }
         }
     };
-    page(StatusCode::OK, pages::cluster(view, &status))
+    page(StatusCode::OK, pages::cluster(view, &status, state.traffic.is_some()))
+}
+
+/// `GET /cluster/traffic` (root only): the gateway's sampled traffic as per-interval rates,
+/// JSON, for the cluster page's charts.
+fn traffic(state: &State, who: &Who) -> Response<Body> {
+    if !matches!(who, Who::Root { .. }) {
+        return forbidden(who, "see the gateway's traffic");
+    }
+    let Some(samples) = &state.traffic else {
+        return error_page(StatusCode::NOT_FOUND, "This gateway keeps no traffic samples.");
+    };
+    let json = serde_json::to_string(&samples.series()).expect("numbers and vectors serialize");
+    respond(StatusCode::OK, "application/json", full(json))
 }
 
 /// Only the root manages access keys (as only `tessera key`, with the cluster secret, can).
@@ -710,7 +757,10 @@ async fn objects(state: &State, view: &pages::View<'_>, bucket: &str, prefix: &s
             more = true; // a page of few rows over many keys: the rest on the next page
             break;
         }
-        let listed = match state.client.list(bucket, prefix, &next, u32::try_from(PAGE_ROWS).expect("small")).await {
+        // One key more than a page holds: a full page then knows there is more without a
+        // second listing (each costs a round trip to every drive of the bucket's sets).
+        let limit = u32::try_from(PAGE_ROWS + 1).expect("small");
+        let listed = match state.client.list(bucket, prefix, &next, limit).await {
             Ok(listed) => listed,
             Err(e) => return client_error(&e),
         };
@@ -811,27 +861,46 @@ async fn delete_object(state: &State, who: &Who, bucket: &str, key: &str) -> Res
     }
 }
 
-/// `PUT /upload?bucket=B&key=K` with the file as the body and the CSRF token in
-/// `x-csrf-token` (the console's script sends it, with progress); streamed into the cluster
-/// with bounded memory. Answers JSON-free plain text: `ok` or the error.
-async fn upload(state: &State, session: &Session, request: Request<hyper::body::Incoming>) -> Response<Body> {
-    let text = |status, message: String| respond(status, "text/plain; charset=utf-8", full(message));
+/// Largest part a browser upload sends (S3's part limit); a larger `Content-Length` is refused
+/// before any byte is read.
+pub const PART_BYTES_MAX: u64 = 5 << 30;
+/// Largest body of `/upload/complete`: one "number etag" line per part, 10,000 parts.
+const COMPLETE_BYTES_MAX: usize = 1 << 20;
+
+/// A text answer of the upload endpoints (the script shows it as it is).
+fn text(status: StatusCode, message: String) -> Response<Body> {
+    respond(status, "text/plain; charset=utf-8", full(message))
+}
+
+/// Checks an upload request's CSRF token (header `x-csrf-token`) and that the session may write
+/// in its bucket; returns the bucket and key, or the refusal.
+fn upload_target(
+    session: &Session,
+    request: &Request<hyper::body::Incoming>,
+) -> Result<(String, String), Box<Response<Body>>> {
     let token = request.headers().get("x-csrf-token").and_then(|v| v.to_str().ok()).unwrap_or("");
     if !session::same(token, &session.csrf) {
-        return text(
+        return Err(Box::new(text(
             StatusCode::FORBIDDEN,
             "refused: the upload's token is not this session's; reload the page".into(),
-        );
+        )));
     }
-    let bucket = param(&request, "bucket").unwrap_or_default();
-    let key = param(&request, "key").unwrap_or_default();
+    let bucket = param(request, "bucket").unwrap_or_default();
+    let key = param(request, "key").unwrap_or_default();
     if !session.who.allows(Some(&bucket), Action::Write) {
         let who = session.who.access_key();
-        return text(StatusCode::FORBIDDEN, format!("access key {who} may not write in bucket {bucket:?}"));
+        return Err(Box::new(text(
+            StatusCode::FORBIDDEN,
+            format!("access key {who} may not write in bucket {bucket:?}"),
+        )));
     }
-    let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    Ok((bucket, key))
+}
+
+/// The request's body as a reader; each frame must come within [`BODY_IDLE_TIMEOUT`], so a
+/// stalled upload gives its slot back.
+fn body_reader(request: Request<hyper::body::Incoming>) -> impl tokio::io::AsyncRead + Unpin + Send {
     let frames = http_body_util::BodyStream::new(request.into_body());
-    // Each frame must come within BODY_IDLE_TIMEOUT: a stalled upload gives its slot back.
     let frames = futures_util::stream::unfold(frames, |mut frames| async move {
         match tokio::time::timeout(BODY_IDLE_TIMEOUT, futures_util::StreamExt::next(&mut frames)).await {
             Ok(Some(frame)) => Some((frame.map_err(std::io::Error::other), frames)),
@@ -845,17 +914,129 @@ async fn upload(state: &State, session: &Session, request: Request<hyper::body::
             Err(e) => Some(Err(e)),
         }
     });
-    let mut reader = tokio_util::io::StreamReader::new(Box::pin(data));
-    let options = client::PutOptions { content_type, ..Default::default() };
+    tokio_util::io::StreamReader::new(Box::pin(data))
+}
+
+fn content_type(request: &Request<hyper::body::Incoming>) -> Option<String> {
+    request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+fn failed(error: &client::Error) -> Response<Body> {
+    let (status, message) = describe(error);
+    text(status, message)
+}
+
+/// `PUT /upload?bucket=B&key=K` with the file as the body and the CSRF token in
+/// `x-csrf-token` (the console's script sends it, with progress); streamed into the cluster
+/// with bounded memory. Answers plain text: `ok` or the error. Files larger than one part
+/// go through `/upload/start`, `/upload/part` and `/upload/complete` instead.
+async fn upload(state: &State, session: &Session, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    let (bucket, key) = match upload_target(session, &request) {
+        Ok(target) => target,
+        Err(refused) => return *refused,
+    };
+    let options = client::PutOptions { content_type: content_type(&request), ..Default::default() };
+    let mut reader = body_reader(request);
     match state.client.put(&bucket, &key, &mut reader, &options).await {
         Ok(info) => {
             tracing::info!("console: {} uploaded {bucket}/{key} ({} bytes)", session.who.access_key(), info.meta.size);
             text(StatusCode::OK, "ok".into())
         }
-        Err(e) => {
-            let (status, message) = describe(&e);
-            text(status, message)
+        Err(e) => failed(&e),
+    }
+}
+
+/// `POST /upload/start?bucket=B&key=K` (the file's type in `Content-Type`, no body): starts a
+/// multipart upload and answers its id.
+async fn upload_start(state: &State, session: &Session, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    let (bucket, key) = match upload_target(session, &request) {
+        Ok(target) => target,
+        Err(refused) => return *refused,
+    };
+    let options = client::PutOptions { content_type: content_type(&request), ..Default::default() };
+    match state.client.create_multipart(&bucket, &key, &options).await {
+        Ok(upload_id) => text(StatusCode::OK, upload_id),
+        Err(e) => failed(&e),
+    }
+}
+
+/// `PUT /upload/part?bucket=B&key=K&upload=U&part=N` with the part as the body (at most
+/// [`PART_BYTES_MAX`], by its `Content-Length`): answers the part's ETag.
+async fn upload_part(state: &State, session: &Session, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    let (bucket, key) = match upload_target(session, &request) {
+        Ok(target) => target,
+        Err(refused) => return *refused,
+    };
+    let upload_id = param(&request, "upload").unwrap_or_default();
+    let Some(number) = param(&request, "part").and_then(|n| n.parse::<u32>().ok()) else {
+        return text(StatusCode::BAD_REQUEST, "the part number is missing or not a number".into());
+    };
+    let length = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    match length {
+        None => return text(StatusCode::LENGTH_REQUIRED, "a part must say its length (Content-Length)".into()),
+        Some(length) if length > PART_BYTES_MAX => {
+            return text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("part {number} has {length} bytes; a part may have at most {PART_BYTES_MAX}"),
+            );
         }
+        Some(_) => {}
+    }
+    let mut reader = body_reader(request);
+    match state.client.put_part(&bucket, &key, &upload_id, number, &mut reader).await {
+        Ok(part) => text(StatusCode::OK, part.etag),
+        Err(e) => failed(&e),
+    }
+}
+
+/// `POST /upload/complete?bucket=B&key=K&upload=U` with one `number etag` line per part,
+/// ascending: makes the object.
+async fn upload_complete(state: &State, session: &Session, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    let (bucket, key) = match upload_target(session, &request) {
+        Ok(target) => target,
+        Err(refused) => return *refused,
+    };
+    let upload_id = param(&request, "upload").unwrap_or_default();
+    let limited = http_body_util::Limited::new(request.into_body(), COMPLETE_BYTES_MAX);
+    let body = match tokio::time::timeout(BODY_IDLE_TIMEOUT, limited.collect()).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        _ => return text(StatusCode::BAD_REQUEST, "the list of parts did not arrive whole".into()),
+    };
+    let mut parts = Vec::new();
+    for line in String::from_utf8_lossy(&body).lines().filter(|line| !line.trim().is_empty()) {
+        let Some((number, etag)) = line.trim().split_once(' ').and_then(|(n, e)| Some((n.parse::<u32>().ok()?, e)))
+        else {
+            return text(StatusCode::BAD_REQUEST, format!("not a part line (\"number etag\"): {line:?}"));
+        };
+        parts.push((number, etag.to_owned()));
+    }
+    if parts.is_empty() {
+        return text(StatusCode::BAD_REQUEST, "no parts listed".into());
+    }
+    match state.client.complete_multipart(&bucket, &key, &upload_id, &parts).await {
+        Ok(info) => {
+            tracing::info!(
+                "console: {} uploaded {bucket}/{key} ({} bytes, {} parts)",
+                session.who.access_key(),
+                info.meta.size,
+                parts.len()
+            );
+            text(StatusCode::OK, "ok".into())
+        }
+        Err(e) => failed(&e),
+    }
+}
+
+/// `POST /upload/abort?bucket=B&key=K&upload=U`: drops a failed upload's parts.
+async fn upload_abort(state: &State, session: &Session, request: Request<hyper::body::Incoming>) -> Response<Body> {
+    let (bucket, key) = match upload_target(session, &request) {
+        Ok(target) => target,
+        Err(refused) => return *refused,
+    };
+    let upload_id = param(&request, "upload").unwrap_or_default();
+    match state.client.abort_multipart(&bucket, &key, &upload_id).await {
+        Ok(()) => text(StatusCode::OK, "ok".into()),
+        Err(e) => failed(&e),
     }
 }
 

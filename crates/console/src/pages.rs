@@ -50,11 +50,12 @@ pub(crate) fn bytes(n: u64) -> String {
 }
 
 fn shell(title: &str, view: Option<&View<'_>>, body: Markup) -> Markup {
-    shell_refreshed(title, view, None, body)
+    shell_refreshed(title, view, None, false, body)
 }
 
-/// [`shell`], reloading itself every `refresh_s` seconds when given.
-fn shell_refreshed(title: &str, view: Option<&View<'_>>, refresh_s: Option<u32>, body: Markup) -> Markup {
+/// [`shell`], reloading itself every `refresh_s` seconds when given, with the chart library
+/// (uPlot) when `charts`.
+fn shell_refreshed(title: &str, view: Option<&View<'_>>, refresh_s: Option<u32>, charts: bool, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -64,6 +65,10 @@ fn shell_refreshed(title: &str, view: Option<&View<'_>>, refresh_s: Option<u32>,
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · Tessera" }
                 link rel="stylesheet" href="/assets/console.css";
+                @if charts {
+                    link rel="stylesheet" href="/assets/uPlot.min.css";
+                    script src="/assets/uPlot.iife.min.js" defer {}
+                }
                 script src="/assets/console.js" defer {}
             }
             body {
@@ -191,8 +196,9 @@ pub(crate) fn objects(view: &View<'_>, bucket: &str, prefix: &str, rows: &[Row],
     let writable = view.who.allows(Some(bucket), access::Action::Write);
     // Uploads land in the folder shown, not under a search's partial name.
     let folder = prefix.rfind('/').map_or("", |at| &prefix[..=at]);
+    // Names relative to that folder: a search for `photos/c` shows `cat.jpg`, not `at.jpg`.
     let name = |key: &str| -> String {
-        let shown = key.strip_prefix(prefix).unwrap_or(key);
+        let shown = key.strip_prefix(folder).unwrap_or(key);
         if shown.is_empty() { key.to_owned() } else { shown.to_owned() }
     };
     shell(
@@ -377,7 +383,9 @@ pub(crate) fn key_created(view: &View<'_>, key: &access::AccessKey, secret: &str
 pub(crate) const CLUSTER_REFRESH_S: u32 = 5;
 
 /// The cluster page: health, nodes, drives (with how full each is), erasure sets, repair.
-pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus) -> Markup {
+/// The cluster page; with `charts`, the gateway's live throughput and latency (console.js
+/// draws them from `/cluster/traffic`).
+pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus, charts: bool) -> Markup {
     let serving: Vec<&client::NodeStatus> = status.nodes.iter().filter(|n| !n.removed).collect();
     let up = serving.iter().filter(|n| n.up).count();
     let repair = &status.repair;
@@ -386,12 +394,21 @@ pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus) -> Markup
         "Cluster",
         Some(view),
         Some(CLUSTER_REFRESH_S),
+        charts,
         html! {
             h1 { "Cluster" }
             p id="health" class=(if status.health == "ok" { "ok" } else { "error" }) {
                 "Cluster " code { (status.cluster_id) } " (map version " (status.map_version) "): "
                 strong { (status.health) } ", " (up) " of " (serving.len()) " nodes up. "
                 span.muted { "This page reloads every " (CLUSTER_REFRESH_S) " s." }
+            }
+            @if charts {
+                h2 { "This gateway's traffic" }
+                section id="charts" data-src="/cluster/traffic" {
+                    div id="throughput-chart" {}
+                    div id="latency-chart" {}
+                    p.muted id="charts-note" { "S3 requests this gateway answered, per 2 s, over the last 10 minutes." }
+                }
             }
             h2 { "Nodes" }
             table id="nodes" {

@@ -54,6 +54,24 @@ struct Inner {
     durations: Family<OperationLabel, Histogram, fn() -> Histogram>,
     bytes: ObjectBytes,
     connections: Gauge,
+    /// Every answered request and their latencies summed in microseconds, whatever the
+    /// operation (the console's charts; the histograms' own sums are not readable).
+    answered: Counter,
+    answered_micros: Counter,
+    /// Answers with a 5xx status.
+    server_errors: Counter,
+}
+
+/// What the gateway has answered since it started, over every operation: what the console's
+/// throughput and latency charts take differences of.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Totals {
+    pub requests: u64,
+    pub server_errors: u64,
+    /// The answered requests' latencies, summed.
+    pub request_seconds: f64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
 }
 
 /// Object bytes received in upload bodies and sent in GET bodies; travels to the handlers as
@@ -84,6 +102,9 @@ impl GatewayMetrics {
             durations: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             bytes: ObjectBytes::default(),
             connections: Gauge::default(),
+            answered: Counter::default(),
+            answered_micros: Counter::default(),
+            server_errors: Counter::default(),
         };
         Self { inner: Arc::new(inner) }
     }
@@ -114,6 +135,23 @@ impl GatewayMetrics {
         };
         self.inner.requests.get_or_create(&RequestLabels { operation: operation.clone(), outcome }).inc();
         self.inner.durations.get_or_create(&OperationLabel { operation }).observe(elapsed.as_secs_f64());
+        self.inner.answered.inc();
+        self.inner.answered_micros.inc_by(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
+        if outcome == "5xx" {
+            self.inner.server_errors.inc();
+        }
+    }
+
+    /// The totals of every operation, as of now (zeros when metrics are off).
+    pub fn totals(&self) -> Totals {
+        let inner = &self.inner;
+        Totals {
+            requests: inner.answered.get(),
+            server_errors: inner.server_errors.get(),
+            request_seconds: inner.answered_micros.get() as f64 / 1e6,
+            bytes_received: inner.bytes.received.get(),
+            bytes_sent: inner.bytes.sent.get(),
+        }
     }
 
     pub(crate) fn connection_opened(&self) {
