@@ -158,19 +158,38 @@ def test_up_serves_the_metrics_of_the_gateway_and_of_every_node(up):
         assert "tessera_node_drive_capacity_bytes" in text, text[:2000]
 
 
-def test_up_serves_the_web_console_with_the_printed_credentials(up):
+def test_up_serves_the_web_console_over_https_with_the_printed_credentials(up):
     banner = "\n".join(up.banner)
-    console = f"http://127.0.0.1:{up.console_port}/"
-    assert f"Web console: {console}" in banner, banner
-    conn = http.client.HTTPConnection("127.0.0.1", up.console_port, timeout=10)
+    origin = f"https://127.0.0.1:{up.console_port}"
+    assert f"Web console: {origin}/" in banner, banner
+    # With the gateway's certificate: trusted through the CA, the session cookie `Secure`.
+    context = ssl.create_default_context(cafile=str(up.ca))
+    conn = http.client.HTTPSConnection("127.0.0.1", up.console_port, timeout=10, context=context)
     body = f"access_key={ACCESS_KEY}&secret_key={SECRET_KEY}"
     conn.request("POST", "/login", body=body, headers={
-        "Content-Type": "application/x-www-form-urlencoded", "Origin": f"http://127.0.0.1:{up.console_port}"})
+        "Content-Type": "application/x-www-form-urlencoded", "Origin": origin})
     answer = conn.getresponse()
     answer.read()
     assert answer.status == 303 and answer.getheader("location") == "/buckets"
-    assert "HttpOnly" in answer.getheader("set-cookie")
+    cookie = answer.getheader("set-cookie")
+    assert "HttpOnly" in cookie and "; Secure" in cookie, cookie
+    session = cookie.split(";")[0]
+    conn.request("GET", "/cluster", headers={"Cookie": session})
+    answer = conn.getresponse()
+    assert answer.status == 200 and b"6 of 6 nodes up" in answer.read()
     conn.close()
+
+    # Without the CA the certificate is refused; plain HTTP gets no console page.
+    refused = http.client.HTTPSConnection("127.0.0.1", up.console_port, timeout=10,
+                                          context=ssl.create_default_context())
+    with pytest.raises(ssl.SSLCertVerificationError):
+        refused.request("GET", "/login")
+    refused.close()
+    plain = http.client.HTTPConnection("127.0.0.1", up.console_port, timeout=10)
+    with pytest.raises((http.client.HTTPException, OSError)):
+        plain.request("GET", "/login")
+        plain.getresponse().read()
+    plain.close()
 
 
 def test_boto3_trusting_the_ca_round_trips_objects_over_https(up):

@@ -139,7 +139,8 @@ pub(crate) struct GatewayArgs {
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// Serve the web console at http://ADDR/ (log in with S3 credentials). Off unless given.
-    /// Plain HTTP: keep it on a loopback or trusted address.
+    /// HTTPS with --tls-cert/--tls-key (the gateway's certificate), else plain HTTP: then keep
+    /// it on a loopback or trusted address.
     #[arg(long, value_name = "ADDR")]
     console_listen: Option<SocketAddr>,
     /// How long a console login lasts.
@@ -550,7 +551,7 @@ fn supervise(
         println!("  metrics: http://{base}/metrics");
     }
     if let Some(console) = extra.console {
-        println!("Web console: http://{console}/ (log in with the access key and secret key below)");
+        println!("Web console: {scheme}://{console}/ (log in with the access key and secret key below)");
     }
     println!("  access key: {}", credentials.access_key);
     println!("  secret key: {}", credentials.secret_key);
@@ -680,10 +681,15 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
                 });
                 let config = console::ConsoleConfig {
                     listen,
-                    root_access_key: config.access_key,
-                    root_secret_key: config.secret_key,
+                    root_access_key: config.access_key.clone(),
+                    root_secret_key: config.secret_key.clone(),
                     session_ttl: args.console_session_ttl,
                     traffic: Some(traffic),
+                    // The gateway's certificate: HTTPS for S3 means HTTPS for the console.
+                    tls: match &config.tls {
+                        Some(files) => Some(s3::server_config(files).context("the console's TLS")?),
+                        None => None,
+                    },
                 };
                 Some(console::Console::bind(client, config).await.context("start the web console")?)
             }
@@ -715,10 +721,11 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         }
         if let Some(console) = console {
             let addr = console.local_addr()?;
-            if !addr.ip().is_loopback() {
+            let https = args.tls_cert.is_some();
+            if !addr.ip().is_loopback() && !https {
                 tracing::warn!("the web console serves plain HTTP on {addr}: logins cross the network in clear");
             }
-            tracing::info!("web console on http://{addr}/");
+            tracing::info!("web console on {}://{addr}/", if https { "https" } else { "http" });
             tokio::spawn(console.serve(std::future::pending()));
         }
         gateway.serve(shutdown_signal()).await;

@@ -32,6 +32,8 @@ use session::{Session, Sessions, Who};
 
 /// Connections served at once; more wait in the listen backlog.
 pub const CONNECTIONS_MAX: usize = 256;
+/// Time a browser has to finish its TLS handshake (a real one takes milliseconds).
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time a browser has to send a request's headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest form body (login, create bucket, delete).
@@ -82,6 +84,9 @@ pub struct ConsoleConfig {
     pub session_ttl: Duration,
     /// The gateway's request totals, for the cluster page's live charts (none: no charts).
     pub traffic: Option<TrafficSource>,
+    /// Serve HTTPS with this configuration (the gateway's certificate); session cookies are
+    /// then `Secure`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl std::fmt::Debug for ConsoleConfig {
@@ -105,6 +110,7 @@ pub enum Error {
 pub struct Console {
     listener: tokio::net::TcpListener,
     state: Arc<State>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl std::fmt::Debug for Console {
@@ -128,6 +134,8 @@ struct State {
     cluster_status: tokio::sync::Mutex<Option<(std::time::Instant, Arc<client::ClusterStatus>)>>,
     /// The gateway's traffic, sampled (only when the console was given a source).
     traffic: Option<Arc<traffic::Samples>>,
+    /// Served over HTTPS: cookies are `Secure`.
+    secure: bool,
 }
 
 /// How long one round of status requests to every node serves the cluster pages.
@@ -149,11 +157,13 @@ impl Console {
             root_secret_key: config.root_secret_key,
             cluster_status: tokio::sync::Mutex::new(None),
             traffic: config.traffic.as_ref().map(|_| Arc::new(traffic::Samples::default())),
+            secure: config.tls.is_some(),
         };
         if let (Some(samples), Some(source)) = (&state.traffic, config.traffic) {
             tokio::spawn(traffic::sample(Arc::downgrade(samples), source));
         }
-        Ok(Self { listener, state: Arc::new(state) })
+        let tls = config.tls.map(tokio_rustls::TlsAcceptor::from);
+        Ok(Self { listener, state: Arc::new(state), tls })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -185,12 +195,25 @@ impl Console {
                 let state = Arc::clone(&state);
                 async move { Ok::<_, std::convert::Infallible>(with_security_headers(route(&state, request).await)) }
             });
+            let tls = self.tls.clone();
             tokio::spawn(async move {
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_READ_TIMEOUT)
-                    .serve_connection(TokioIo::new(stream), service);
-                if let Err(e) = connection.await {
+                let mut http = hyper::server::conn::http1::Builder::new();
+                http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+                let served = match tls {
+                    None => http.serve_connection(TokioIo::new(stream), service).await.map_err(|e| e.to_string()),
+                    // The handshake runs in the connection's task under its own bound, never in
+                    // the accept loop.
+                    Some(acceptor) => {
+                        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                            Ok(Ok(stream)) => {
+                                http.serve_connection(TokioIo::new(stream), service).await.map_err(|e| e.to_string())
+                            }
+                            Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
+                            Err(_) => Err(format!("TLS handshake not done within {TLS_HANDSHAKE_TIMEOUT:?}")),
+                        }
+                    }
+                };
+                if let Err(e) = served {
                     tracing::debug!("console connection from {peer}: {e}");
                 }
                 drop(permit);
@@ -453,7 +476,7 @@ async fn authenticated(
                 "/logout" => {
                     state.sessions.remove(id);
                     let mut response = redirect("/login");
-                    set_cookie(&mut response, "", Duration::ZERO);
+                    set_cookie(&mut response, "", Duration::ZERO, state.secure);
                     response
                 }
                 "/buckets/create" => create_bucket(state, &session.who, field(&form, "bucket")).await,
@@ -472,8 +495,9 @@ async fn authenticated(
     }
 }
 
-fn set_cookie(response: &mut Response<Body>, value: &str, max_age: Duration) {
-    let cookie = format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}", max_age.as_secs());
+fn set_cookie(response: &mut Response<Body>, value: &str, max_age: Duration, secure: bool) {
+    let secure = if secure { "; Secure" } else { "" };
+    let cookie = format!("{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}", max_age.as_secs());
     let value = HeaderValue::from_str(&cookie).expect("hex ids make a valid cookie");
     response.headers_mut().insert(header::SET_COOKIE, value);
 }
@@ -521,7 +545,7 @@ async fn login(state: &State, request: Request<hyper::body::Incoming>) -> Respon
     }
     let id = state.sessions.create(who);
     let mut response = redirect("/buckets");
-    set_cookie(&mut response, &id, state.sessions.ttl());
+    set_cookie(&mut response, &id, state.sessions.ttl(), state.secure);
     response
 }
 

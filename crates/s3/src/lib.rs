@@ -49,7 +49,7 @@ pub use body::BODY_IDLE_TIMEOUT;
 pub use keys::KEY_CACHE_TTL;
 pub use metrics::{GatewayMetrics, Totals};
 pub use server::{CONNECTIONS_MAX, HEADER_READ_TIMEOUT, SHUTDOWN_TIMEOUT, TLS_HANDSHAKE_TIMEOUT};
-pub use tls::{CertSummary, EXPIRY_WARNING, TlsError, TlsFiles};
+pub use tls::{CertSummary, EXPIRY_WARNING, TlsError, TlsFiles, server_config};
 
 /// What a gateway serves and whom it lets in.
 #[derive(Clone)]

@@ -57,6 +57,12 @@ pub struct CertSummary {
 }
 
 /// Reads and checks the files; the server configuration to serve them with.
+/// The rustls configuration of `files` (checked as the gateway checks them at start), for
+/// another listener of the same process to serve with the gateway's certificate (the console).
+pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    load(files, SystemTime::now()).map(|(config, _)| config)
+}
+
 pub(crate) fn load(files: &TlsFiles, now: SystemTime) -> Result<(Arc<rustls::ServerConfig>, CertSummary), TlsError> {
     let cert_pem =
         std::fs::read(&files.cert).map_err(|source| TlsError::ReadCert { path: files.cert.clone(), source })?;
