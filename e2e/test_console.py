@@ -303,13 +303,38 @@ def test_browser_multipart_uploads_make_one_object_and_refuse_bad_parts(cluster,
     assert call("PUT", "/upload/part" + q(bucket=bucket, key="mp/aborted.bin", upload=upload, part="1"), b"abc")[0] == 200
     assert call("POST", "/upload/abort" + q(bucket=bucket, key="mp/aborted.bin", upload=upload))[0] == 200
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
-    made = create_key(cluster, "--bucket", bucket, "--read-only")
-    reader = Browser(cluster.console_url)
-    assert reader.login(made["access_key"], made["secret_key"])[0] == 303
-    status, _, answer = reader.request("POST", "/upload/start" + q(bucket=bucket, key="mp/r"), None,
-                                       {"x-csrf-token": reader.csrf()})
-    assert status == 403 and b"may not write" in answer
-    tessera_key(cluster, "revoke", made["access_key"])
+
+    # Every upload route: a read-only key, a key of another bucket, another site's page: 403.
+    status, upload = call("POST", "/upload/start" + q(bucket=bucket, key="mp/guarded.bin"))
+    assert status == 200
+    routes = [("POST", "/upload/start", {}), ("PUT", "/upload", {}), ("PUT", "/upload/part", {"upload": upload, "part": "1"}),
+              ("POST", "/upload/complete", {"upload": upload}), ("POST", "/upload/abort", {"upload": upload})]
+    other = unique_bucket_name("console-other")
+    s3.create_bucket(Bucket=other)
+    made = [create_key(cluster, "--bucket", bucket, "--read-only"), create_key(cluster, "--bucket", other)]
+    try:
+        for key in made:
+            session = Browser(cluster.console_url)
+            assert session.login(key["access_key"], key["secret_key"])[0] == 303
+            token = session.csrf()
+            for method, path, extra in routes:
+                status, _, answer = session.request(method, path + q(bucket=bucket, key="mp/guarded.bin", **extra),
+                                                    b"1", {"x-csrf-token": token})
+                assert status == 403 and b"may not write" in answer, (key, path, answer)
+        for method, path, extra in routes:
+            status, _, _ = browser.request(method, path + q(bucket=bucket, key="mp/guarded.bin", **extra), b"1",
+                                           upload_headers, origin="http://evil.example")
+            assert status == 403, path
+        # A part sent in chunks, without its length: refused, nothing read.
+        status, _, answer = browser.request(
+            "PUT", "/upload/part" + q(bucket=bucket, key="mp/guarded.bin", upload=upload, part="1"),
+            iter([b"abc"]), {**upload_headers, "Transfer-Encoding": "chunked"})
+        assert status == 411, answer
+    finally:
+        for key in made:
+            tessera_key(cluster, "revoke", key["access_key"])
+    assert call("POST", "/upload/abort" + q(bucket=bucket, key="mp/guarded.bin", upload=upload))[0] == 200
+    assert s3.list_objects_v2(Bucket=bucket, Prefix="mp/guarded")["KeyCount"] == 0
 
 
 def test_html_in_names_and_metadata_is_shown_as_text(browser, bucket, s3):

@@ -25,6 +25,7 @@ CHROMEDRIVER = shutil.which("chromedriver")
 MIB = 1024 * 1024
 PART_BYTES_MIN = 16 * MIB  # console.js PART_BYTES_MIN
 WAIT_S = 30  # longest wait for a page to show what a step expects
+UPLOAD_WAIT_S = 180  # longest wait for the uploads (37 MiB through the browser on a busy machine)
 ARTIFACTS = Path(os.environ.get("TESSERA_E2E_ARTIFACTS", Path(__file__).resolve().parent.parent / "target" / "e2e-artifacts")) \
     / "console-browser"
 
@@ -66,14 +67,14 @@ class Chrome:
         self.shots += 1
         self.driver.save_screenshot(str(ARTIFACTS / f"{self.shots:02d}-{name}.png"))
 
-    def wait(self, condition, what: str):
+    def wait(self, condition, what: str, timeout_s: float = WAIT_S):
         from selenium.common.exceptions import WebDriverException
         from selenium.webdriver.support.ui import WebDriverWait
 
         # Any driver error counts as "not yet": pages that refresh themselves replace the
         # elements a condition was reading (stale elements, nodes no longer in the document).
         try:
-            return WebDriverWait(self.driver, WAIT_S, poll_frequency=0.2,
+            return WebDriverWait(self.driver, timeout_s, poll_frequency=0.2,
                                  ignored_exceptions=(WebDriverException,)).until(condition)
         except Exception as e:
             self.shot("timed-out")
@@ -153,17 +154,20 @@ def test_a_person_uses_the_console_in_a_real_browser(cluster: Cluster, chrome: C
     chrome.wait(lambda d: d.find_element(By.ID, "files"), "the upload picker")
     d.find_element(By.ID, "files").send_keys(f"{small}\n{large}")
     chrome.wait(lambda d: d.find_element(By.LINK_TEXT, large.name) and d.find_element(By.LINK_TEXT, small.name),
-                "both uploaded files in the listing")
+                "both uploaded files in the listing", timeout_s=UPLOAD_WAIT_S)
     chrome.shot("uploaded")
     head = s3.head_object(Bucket=bucket, Key=large.name)
     assert head["ContentLength"] == large.stat().st_size
     assert head["ETag"].strip('"').endswith("-3"), f"a file of 2.3 parts goes up in 3 parts: {head['ETag']}"
     assert s3.get_object(Bucket=bucket, Key=small.name)["Body"].read() == small.read_bytes()
     # The script's plan for files no upload can hold, and for the largest ones (in the page).
-    plan = d.execute_script("return [partPlan(6 * 1024 ** 4), partPlan(5 * 1024 ** 4), partPlan(1000)]")
+    plan = d.execute_script("return [partPlan(6 * 1024 ** 4), partPlan(5 * 1024 ** 4), partPlan(1000), "
+                            f"partPlan({PART_BYTES_MIN}), partPlan({PART_BYTES_MIN + 1})]")
     assert "an object may have at most 5 TiB" in plan[0]["error"], plan
     assert plan[1]["parts"] <= 10000 and plan[1]["partBytes"] <= 5 * 1024 ** 3, plan
     assert plan[2] == {"parts": 1, "partBytes": 1000}, plan
+    assert plan[3] == {"parts": 1, "partBytes": PART_BYTES_MIN}, plan
+    assert plan[4] == {"parts": 2, "partBytes": PART_BYTES_MIN}, plan
 
     # Browse: a folder made by S3, entered by its link; search by prefix.
     s3.put_object(Bucket=bucket, Key="photos/2026/cat.jpg", Body=b"meow" * 1000)
@@ -230,10 +234,21 @@ def test_a_person_uses_the_console_in_a_real_browser(cluster: Cluster, chrome: C
         s3.put_object(Bucket=bucket, Key="traffic.bin", Body=os.urandom(MIB))
         s3.get_object(Bucket=bucket, Key="traffic.bin")["Body"].read()
     d.get(base + "/cluster")
-    assert "6 of 6 nodes up" in chrome.text("health")
+    chrome.wait(lambda d: "6 of 6 nodes up" in d.find_element(By.ID, "health").text, "every node up")
     chrome.wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#charts .uplot canvas")) == 2
                 and int(d.find_element(By.ID, "charts").get_attribute("data-points") or 0) > 0,
                 "two charts drawn from the gateway's samples")
+    # What the charts draw, fetched by the page itself (its CSP lets it reach its own origin):
+    # the megabytes just sent in and out are in the samples.
+    traffic = chrome.wait(lambda d: d.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "fetch('/cluster/traffic').then((r) => r.json()).then((s) => {"
+        "  const seconds = s.time.map((t, i) => (i ? t - s.time[i - 1] : s.interval_s));"
+        "  const mb = (rates) => rates.reduce((sum, rate, i) => sum + rate * seconds[i], 0);"
+        "  const got = [mb(s.received_mb_s), mb(s.sent_mb_s)];"
+        "  done(got[0] >= 5 && got[1] >= 5 ? got : null);"
+        "}).catch(() => done(null));"), "5 MB in and out in the charts' samples")
+    assert min(traffic) >= 5, traffic
     chrome.shot("cluster-charts")
     with cluster.nodes_down(4):
         def n4_down(d) -> bool:

@@ -1,8 +1,8 @@
 // The console's only script: uploads with progress (drag and drop or the file picker).
 // A file of at most one part is one PUT /upload?bucket=B&key=K; a larger one is a multipart
 // upload: POST /upload/start, one PUT /upload/part per slice of the file (each tried up to
-// PART_TRIES times), POST /upload/complete with the parts' ETags (or /upload/abort when a part
-// fails for good). Every request carries the session's CSRF token in a header. The page
+// TRIES times), POST /upload/complete with the parts' ETags (or /upload/abort when a part
+// fails for good or the completion is refused). Every request carries the session's CSRF token in a header. The page
 // reloads once every upload has ended, so the listing shows the new objects.
 "use strict";
 
@@ -13,8 +13,34 @@ const PART_BYTES_MIN = 16 * MIB;
 const PARTS_MAX = 10000;
 const PART_BYTES_MAX = 5 * 1024 * MIB;
 const OBJECT_BYTES_MAX = 5 * 1024 * 1024 * MIB;
-// Tries of one part before the upload gives up (a broken connection, a node restarting).
-const PART_TRIES = 3;
+// Tries of one part, and of the completion, before the upload gives up (a broken connection,
+// a node restarting), with a pause before each try again that doubles from RETRY_PAUSE_MS.
+const TRIES = 3;
+const RETRY_PAUSE_MS = 1000;
+
+function pause(ms) {
+  return new Promise((resolve) => window.setTimeout(resolve, ms));
+}
+
+// A refusal (4xx) will not change on a retry; no answer or a 5xx might.
+function definite(answer) {
+  return answer.status === 200 || (answer.status >= 400 && answer.status < 500);
+}
+
+// `attempt()` until a definite answer or TRIES tries.
+async function tried(attempt) {
+  let answer = null;
+  for (let n = 0; n < TRIES; n++) {
+    if (n > 0) {
+      await pause(RETRY_PAUSE_MS * 2 ** (n - 1));
+    }
+    answer = await attempt();
+    if (definite(answer)) {
+      break;
+    }
+  }
+  return answer;
+}
 
 // How a file of `size` bytes is sent: {parts: 1} for one PUT, else the part size and count;
 // {error} when no upload can hold it.
@@ -64,15 +90,8 @@ async function uploadParts(section, file, key, plan, progress) {
   let done = 0;
   for (let part = 1; part <= plan.parts; part++) {
     const slice = file.slice((part - 1) * plan.partBytes, Math.min(file.size, part * plan.partBytes));
-    let answer = null;
-    for (let attempt = 1; attempt <= PART_TRIES; attempt++) {
-      const url = "/upload/part?" + target(section, key, { upload: upload, part: String(part) });
-      answer = await send("PUT", url, csrf, slice, null, (loaded) => progress(done + loaded));
-      // A refusal (4xx) will not change on a retry.
-      if (answer.status === 200 || (answer.status >= 400 && answer.status < 500)) {
-        break;
-      }
-    }
+    const url = "/upload/part?" + target(section, key, { upload: upload, part: String(part) });
+    const answer = await tried(() => send("PUT", url, csrf, slice, null, (loaded) => progress(done + loaded)));
     if (answer.status !== 200) {
       await send("POST", "/upload/abort?" + target(section, key, { upload: upload }), csrf, null, null);
       return { status: answer.status, text: "part " + part + " of " + plan.parts + ": " + answer.text };
@@ -81,9 +100,13 @@ async function uploadParts(section, file, key, plan, progress) {
     done += slice.size;
     progress(done);
   }
-  const completed = await send(
-    "POST", "/upload/complete?" + target(section, key, { upload: upload }), csrf, lines.join("\n"), "text/plain", null);
-  if (completed.status !== 200) {
+  // Completing again is safe (a completed upload's Complete succeeds). Abort only after a
+  // definite refusal: a completion that got no answer may still commit on the server, and an
+  // abort racing it would delete the parts its object uses. Left as it is, an upload that
+  // never completes is dropped by the gateway's multipart expiry.
+  const completeUrl = "/upload/complete?" + target(section, key, { upload: upload });
+  const completed = await tried(() => send("POST", completeUrl, csrf, lines.join("\n"), "text/plain", null));
+  if (completed.status >= 400 && completed.status < 500) {
     await send("POST", "/upload/abort?" + target(section, key, { upload: upload }), csrf, null, null);
   }
   return completed;

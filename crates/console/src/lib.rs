@@ -922,8 +922,9 @@ fn upload_target(
 }
 
 /// The request's body as a reader; each frame must come within [`BODY_IDLE_TIMEOUT`], so a
-/// stalled upload gives its slot back.
-fn body_reader(request: Request<hyper::body::Incoming>) -> impl tokio::io::AsyncRead + Unpin + Send {
+/// stalled upload gives its slot back, and past `bytes_max` bytes the reader fails (the
+/// upload stores nothing).
+fn body_reader(request: Request<hyper::body::Incoming>, bytes_max: u64) -> impl tokio::io::AsyncRead + Unpin + Send {
     let frames = http_body_util::BodyStream::new(request.into_body());
     let frames = futures_util::stream::unfold(frames, |mut frames| async move {
         match tokio::time::timeout(BODY_IDLE_TIMEOUT, futures_util::StreamExt::next(&mut frames)).await {
@@ -937,6 +938,16 @@ fn body_reader(request: Request<hyper::body::Incoming>) -> impl tokio::io::Async
             Ok(frame) => frame.into_data().ok().map(Ok),
             Err(e) => Some(Err(e)),
         }
+    });
+    let data = futures_util::StreamExt::scan(data, 0u64, move |seen, chunk: std::io::Result<Bytes>| {
+        let chunk = chunk.and_then(|chunk| {
+            *seen += chunk.len() as u64;
+            if *seen > bytes_max {
+                return Err(std::io::Error::other(format!("the body is larger than {bytes_max} bytes")));
+            }
+            Ok(chunk)
+        });
+        std::future::ready(Some(chunk))
     });
     tokio_util::io::StreamReader::new(Box::pin(data))
 }
@@ -960,7 +971,8 @@ async fn upload(state: &State, session: &Session, request: Request<hyper::body::
         Err(refused) => return *refused,
     };
     let options = client::PutOptions { content_type: content_type(&request), ..Default::default() };
-    let mut reader = body_reader(request);
+    // One piece holds what it holds: `Client::put` refuses the rest (ObjectTooLarge).
+    let mut reader = body_reader(request, u64::MAX);
     match state.client.put(&bucket, &key, &mut reader, &options).await {
         Ok(info) => {
             tracing::info!("console: {} uploaded {bucket}/{key} ({} bytes)", session.who.access_key(), info.meta.size);
@@ -1006,7 +1018,8 @@ async fn upload_part(state: &State, session: &Session, request: Request<hyper::b
         }
         Some(_) => {}
     }
-    let mut reader = body_reader(request);
+    // hyper reads no more than the Content-Length; counted again here all the same.
+    let mut reader = body_reader(request, PART_BYTES_MAX);
     match state.client.put_part(&bucket, &key, &upload_id, number, &mut reader).await {
         Ok(part) => text(StatusCode::OK, part.etag),
         Err(e) => failed(&e),
