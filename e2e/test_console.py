@@ -578,6 +578,7 @@ def test_the_cluster_page_shows_nodes_drives_sets_and_a_node_going_down(cluster,
     assert status == 200, page
     assert 'http-equiv="refresh"' in page, "the page reloads itself"
     assert re.search(r'<p id="health" class="ok">', page) and "6 of 6 nodes up" in page, page
+    assert "node protocol over plain TCP" in page, page
     for i in range(1, 7):
         assert f'data-node="n{i}"' in page
     assert page.count("<meter") == 6, "one capacity meter per drive"

@@ -1,7 +1,8 @@
 """`tessera up --tls`: a cluster whose gateway serves HTTPS with a certificate from a local CA,
 used by boto3 and aws-cli trusting that CA (and refused by them without it). The CA lives in
 the data directory and survives a restart, so clients keep trusting it. The same `up` also
-serves every process's metrics (`--metrics-listen`)."""
+serves every process's metrics (`--metrics-listen`), and runs the node protocol over TLS too
+(`--node-tls on`): every byte from client to drive is encrypted."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ class Up:
         env = {**os.environ, "TESSERA_ACCESS_KEY": ACCESS_KEY, "TESSERA_SECRET_KEY": SECRET_KEY, "NO_COLOR": "1"}
         log = open(self.data_dir.parent / f"up-{self.s3_port}.log", "ab")
         self.proc = subprocess.Popen(
-            [str(TESSERA), "up", "--tls", "--data", str(self.data_dir), "--base-port", str(self.base_port),
+            [str(TESSERA), "up", "--tls", "--node-tls", "on", "--data", str(self.data_dir),
+             "--base-port", str(self.base_port),
              "--s3", f"127.0.0.1:{self.s3_port}", "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
              "--console", f"127.0.0.1:{self.console_port}"],
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env, text=True,
@@ -176,7 +178,8 @@ def test_up_serves_the_web_console_over_https_with_the_printed_credentials(up):
     session = cookie.split(";")[0]
     conn.request("GET", "/cluster", headers={"Cookie": session})
     answer = conn.getresponse()
-    assert answer.status == 200 and b"6 of 6 nodes up" in answer.read()
+    page = answer.read()
+    assert answer.status == 200 and b"6 of 6 nodes up" in page and b"node protocol over TLS" in page, page
     conn.close()
 
     # Without the CA the certificate is refused; plain HTTP gets no console page.
@@ -260,3 +263,12 @@ def test_a_restart_keeps_the_ca_so_clients_keep_trusting_the_gateway(up):
         urllib.request.urlopen(f"{up.endpoint}/", context=context, timeout=10)
     assert info.value.code == 403, "the handshake succeeded and the anonymous request was refused"
     assert client(up, str(up.ca)).get_object(Bucket="tls-restart", Key="k")["Body"].read() == b"kept"
+
+
+def test_up_with_node_tls_runs_the_node_protocol_over_tls(up):
+    config = up.data_dir / "cluster.toml"
+    assert "[node_tls]" in config.read_text()
+    status = subprocess.run([str(TESSERA), "status", "--config", str(config)], capture_output=True, text=True,
+                            timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "6 of 6 nodes up; node protocol over TLS" in status.stdout, status.stdout

@@ -72,7 +72,7 @@ fn convert(py: Python<'_>, error: client::Error) -> PyErr {
         E::RangeNotSatisfiable { offset, size } => {
             raise(py, "RangeNotSatisfiable", message, &[("offset", obj(py, offset)), ("size", obj(py, size))])
         }
-        E::Map(_) => raise(py, "ConfigError", message, &[]),
+        E::Map(_) | E::NodeTlsConfig(_) => raise(py, "ConfigError", message, &[]),
         E::BadGather(_) => raise(py, "GatherError", message, &[]),
         E::Source(_) => raise(py, "SourceError", message, &[]),
         _ => raise(py, "TesseraError", message, &[]),

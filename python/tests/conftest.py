@@ -61,13 +61,14 @@ def free_port_range(count: int) -> int:
 
 
 class Cluster:
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, node_tls: bool = False):
         self.data_dir = data_dir
         self.config = data_dir / "cluster.toml"
         self.base_port = free_port_range(NODES)
         subprocess.run(
             [str(TESSERA_BIN), "init", "--nodes", str(NODES), "--ec", EC, "--chunk-size", CHUNK_SIZE,
-             "--data", str(data_dir), "--base-port", str(self.base_port)],
+             "--data", str(data_dir), "--base-port", str(self.base_port),
+             "--node-tls", "on" if node_tls else "off"],
             check=True, capture_output=True,
         )
         self.secret = tomllib.loads(self.config.read_text())["secret"]

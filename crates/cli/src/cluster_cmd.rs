@@ -54,6 +54,40 @@ pub(crate) struct InitArgs {
     /// Bytes per chunk (a stripe holds K chunks of object data).
     #[arg(long, default_value = "1MiB", value_parser = parse_bytes)]
     chunk_size: u64,
+    /// Run the node protocol (clients, gateways and nodes to nodes) over TLS, with
+    /// certificates from a cluster CA made now and kept in cluster.toml. auto: on unless every
+    /// node's address is a loopback one.
+    #[arg(long, value_enum, default_value_t = NodeTlsMode::Auto)]
+    node_tls: NodeTlsMode,
+}
+
+/// Whether a new cluster's node protocol runs over TLS (`init --node-tls`, `up --node-tls`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum NodeTlsMode {
+    /// On unless every node's address is a loopback one (a cluster on one machine).
+    Auto,
+    On,
+    Off,
+}
+
+/// Makes a cluster CA in `map` when `mode` says the node protocol runs over TLS; whether it did.
+fn set_node_tls(map: &mut ClusterMap, mode: NodeTlsMode) -> anyhow::Result<bool> {
+    let all_loopback = map.nodes.iter().all(|node| node.addr.ip().is_loopback());
+    let on = match mode {
+        NodeTlsMode::Auto => !all_loopback,
+        NodeTlsMode::On => true,
+        NodeTlsMode::Off => false,
+    };
+    if on {
+        let ca = nodetls::ClusterCa::generate().context("make the cluster CA")?;
+        map.node_tls = Some(cluster::NodeTls { ca_cert: ca.cert_pem().to_owned(), ca_key: ca.key_pem().to_owned() });
+    } else if !all_loopback {
+        eprintln!(
+            "warning: --node-tls off: the node protocol between hosts is authenticated but not encrypted \
+             (object bytes and the cluster map cross the network in the clear)"
+        );
+    }
+    Ok(on)
 }
 
 #[derive(Debug, clap::Args)]
@@ -88,6 +122,10 @@ pub(crate) struct UpArgs {
     /// Serve no web console.
     #[arg(long)]
     no_console: bool,
+    /// Node protocol over TLS, when the cluster is created (as `init --node-tls`; auto is off
+    /// for this cluster on 127.0.0.1).
+    #[arg(long, value_enum, default_value_t = NodeTlsMode::Auto)]
+    node_tls: NodeTlsMode,
 }
 
 /// Where `up --metrics-listen ADDR` serves the metrics of the gateway (index `None`) and of node
@@ -223,8 +261,11 @@ pub(crate) fn init(args: &InitArgs) -> anyhow::Result<()> {
             Some(path) => read_hosts(path)?,
             None => args.node.clone(),
         };
-        let path = init_hosts(&nodes, args.ec, chunk_bytes, &args.data)?;
+        let (path, tls) = init_hosts(&nodes, args.ec, chunk_bytes, &args.data, args.node_tls)?;
         println!("wrote {} for {} nodes", path.display(), nodes.len());
+        if tls {
+            println!("the node protocol runs over TLS (the cluster CA is in it; --node-tls off for plain TCP)");
+        }
         println!("on each node's host, with a copy of it (mode 0600: it holds the cluster secret):");
         println!("  tessera drive format --config {} --node nI   # once: prepares that node's drives", path.display());
         println!("  tessera node --config {} --id nI", path.display());
@@ -238,8 +279,11 @@ pub(crate) fn init(args: &InitArgs) -> anyhow::Result<()> {
         base_port: args.base_port,
         chunk_bytes,
     };
-    let path = init_cluster(&spec, &args.data)?;
+    let (path, tls) = init_cluster(&spec, &args.data, args.node_tls)?;
     println!("wrote {}", path.display());
+    if tls {
+        println!("the node protocol runs over TLS (the cluster CA is in it)");
+    }
     println!(
         "start the nodes with `tessera node --config {} --id n1` (and n2...), or run `tessera up --data {}`",
         path.display(),
@@ -270,14 +314,21 @@ pub(crate) fn read_hosts(path: &Path) -> anyhow::Result<Vec<NodeSpec>> {
 
 /// Writes a new cluster.toml for nodes on several hosts; formats nothing (the drives are on
 /// the nodes' hosts: `tessera drive format` there).
-fn init_hosts(nodes: &[NodeSpec], erasure: ErasureConfig, chunk_bytes: u32, data: &Path) -> anyhow::Result<PathBuf> {
+fn init_hosts(
+    nodes: &[NodeSpec],
+    erasure: ErasureConfig,
+    chunk_bytes: u32,
+    data: &Path,
+    node_tls: NodeTlsMode,
+) -> anyhow::Result<(PathBuf, bool)> {
     let path = refuse_existing(data)?;
     let (cluster_id, secret) = new_identity();
-    let map = ClusterMap::generate_hosts(nodes, erasure, chunk_bytes, &cluster_id, &secret, data)
+    let mut map = ClusterMap::generate_hosts(nodes, erasure, chunk_bytes, &cluster_id, &secret, data)
         .context("plan the cluster")?;
+    let tls = set_node_tls(&mut map, node_tls)?;
     fs::create_dir_all(data).with_context(|| format!("create {}", data.display()))?;
     write_map(&path, &map)?;
-    Ok(path)
+    Ok((path, tls))
 }
 
 /// DIR/cluster.toml, unless it exists already.
@@ -303,14 +354,15 @@ pub(crate) fn write_map(path: &Path, map: &ClusterMap) -> anyhow::Result<()> {
 }
 
 /// Writes a new cluster.toml and formats the drives.
-fn init_cluster(spec: &InitSpec, data: &Path) -> anyhow::Result<PathBuf> {
+fn init_cluster(spec: &InitSpec, data: &Path, node_tls: NodeTlsMode) -> anyhow::Result<(PathBuf, bool)> {
     let path = refuse_existing(data)?;
     let (cluster_id, secret) = new_identity();
-    let map = ClusterMap::generate(spec, &cluster_id, &secret, data).context("plan the cluster")?;
+    let mut map = ClusterMap::generate(spec, &cluster_id, &secret, data).context("plan the cluster")?;
+    let tls = set_node_tls(&mut map, node_tls)?;
     fs::create_dir_all(data).with_context(|| format!("create {}", data.display()))?;
     node::format_drives(&map).context("prepare the drives")?;
     write_map(&path, &map)?;
-    Ok(path)
+    Ok((path, tls))
 }
 
 /// Reads and validates a cluster map; relative drive paths resolve against its directory.
@@ -375,8 +427,9 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
             base_port: args.base_port,
             chunk_bytes: CHUNK_BYTES_DEFAULT,
         };
-        init_cluster(&spec, &args.data)?;
-        eprintln!("initialised a new {}-node {} cluster in {}", args.nodes, args.ec, args.data.display());
+        let (_, tls) = init_cluster(&spec, &args.data, args.node_tls)?;
+        let transport = if tls { " (node protocol over TLS)" } else { "" };
+        eprintln!("initialised a new {}-node {} cluster in {}{transport}", args.nodes, args.ec, args.data.display());
     }
     let (map, _) = load_map(&config)?;
     let credentials = up_credentials()?;

@@ -47,8 +47,13 @@ fn print_tables(status: &ClusterStatus) {
     let serving = status.nodes.iter().filter(|n| !n.removed).count();
     let up = status.nodes.iter().filter(|n| n.up && !n.removed).count();
     println!(
-        "cluster {} (map version {}): {}, {} of {} nodes up",
-        status.cluster_id, status.map_version, status.health, up, serving
+        "cluster {} (map version {}): {}, {} of {} nodes up; node protocol over {}",
+        status.cluster_id,
+        status.map_version,
+        status.health,
+        up,
+        serving,
+        if status.node_tls { "TLS" } else { "plain TCP" }
     );
     println!();
     println!(

@@ -293,7 +293,7 @@ impl Client {
     fn adopt(&self, map: cluster::ClusterMap) {
         let mut latest = self.inner.latest.write().expect("map lock poisoned");
         if latest.map.version < map.version {
-            *latest = std::sync::Arc::new(crate::Topology::new(map));
+            *latest = std::sync::Arc::new(crate::Topology::new(map, self.inner.tls.clone()));
         }
     }
 }

@@ -1,8 +1,10 @@
 //! Connections to nodes: handshake, framed requests, and a bounded pool per node.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use cluster::ClusterMap;
@@ -11,15 +13,110 @@ use proto::{
     AuthProof, Challenge, ErrorKind, FRAME_HEADER_BYTES, FRAME_TAG_BYTES, FrameHeader, FrameKind, FrameMac,
     NONCE_BYTES, PROTOCOL_VERSION, Request, Response,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::Error;
 
+/// A connection's bytes: plain TCP, or TLS when the cluster map has a CA (`nodetls`).
+#[derive(Debug)]
+pub(crate) enum NodeStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl NodeStream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Self::Plain(tcp) => tcp,
+            Self::Tls(tls) => tls.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for NodeStream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for NodeStream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, bufs),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Plain(tcp) => tcp.is_write_vectored(),
+            Self::Tls(tls) => tls.is_write_vectored(),
+        }
+    }
+}
+
+/// How a client reaches nodes.
+#[derive(Clone, Debug)]
+pub(crate) enum Transport {
+    /// Plain TCP: the map has no cluster CA.
+    Plain,
+    /// TLS, accepting only certificates from the map's cluster CA.
+    Tls(Arc<rustls::ClientConfig>),
+    /// A client without a map yet (bootstrapping): TLS accepting any certificate (the node
+    /// protocol's handshake, bound to the TLS connection, authenticates the node), or plain TCP
+    /// when the node answers in plain text (a cluster without node TLS). No downgrade: a node
+    /// with TLS never serves plain TCP, and over plain TCP the binding is missing.
+    Probe,
+}
+
+/// Why a TLS handshake with a node failed.
+enum TlsFailure {
+    /// The node sent plain text: it serves the node protocol without TLS.
+    PlainPeer(Error),
+    Other(Error),
+}
+
+impl TlsFailure {
+    fn error(self) -> Error {
+        match self {
+            Self::PlainPeer(e) | Self::Other(e) => e,
+        }
+    }
+}
+
 /// One authenticated connection to a node: the stream and the frame MACs of both directions.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    pub(crate) stream: TcpStream,
+    pub(crate) stream: NodeStream,
     pub(crate) node: String,
     /// Tags frames to the node.
     outbound: FrameMac,
@@ -38,21 +135,30 @@ pub(crate) struct MapIdentity {
     pub(crate) version: u64,
     /// Set when a node shows a newer map (in its handshake or a `StaleMap` answer).
     pub(crate) stale: Arc<AtomicBool>,
+    pub(crate) transport: Transport,
 }
 
 impl MapIdentity {
-    pub(crate) fn of(map: &ClusterMap) -> Self {
+    /// `tls`: the client configuration trusting `map`'s cluster CA, when it has one.
+    pub(crate) fn of(map: &ClusterMap, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
         Self {
             secret: map.secret.clone(),
             cluster_id: map.cluster_id.clone(),
             version: map.version,
             stale: Arc::new(AtomicBool::new(false)),
+            transport: tls.map_or(Transport::Plain, Transport::Tls),
         }
     }
 
     /// For fetching the map from a node whose cluster is not known yet.
     pub(crate) fn bootstrap(secret: &str) -> Self {
-        Self { secret: secret.to_owned(), cluster_id: String::new(), version: 0, stale: Arc::default() }
+        Self {
+            secret: secret.to_owned(),
+            cluster_id: String::new(),
+            version: 0,
+            stale: Arc::default(),
+            transport: Transport::Probe,
+        }
     }
 }
 
@@ -68,17 +174,76 @@ impl Conn {
         timeout: Duration,
     ) -> Result<Self, Error> {
         let unreachable = |reason: String| Error::NodeUnreachable { node: node.to_owned(), reason };
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| unreachable(format!("connect to {addr} timed out after {timeout:?}")))?
-            .map_err(|e| unreachable(format!("connect to {addr}: {e}")))?;
-        stream.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
-        tokio::time::timeout(timeout, Self::handshake(stream, node, addr, map))
-            .await
-            .map_err(|_| unreachable(format!("handshake with {addr} timed out")))?
+        let connect = || async {
+            let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+                .await
+                .map_err(|_| unreachable(format!("connect to {addr} timed out after {timeout:?}")))?
+                .map_err(|e| unreachable(format!("connect to {addr}: {e}")))?;
+            stream.set_nodelay(true).map_err(|e| unreachable(e.to_string()))?;
+            Ok::<_, Error>(stream)
+        };
+        let tcp = connect().await?;
+        let (stream, binding) = match &map.transport {
+            Transport::Plain => (NodeStream::Plain(tcp), Vec::new()),
+            Transport::Tls(config) => Self::tls(tcp, config, node, addr, timeout).await.map_err(TlsFailure::error)?,
+            Transport::Probe => match Self::tls(tcp, &nodetls::bootstrap_client_config(), node, addr, timeout).await {
+                Ok(tls) => tls,
+                // A node without TLS speaks first (its challenge), which TLS reads as a
+                // broken record: ask again in plain TCP.
+                Err(TlsFailure::PlainPeer(_)) => (NodeStream::Plain(connect().await?), Vec::new()),
+                Err(TlsFailure::Other(e)) => return Err(e),
+            },
+        };
+        let plain = matches!(stream, NodeStream::Plain(_));
+        tokio::time::timeout(timeout, Self::handshake(stream, &binding, node, addr, map)).await.map_err(|_| {
+            // A node with node TLS waits for a TLS hello; a plain client waits for its challenge.
+            let hint = if plain {
+                " (if the node runs the node protocol over TLS, this client's map lacks its [node_tls])"
+            } else {
+                ""
+            };
+            unreachable(format!("handshake with {addr} timed out{hint}"))
+        })?
     }
 
-    async fn handshake(mut stream: TcpStream, node: &str, addr: SocketAddr, map: &MapIdentity) -> Result<Self, Error> {
+    /// The TLS handshake on `tcp` within `timeout`; the stream and its channel binding.
+    async fn tls(
+        tcp: TcpStream,
+        config: &Arc<rustls::ClientConfig>,
+        node: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<(NodeStream, Vec<u8>), TlsFailure> {
+        let failed = |reason: String| Error::NodeUnreachable { node: node.to_owned(), reason };
+        let connector = tokio_rustls::TlsConnector::from(Arc::clone(config));
+        let stream = tokio::time::timeout(timeout, connector.connect(nodetls::server_name(), tcp))
+            .await
+            .map_err(|_| TlsFailure::Other(failed(format!("TLS handshake with {addr} timed out after {timeout:?}"))))?
+            .map_err(|e| {
+                // What rustls says of a peer that sent something other than TLS records.
+                let broken_record = e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                    == Some(&rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType));
+                if broken_record {
+                    TlsFailure::PlainPeer(failed(format!(
+                        "TLS handshake with {addr}: the node answered in plain TCP (this client's cluster map has \
+                         node TLS, the node's has not: is it started with an older cluster.toml?)"
+                    )))
+                } else {
+                    TlsFailure::Other(failed(format!("TLS handshake with {addr}: {e}")))
+                }
+            })?;
+        let binding = nodetls::channel_binding(stream.get_ref().1)
+            .map_err(|e| TlsFailure::Other(failed(format!("TLS with {addr}: {e}"))))?;
+        Ok((NodeStream::Tls(Box::new(stream)), binding.to_vec()))
+    }
+
+    async fn handshake(
+        mut stream: NodeStream,
+        binding: &[u8],
+        node: &str,
+        addr: SocketAddr,
+        map: &MapIdentity,
+    ) -> Result<Self, Error> {
         let secret = map.secret.as_str();
         let io = |e: std::io::Error| Error::NodeUnreachable { node: node.to_owned(), reason: e.to_string() };
         let protocol = |source| Error::Protocol { node: node.to_owned(), source };
@@ -114,10 +279,10 @@ impl Conn {
             map.stale.store(true, Ordering::SeqCst);
         }
         let client_nonce: [u8; NONCE_BYTES] = rand::random();
-        let auth = AuthProof::new(secret, &challenge, client_nonce, &map.cluster_id, map.version);
+        let auth = AuthProof::new(secret, &challenge, client_nonce, &map.cluster_id, map.version, binding);
         let frame = proto::encode_frame(FrameKind::Auth, &auth).map_err(protocol)?;
         stream.write_all(&frame).await.map_err(io)?;
-        let (outbound, inbound) = proto::session_macs(secret, &auth.transcript(&challenge));
+        let (outbound, inbound) = proto::session_macs(secret, &auth.transcript(&challenge, binding));
         let mut conn = Self { stream, node: node.to_owned(), outbound, inbound, stale: Arc::clone(&map.stale) };
         match conn.read_response().await {
             Ok(Response::Ok) => Ok(conn),
@@ -133,10 +298,13 @@ impl Conn {
     }
 
     /// An idle connection has nothing to read; a closed one (node restarted) reads EOF or an
-    /// error, and one with stray bytes is out of step. Only the first may be reused.
+    /// error, and one with stray bytes (or, over TLS, a closing alert) is out of step. Only
+    /// the first may be reused. Peeks at the socket, so TLS records are left where they are.
     fn is_idle_and_open(&self) -> bool {
         let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        let mut buf = ReadBuf::new(&mut probe);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        self.stream.tcp().poll_peek(&mut cx, &mut buf).is_pending()
     }
 
     pub(crate) async fn send_request(&mut self, request: &Request) -> Result<(), Error> {

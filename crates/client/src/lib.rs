@@ -266,6 +266,8 @@ pub enum Error {
     NoSuchDrive(String),
     #[error("invalid cluster map: {0}")]
     Map(#[from] cluster::Error),
+    #[error("the cluster map's node TLS CA is unusable: {0}")]
+    NodeTlsConfig(String),
     #[error("erasure coding: {0}")]
     Codec(#[from] ec::Error),
     /// A gather's input is wrong (an index out of range, an output of the wrong size).
@@ -340,8 +342,9 @@ const SPACE_MAX_AGE: Duration = Duration::from_secs(10);
 const SPACE_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Topology {
-    fn new(map: ClusterMap) -> Self {
-        let identity = MapIdentity::of(&map);
+    /// `tls`: trusting `map`'s cluster CA, when it has one (a descendant map keeps its CA).
+    fn new(map: ClusterMap, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
+        let identity = MapIdentity::of(&map, tls);
         let pools = map.nodes.iter().map(|node| Pool::new(node.id.clone(), node.addr, identity.clone())).collect();
         let meta_queues = map.nodes.iter().map(|_| coalesce::MetaQueue::default()).collect();
         Self { map: Arc::new(map), pools, meta_queues, stale: identity.stale, space: tokio::sync::Mutex::new(None) }
@@ -384,6 +387,8 @@ struct Inner {
     checksum_failures: AtomicU64,
     /// Block checksums of versions read before ([`Client::head_many_cached`]).
     checksums: checksum_cache::ChecksumCache,
+    /// The node protocol's TLS, trusting the map's cluster CA (which no descendant map changes).
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Keys whose pool a client remembers at most (about 16 bytes each).
@@ -407,7 +412,11 @@ impl Client {
     /// A client of the cluster described by `map`.
     pub fn new(map: ClusterMap, options: ClientOptions) -> Result<Self, Error> {
         let codec = Arc::new(ec::Codec::new(map.erasure.k, map.erasure.m)?);
-        let topo = Arc::new(Topology::new(map));
+        let tls = match &map.node_tls {
+            Some(pem) => Some(nodetls::client_config(&pem.ca_cert).map_err(|e| Error::NodeTlsConfig(e.to_string()))?),
+            None => None,
+        };
+        let topo = Arc::new(Topology::new(map, tls.clone()));
         let inner = Inner {
             latest: std::sync::RwLock::new(Arc::clone(&topo)),
             refreshing: tokio::sync::Mutex::new(None),
@@ -426,6 +435,7 @@ impl Client {
             chunks_rebuilt: AtomicU64::new(0),
             checksum_failures: AtomicU64::new(0),
             finalized: tokio::sync::Notify::new(),
+            tls,
         };
         Ok(Self { inner: Arc::new(inner), topo })
     }
@@ -543,7 +553,7 @@ impl Client {
         };
         *last_failure = None;
         tracing::info!(from = stale.map.version, to = map.version, "cluster map refreshed");
-        *self.inner.latest.write().expect("map lock poisoned") = Arc::new(Topology::new(map));
+        *self.inner.latest.write().expect("map lock poisoned") = Arc::new(Topology::new(map, self.inner.tls.clone()));
         Ok(())
     }
 

@@ -22,6 +22,8 @@ impl Client {
 pub struct ClusterStatus {
     pub cluster_id: String,
     pub map_version: u64,
+    /// Whether the node protocol runs over TLS (the map has a cluster CA).
+    pub node_tls: bool,
     /// `ok`, or `degraded` when anything below is down, unreadable or short of a drive.
     pub health: &'static str,
     pub nodes: Vec<NodeStatus>,
@@ -242,6 +244,7 @@ fn gather(
     ClusterStatus {
         cluster_id: map.cluster_id.clone(),
         map_version: map.version,
+        node_tls: map.node_tls.is_some(),
         health: if healthy { "ok" } else { "degraded" },
         nodes,
         sets,

@@ -412,6 +412,23 @@ pub struct ClusterMap {
     pub pools: Vec<Pool>,
     /// Directory that relative drive paths are resolved against (the file's directory).
     pub base_dir: PathBuf,
+    /// The cluster CA of the node protocol's TLS: with it, nodes serve and clients and peers
+    /// connect only over TLS. `None`: the node protocol runs over plain TCP.
+    pub node_tls: Option<NodeTls>,
+}
+
+/// The cluster CA (PEM certificate and key) that nodes issue their TLS certificates from and
+/// clients trust; made by `tessera init`. `Debug` leaves the key out.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NodeTls {
+    pub ca_cert: String,
+    pub ca_key: String,
+}
+
+impl std::fmt::Debug for NodeTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeTls").field("ca_cert", &self.ca_cert).finish_non_exhaustive()
+    }
 }
 
 /// xxh3-64 of `bucket/key`, a byte naming what the hash chooses (0: where a moved key goes, 1: a
@@ -476,6 +493,7 @@ impl ClusterMap {
             sets,
             pools,
             base_dir: base_dir.to_owned(),
+            node_tls: None,
         };
         map.validate()?;
         Ok(map)
@@ -614,6 +632,9 @@ impl ClusterMap {
         }
         if next.erasure != self.erasure || next.chunk_bytes != self.chunk_bytes {
             return Err(refuse("it changes the erasure config or the chunk size".into()));
+        }
+        if next.node_tls != self.node_tls {
+            return Err(refuse("it turns the node protocol's TLS on or off, or changes the cluster CA".into()));
         }
         for (idx, node) in self.nodes.iter().enumerate() {
             match next.nodes.get(idx) {
@@ -884,6 +905,17 @@ mod file {
         /// Absent in maps written before pools: then one pool holds every set.
         #[serde(rename = "pool", default)]
         pools: Vec<PoolFile>,
+        /// Absent: the node protocol runs over plain TCP.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        node_tls: Option<NodeTlsFile>,
+    }
+
+    /// The cluster CA, PEM.
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NodeTlsFile {
+        ca_cert: String,
+        ca_key: String,
     }
 
     /// A pool takes the next `sets` sets of the list.
@@ -952,6 +984,10 @@ mod file {
                         ec: (pool.erasure != map.erasure).then(|| pool.erasure.to_string()),
                     })
                     .collect(),
+                node_tls: map
+                    .node_tls
+                    .as_ref()
+                    .map(|tls| NodeTlsFile { ca_cert: tls.ca_cert.clone(), ca_key: tls.ca_key.clone() }),
             }
         }
 
@@ -1007,6 +1043,7 @@ mod file {
                 sets,
                 pools,
                 base_dir: base_dir.to_owned(),
+                node_tls: self.node_tls.map(|tls| NodeTls { ca_cert: tls.ca_cert, ca_key: tls.ca_key }),
             })
         }
     }

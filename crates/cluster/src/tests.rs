@@ -45,6 +45,27 @@ fn generated_map_round_trips_through_toml() {
 }
 
 #[test]
+fn the_node_tls_ca_round_trips_and_cannot_change_in_a_successor() {
+    let plain = generate(6, 1, 4, 2).unwrap();
+    assert!(!plain.to_toml().contains("node_tls"), "a plain cluster's file has no node_tls table");
+    let mut map = plain.clone();
+    let ca_cert = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_owned();
+    map.node_tls = Some(NodeTls { ca_cert, ca_key: "-----BEGIN PRIVATE KEY-----\nkey\n".into() });
+    let text = map.to_toml();
+    assert!(text.contains("[node_tls]"), "{text}");
+    assert_eq!(ClusterMap::from_toml(&text, Path::new("/data")).unwrap(), map);
+    assert!(!format!("{:?}", map.node_tls).contains("PRIVATE KEY"));
+    let mut next = map.clone();
+    next.version += 1;
+    assert_eq!(map.check_descendant(&next), Ok(()));
+    next.node_tls = None;
+    assert!(matches!(map.check_descendant(&next), Err(Error::BadSuccessor { .. })));
+    let mut turned_on = map.clone();
+    turned_on.version = plain.version + 1;
+    assert!(matches!(plain.check_descendant(&turned_on), Err(Error::BadSuccessor { .. })));
+}
+
+#[test]
 fn generate_rejects_impossible_shapes() {
     assert_eq!(generate(5, 1, 4, 2).unwrap_err(), Error::TooFewNodes { k: 4, m: 2, nodes: 5 });
     assert_eq!(generate(7, 1, 4, 2).unwrap_err(), Error::DrivesNotMultiple { drives: 7, n: 6 });

@@ -399,7 +399,8 @@ pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus, charts: b
             h1 { "Cluster" }
             p id="health" class=(if status.health == "ok" { "ok" } else { "error" }) {
                 "Cluster " code { (status.cluster_id) } " (map version " (status.map_version) "): "
-                strong { (status.health) } ", " (up) " of " (serving.len()) " nodes up. "
+                strong { (status.health) } ", " (up) " of " (serving.len()) " nodes up; node protocol over "
+                (if status.node_tls { "TLS" } else { "plain TCP" }) ". "
                 span.muted { "This page reloads every " (CLUSTER_REFRESH_S) " s." }
             }
             @if charts {

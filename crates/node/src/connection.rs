@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt as _;
 use std::sync::Arc;
 
 use chunkstore::Drive;
@@ -33,13 +34,21 @@ enum ConnError {
     WrongCluster { ours: String, theirs: String },
     #[error("the handshake did not finish within {HANDSHAKE_TIMEOUT:?}")]
     HandshakeTimeout,
+    #[error("TLS handshake: {0}")]
+    Tls(io::Error),
+    #[error("a TLS client on a node without node TLS (a bootstrapping client tries TLS first)")]
+    TlsClientOnPlainNode,
     #[error("the node already serves {CONNECTIONS_MAX} authenticated connections")]
     TooManyConnections,
 }
 
 /// An authenticated connection: the stream and the frame MACs of both directions.
 struct Session {
-    stream: TcpStream,
+    /// Plain TCP, or TLS when the cluster map has a CA (`nodetls`).
+    stream: nodetls::Stream,
+    /// Over TLS, chunk bytes go `pread` + write through this buffer instead of `sendfile`
+    /// (at most [`TLS_SEND_BUFFER_BYTES`]; empty until the first such read).
+    send_buffer: Vec<u8>,
     /// Checks frames from the client.
     inbound: FrameMac,
     /// Tags frames to the client.
@@ -81,10 +90,14 @@ pub(crate) fn serve(stream: TcpStream, state: &Arc<State>, handshake_done: impl 
 
 fn log_end(peer: &str, error: &ConnError) {
     match error {
-        ConnError::Io(e) if is_disconnect(e) => {}
+        // Port probes (`tessera up` waiting for nodes, repair's liveness check) connect and
+        // close: over TLS that ends the TLS handshake early.
+        ConnError::Io(e) | ConnError::Tls(e) if is_disconnect(e) => {}
         // Slow or evicted handshakes are what a flood of unauthenticated connections looks
         // like; one line each would flood the log as well.
-        ConnError::HandshakeTimeout => tracing::debug!(%peer, error = %error, "closing connection"),
+        ConnError::HandshakeTimeout | ConnError::TlsClientOnPlainNode => {
+            tracing::debug!(%peer, error = %error, "closing connection")
+        }
         ConnError::Io(e) if e.kind() == io::ErrorKind::NotConnected => {
             tracing::debug!(%peer, "closing an evicted unauthenticated connection")
         }
@@ -99,10 +112,25 @@ fn is_disconnect(e: &io::Error) -> bool {
 /// Authenticates the client within [`HANDSHAKE_TIMEOUT`] for the whole exchange (not per read,
 /// so a peer dripping one byte at a time is cut off too) and derives the session's frame MACs.
 /// Nothing larger than [`proto::HANDSHAKE_BODY_BYTES_MAX`] is allocated before that.
-fn handshake(mut stream: TcpStream, state: &State) -> Result<Session, ConnError> {
+fn handshake(tcp: TcpStream, state: &State) -> Result<Session, ConnError> {
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-    stream.set_nodelay(true)?;
-    stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    tcp.set_nodelay(true)?;
+    tcp.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    // With TLS, its handshake comes first, under the same deadline; the node protocol's
+    // handshake then covers the connection's channel binding.
+    let (mut stream, binding) = match &state.tls {
+        Some(tls) => {
+            let (stream, binding) = nodetls::Stream::accept(tcp, &tls.server, deadline).map_err(|e| {
+                if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+                    ConnError::HandshakeTimeout
+                } else {
+                    ConnError::Tls(e)
+                }
+            })?;
+            (stream, binding.to_vec())
+        }
+        None => (nodetls::Stream::Plain(tcp), Vec::new()),
+    };
     let mut nonce = [0u8; NONCE_BYTES];
     rand::thread_rng().fill_bytes(&mut nonce);
     let map = state.map.get();
@@ -115,6 +143,16 @@ fn handshake(mut stream: TcpStream, state: &State) -> Result<Session, ConnError>
     stream.write_all(&proto::encode_frame(FrameKind::Challenge, &challenge)?)?;
     let mut header = [0u8; FRAME_HEADER_BYTES];
     read_exact_before(&mut stream, &mut header, deadline)?;
+    // A TLS handshake record (a bootstrapping client probes for TLS, then asks again in plain).
+    if !stream.is_tls() && header[0] == 0x16 {
+        // Read the rest of its hello (the record's length is in bytes 3..5), so the close is a
+        // FIN and not a reset that could discard the challenge before the client reads it.
+        let record = 5 + usize::from(u16::from_be_bytes([header[3], header[4]]));
+        let mut rest = [0u8; 1024];
+        let rest = &mut rest[..record.saturating_sub(FRAME_HEADER_BYTES).min(1024)];
+        let _ = read_exact_before(&mut stream, rest, deadline);
+        return Err(ConnError::TlsClientOnPlainNode);
+    }
     let header = FrameHeader::decode(&header)?;
     if header.kind != FrameKind::Auth {
         return Err(ConnError::UnexpectedFrame { found: header.kind });
@@ -125,7 +163,7 @@ fn handshake(mut stream: TcpStream, state: &State) -> Result<Session, ConnError>
     read_exact_before(&mut stream, body, deadline)?;
     let auth: AuthProof = proto::decode_message(body, "authentication")?;
     if auth.protocol_version != PROTOCOL_VERSION
-        || !proto::verify_client_proof(&state.secret, &auth.transcript(&challenge), &auth.proof)
+        || !proto::verify_client_proof(&state.secret, &auth.transcript(&challenge, &binding), &auth.proof)
     {
         return Err(ConnError::AuthFailed);
     }
@@ -136,24 +174,24 @@ fn handshake(mut stream: TcpStream, state: &State) -> Result<Session, ConnError>
     if auth.map_version > state.map.version() {
         state.map.newer_seen();
     }
-    let (inbound, outbound) = proto::session_macs(&state.secret, &auth.transcript(&challenge));
-    let mut session = Session { stream, inbound, outbound, map_version: auth.map_version };
+    let (inbound, outbound) = proto::session_macs(&state.secret, &auth.transcript(&challenge, &binding));
+    let mut session = Session { stream, send_buffer: Vec::new(), inbound, outbound, map_version: auth.map_version };
     // The first tagged frame proves to the client that this node knows the secret.
     session.send(&Response::Ok)?;
-    session.stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
-    session.stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
+    session.stream.tcp().set_write_timeout(Some(WRITE_TIMEOUT))?;
+    session.stream.tcp().set_read_timeout(Some(IDLE_TIMEOUT))?;
     Ok(session)
 }
 
 /// `read_exact` that fails with [`ConnError::HandshakeTimeout`] once `deadline` has passed.
-fn read_exact_before(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Result<(), ConnError> {
+fn read_exact_before(stream: &mut nodetls::Stream, buf: &mut [u8], deadline: Instant) -> Result<(), ConnError> {
     let mut filled = 0;
     while filled < buf.len() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(ConnError::HandshakeTimeout);
         }
-        stream.set_read_timeout(Some(left))?;
+        stream.tcp().set_read_timeout(Some(left))?;
         match stream.read(&mut buf[filled..]) {
             Ok(0) => return Err(ConnError::Io(io::ErrorKind::UnexpectedEof.into())),
             Ok(read) => filled += read,
@@ -598,14 +636,14 @@ fn serve_read(session: &mut Session, state: &State, items: &[ReadItem]) -> Resul
     // TCP_NODELAY would push each at once).
     let cork = items.len() > 1;
     if cork {
-        set_cork(&session.stream, true);
+        set_cork(session.stream.tcp(), true);
     }
     let hints = state.read_hints && items.len() >= READ_HINT_RANGES_MIN;
     state.counters.read_items(&statuses);
     let bytes: u64 = items.iter().zip(&files).filter(|(_, f)| f.is_some()).map(|(i, _)| u64::from(i.len)).sum();
     let sent = send_read(session, items, statuses, files, hints);
     if cork {
-        set_cork(&session.stream, false);
+        set_cork(session.stream.tcp(), false);
     }
     if sent.is_ok() {
         state.counters.sent(bytes);
@@ -632,7 +670,7 @@ fn send_read(
             if hints {
                 ahead.hint_up_to(i);
             }
-            send_file_range(&mut session.stream, file, item.offset, item.len as usize)?;
+            send_file_range(session, file, item.offset, item.len as usize)?;
             ahead.sent += u64::from(item.len);
         }
     }
@@ -735,9 +773,14 @@ fn open_version(state: &State, item: &ReadItem) -> Opened {
 }
 
 /// Sends `len` bytes at `offset` of `file` to the socket without copying them through user
-/// space. Once the statuses are sent the byte count is promised, so a short file ends the
-/// connection (the client then treats the rest of the batch as missing).
-fn send_file_range(stream: &mut TcpStream, file: &File, offset: u64, len: usize) -> Result<(), ConnError> {
+/// space (over TLS: read into the session's buffer, then encrypted by rustls). Once the
+/// statuses are sent the byte count is promised, so a short file ends the connection (the
+/// client then treats the rest of the batch as missing).
+fn send_file_range(session: &mut Session, file: &File, offset: u64, len: usize) -> Result<(), ConnError> {
+    if session.stream.is_tls() {
+        return send_file_range_tls(session, file, offset, len);
+    }
+    let stream = session.stream.tcp();
     let mut offset = offset as i64;
     let mut left = len;
     while left > 0 {
@@ -749,4 +792,33 @@ fn send_file_range(stream: &mut TcpStream, file: &File, offset: u64, len: usize)
         left -= sent;
     }
     Ok(())
+}
+
+/// Bytes of a chunk read over TLS that one `pread` takes at most (the session keeps a buffer
+/// this size once it serves a read over TLS).
+const TLS_SEND_BUFFER_BYTES: usize = 64 << 10;
+
+/// [`send_file_range`] over TLS: `pread` into the session's buffer, then written through rustls
+/// (which encrypts into records of at most 16 KiB).
+fn send_file_range_tls(session: &mut Session, file: &File, offset: u64, len: usize) -> Result<(), ConnError> {
+    let mut buffer = std::mem::take(&mut session.send_buffer);
+    buffer.resize(TLS_SEND_BUFFER_BYTES.min(len.max(buffer.len())), 0);
+    let sent = (|| {
+        let mut done = 0usize;
+        while done < len {
+            let want = (len - done).min(buffer.len());
+            let read = file.read_at(&mut buffer[..want], offset + done as u64)?;
+            if read == 0 {
+                return Err(ConnError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "chunk file shrank during a read",
+                )));
+            }
+            session.stream.write_all(&buffer[..read])?;
+            done += read;
+        }
+        Ok(())
+    })();
+    session.send_buffer = buffer;
+    sent
 }

@@ -6,7 +6,9 @@
 //! and a new connection evicts the oldest pending one when they are all taken, so a flood of
 //! slow unauthenticated peers can never lock clients out; authenticated connections are capped
 //! at [`CONNECTIONS_MAX`]. Chunk reads go from the data file to the socket with `sendfile(2)`,
-//! never through a user-space buffer.
+//! never through a user-space buffer. When the cluster map has a CA (`node_tls`), every
+//! connection, served and made to peers, runs over TLS 1.3 (`nodetls`): the node issues itself
+//! a certificate from the CA at start, and chunk reads then go `pread` + rustls.
 //!
 //! Nodes never reconstruct on the read path: a chunk they cannot serve is reported per item as
 //! missing, corrupt or unreadable, and the client decodes around it. (A node answering a
@@ -73,6 +75,8 @@ pub enum Error {
         "refusing to start: drive {idx} of node {id} ({path}) belongs to cluster {theirs}, the map is of cluster {ours} (wrong --config?)"
     )]
     ForeignDrive { id: String, idx: usize, path: std::path::PathBuf, theirs: String, ours: String },
+    #[error("refusing to start: {0}")]
+    Tls(nodetls::Error),
 }
 
 /// Creates and formats every drive directory of every node in `map` (on this machine), so the
@@ -227,6 +231,37 @@ struct State {
     started: std::time::Instant,
     /// Requests and bytes served, for metrics.
     counters: metrics::Counters,
+    /// The node protocol's TLS, when the map has a cluster CA.
+    tls: Option<Tls>,
+}
+
+/// A node's TLS configurations: serving (its own certificate, issued at start) and calling
+/// peers (trusting the cluster CA).
+#[derive(Debug)]
+struct Tls {
+    server: Arc<rustls::ServerConfig>,
+    client: Arc<rustls::ClientConfig>,
+}
+
+/// The cluster CA expiring within this long is logged as a warning at start.
+const CA_EXPIRY_WARNING: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The node's TLS from the map's CA, checked (valid now, key and certificate a pair).
+fn node_tls(map: &ClusterMap) -> Result<Option<Tls>, Error> {
+    let Some(pem) = &map.node_tls else {
+        return Ok(None);
+    };
+    let ca = nodetls::ClusterCa::from_pem(pem.ca_cert.clone(), pem.ca_key.clone());
+    let now = std::time::SystemTime::now();
+    let not_after = ca.check(now).map_err(Error::Tls)?;
+    if not_after.duration_since(now).unwrap_or_default() < CA_EXPIRY_WARNING {
+        tracing::warn!(
+            "the cluster CA (node_tls in cluster.toml) expires within 30 days; nodes refuse to start once it has"
+        );
+    }
+    let server = nodetls::server_config(&ca, now).map_err(Error::Tls)?;
+    let client = nodetls::client_config(ca.cert_pem()).map_err(Error::Tls)?;
+    Ok(Some(Tls { server, client }))
 }
 
 /// Setting names on the node's first drive.
@@ -383,6 +418,11 @@ impl State {
         assert!(pending.len() <= PENDING_HANDSHAKES_MAX);
     }
 
+    /// The TLS configuration for calls to peers, when the node protocol runs over TLS.
+    fn peer_tls(&self) -> Option<&Arc<rustls::ClientConfig>> {
+        self.tls.as_ref().map(|tls| &tls.client)
+    }
+
     fn remove_pending(&self, id: u64) {
         self.pending.lock().expect("pending lock poisoned").retain(|(pending_id, _)| *pending_id != id);
     }
@@ -433,6 +473,7 @@ impl Server {
             rebuilding.push(AtomicBool::new(rebuild::is_marked(&drive)));
             drives.push(drive);
         }
+        let tls = node_tls(map)?;
         let listen = config.listen.unwrap_or(node.addr);
         let listener = TcpListener::bind(listen).map_err(|source| Error::Bind { addr: listen, source })?;
         let (mode, bytes_per_s) = repair_settings(&drives[0]);
@@ -460,6 +501,7 @@ impl Server {
             read_hints: config.read_hints,
             started: std::time::Instant::now(),
             counters: metrics::Counters::default(),
+            tls,
         };
         Ok(Self { listener, state: Arc::new(state) })
     }
@@ -476,7 +518,7 @@ impl Server {
 
     /// Accepts and serves connections until the process exits.
     pub fn serve(self) -> std::io::Result<()> {
-        tracing::info!(node = %self.state.node_id, addr = %self.listener.local_addr()?, drives = self.state.drives.len(), "node ready");
+        tracing::info!(node = %self.state.node_id, addr = %self.listener.local_addr()?, drives = self.state.drives.len(), tls = self.state.tls.is_some(), "node ready");
         let mapper = Arc::clone(&self.state);
         std::thread::Builder::new().name("map".into()).spawn(move || map::worker(&mapper))?;
         let retirer = Arc::clone(&self.state);

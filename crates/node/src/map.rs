@@ -175,7 +175,7 @@ fn catch_up(state: &State) {
     let mut holders: BTreeMap<String, usize> = BTreeMap::new();
     let namespace = map.pool_nodes(map.namespace_pool());
     for (node_idx, node) in map.nodes.iter().enumerate().filter(|(idx, _)| *idx != state.node_idx) {
-        let answer = Peer::connect(node.addr, &map).and_then(|(mut peer, held)| {
+        let answer = Peer::connect(node.addr, &map, state.peer_tls()).and_then(|(mut peer, held)| {
             if held <= map.version {
                 // Same map (or the peer is behind and catches up from this connection).
                 if !namespace.contains(&node_idx) {

@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cluster::ClusterMap;
@@ -19,6 +20,8 @@ pub(crate) const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) enum PeerError {
     #[error("I/O with {addr}: {source}")]
     Io { addr: SocketAddr, source: std::io::Error },
+    #[error("TLS handshake with {addr}: {source}")]
+    Tls { addr: SocketAddr, source: std::io::Error },
     #[error("protocol with {addr}: {source}")]
     Proto { addr: SocketAddr, source: proto::Error },
     #[error("{addr} answered {answer}")]
@@ -32,7 +35,8 @@ pub(crate) enum PeerError {
 /// An authenticated connection to a peer node.
 pub(crate) struct Peer {
     addr: SocketAddr,
-    stream: TcpStream,
+    /// Plain TCP, or TLS when the map has a cluster CA.
+    stream: nodetls::Stream,
     outbound: FrameMac,
     inbound: FrameMac,
 }
@@ -41,8 +45,12 @@ impl Peer {
     /// Connects, authenticates both ways with the cluster secret, and marks the connection as
     /// background work. Fails with [`PeerError::StaleMap`] if the peer holds a newer map than
     /// `map` (it would refuse every request): the caller tells the node to catch up.
-    pub(crate) fn open(addr: SocketAddr, map: &ClusterMap) -> Result<Self, PeerError> {
-        let (mut peer, theirs) = Self::connect(addr, map)?;
+    pub(crate) fn open(
+        addr: SocketAddr,
+        map: &ClusterMap,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+    ) -> Result<Self, PeerError> {
+        let (mut peer, theirs) = Self::connect(addr, map, tls)?;
         if theirs > map.version {
             return Err(PeerError::StaleMap { addr, ours: map.version, theirs });
         }
@@ -53,15 +61,28 @@ impl Peer {
         }
     }
 
-    /// Connects and authenticates both ways with the cluster secret; also the version of the
-    /// peer's map. Refuses a peer of another cluster.
-    pub(crate) fn connect(addr: SocketAddr, map: &ClusterMap) -> Result<(Self, u64), PeerError> {
+    /// Connects (over TLS with `tls`, the node's client configuration when the map has a
+    /// cluster CA) and authenticates both ways with the cluster secret; also the version of
+    /// the peer's map. Refuses a peer of another cluster.
+    pub(crate) fn connect(
+        addr: SocketAddr,
+        map: &ClusterMap,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+    ) -> Result<(Self, u64), PeerError> {
         let secret = map.secret.as_str();
         let io = |source| PeerError::Io { addr, source };
-        let mut stream = TcpStream::connect_timeout(&addr, PEER_TIMEOUT).map_err(io)?;
-        stream.set_read_timeout(Some(PEER_TIMEOUT)).map_err(io)?;
-        stream.set_write_timeout(Some(PEER_TIMEOUT)).map_err(io)?;
-        stream.set_nodelay(true).map_err(io)?;
+        let tcp = TcpStream::connect_timeout(&addr, PEER_TIMEOUT).map_err(io)?;
+        tcp.set_read_timeout(Some(PEER_TIMEOUT)).map_err(io)?;
+        tcp.set_write_timeout(Some(PEER_TIMEOUT)).map_err(io)?;
+        tcp.set_nodelay(true).map_err(io)?;
+        let (mut stream, binding) = match tls {
+            Some(config) => {
+                let (stream, binding) =
+                    nodetls::Stream::connect(tcp, config).map_err(|source| PeerError::Tls { addr, source })?;
+                (stream, binding.to_vec())
+            }
+            None => (nodetls::Stream::Plain(tcp), Vec::new()),
+        };
         let mut header = [0u8; FRAME_HEADER_BYTES];
         stream.read_exact(&mut header).map_err(io)?;
         let decoded = FrameHeader::decode(&header).map_err(|source| PeerError::Proto { addr, source })?;
@@ -85,10 +106,10 @@ impl Peer {
             return Err(PeerError::WrongCluster { addr, ours: map.cluster_id.clone(), theirs: challenge.cluster_id });
         }
         let client_nonce: [u8; NONCE_BYTES] = rand::random();
-        let auth = AuthProof::new(secret, &challenge, client_nonce, &map.cluster_id, map.version);
+        let auth = AuthProof::new(secret, &challenge, client_nonce, &map.cluster_id, map.version, &binding);
         let frame = proto::encode_frame(FrameKind::Auth, &auth).map_err(|source| PeerError::Proto { addr, source })?;
         stream.write_all(&frame).map_err(io)?;
-        let (outbound, inbound) = proto::session_macs(secret, &auth.transcript(&challenge));
+        let (outbound, inbound) = proto::session_macs(secret, &auth.transcript(&challenge, &binding));
         let mut peer = Self { addr, stream, outbound, inbound };
         match peer.read_response()? {
             Response::Ok => Ok((peer, challenge.map_version)),

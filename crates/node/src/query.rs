@@ -538,7 +538,7 @@ impl SourceInner {
             Some(peer) => peer,
             None => {
                 let map = self.state.map.get();
-                let (peer, theirs) = Peer::connect(map.nodes[drive.node_idx].addr, &map)
+                let (peer, theirs) = Peer::connect(map.nodes[drive.node_idx].addr, &map, self.state.peer_tls())
                     .inspect_err(|e| tracing::debug!(error = %e, "a query's peer did not answer"))
                     .ok()?;
                 if theirs > map.version {

@@ -348,7 +348,7 @@ impl<'a> Peers<'a> {
     pub(crate) fn get(&mut self, node_idx: usize) -> Result<&mut Peer, RepairError> {
         if !self.open.contains_key(&node_idx) {
             let map = self.state.map.get();
-            let peer = Peer::open(map.nodes[node_idx].addr, &map).inspect_err(|e| {
+            let peer = Peer::open(map.nodes[node_idx].addr, &map, self.state.peer_tls()).inspect_err(|e| {
                 if matches!(e, PeerError::StaleMap { .. }) {
                     self.state.map.newer_seen();
                 }

@@ -230,15 +230,18 @@ pub struct AuthProof {
 
 impl AuthProof {
     /// The answer to `challenge` of a client that knows `secret`, with a fresh `client_nonce`,
-    /// planning with version `map_version` of cluster `cluster_id`'s map.
+    /// planning with version `map_version` of cluster `cluster_id`'s map, over a connection
+    /// whose TLS channel binding is `channel_binding` (empty without TLS).
     pub fn new(
         secret: &str,
         challenge: &Challenge,
         client_nonce: [u8; NONCE_BYTES],
         cluster_id: &str,
         map_version: u64,
+        channel_binding: &[u8],
     ) -> Self {
-        let transcript = Transcript { challenge, client_nonce: &client_nonce, cluster_id, map_version };
+        let transcript =
+            Transcript { challenge, client_nonce: &client_nonce, cluster_id, map_version, channel_binding };
         Self {
             protocol_version: PROTOCOL_VERSION,
             client_nonce,
@@ -248,13 +251,15 @@ impl AuthProof {
         }
     }
 
-    /// What this answer and `challenge` said, for [`verify_client_proof`] and [`session_macs`].
-    pub fn transcript<'a>(&'a self, challenge: &'a Challenge) -> Transcript<'a> {
+    /// What this answer and `challenge` said, over a connection whose TLS channel binding is
+    /// `channel_binding` (empty without TLS), for [`verify_client_proof`] and [`session_macs`].
+    pub fn transcript<'a>(&'a self, challenge: &'a Challenge, channel_binding: &'a [u8]) -> Transcript<'a> {
         Transcript {
             challenge,
             client_nonce: &self.client_nonce,
             cluster_id: &self.cluster_id,
             map_version: self.map_version,
+            channel_binding,
         }
     }
 }
@@ -263,12 +268,19 @@ impl AuthProof {
 /// version) and the client's nonce, cluster id and map version. The client's proof and both
 /// frame keys are derived over all of it, so none of it can be changed on the path unnoticed
 /// (a changed field makes the proof or the node's first tagged frame fail).
+///
+/// Over TLS it also holds the connection's channel binding (keying material exported from the
+/// TLS session, which both ends and no one else compute: `nodetls::channel_binding`), so a
+/// relay that terminates TLS on both sides cannot pass the handshake on: its two connections
+/// have different bindings. Without TLS the binding is empty and the transcript is what it was
+/// before TLS existed.
 #[derive(Clone, Copy, Debug)]
 pub struct Transcript<'a> {
     pub challenge: &'a Challenge,
     pub client_nonce: &'a [u8; NONCE_BYTES],
     pub cluster_id: &'a str,
     pub map_version: u64,
+    pub channel_binding: &'a [u8],
 }
 
 type HmacSha256 = Hmac<Sha256>;
@@ -287,6 +299,11 @@ fn keyed(secret: &str, label: &[u8], transcript: &Transcript<'_>) -> HmacSha256 
         mac.update(&(id.len() as u64).to_le_bytes());
         mac.update(id.as_bytes());
         mac.update(&version.to_le_bytes());
+    }
+    if !transcript.channel_binding.is_empty() {
+        mac.update(b"tls channel binding\0");
+        mac.update(&(transcript.channel_binding.len() as u64).to_le_bytes());
+        mac.update(transcript.channel_binding);
     }
     mac
 }

@@ -199,22 +199,37 @@ fn challenge(nonce: u8, cluster_id: &str, map_version: u64) -> Challenge {
 #[test]
 fn client_proof_needs_the_secret_and_covers_the_whole_handshake() {
     let node = challenge(7, "c1", 3);
-    let auth = AuthProof::new("secret", &node, [9u8; NONCE_BYTES], "c1", 2);
-    assert!(verify_client_proof("secret", &auth.transcript(&node), &auth.proof));
-    assert!(!verify_client_proof("other", &auth.transcript(&node), &auth.proof));
+    let auth = AuthProof::new("secret", &node, [9u8; NONCE_BYTES], "c1", 2, &[]);
+    assert!(verify_client_proof("secret", &auth.transcript(&node, &[]), &auth.proof));
+    assert!(!verify_client_proof("other", &auth.transcript(&node, &[]), &auth.proof));
     // Any field of either message changed on the path: the proof no longer holds.
     for changed in [challenge(8, "c1", 3), challenge(7, "c2", 3), challenge(7, "c1", 4)] {
-        assert!(!verify_client_proof("secret", &auth.transcript(&changed), &auth.proof));
+        assert!(!verify_client_proof("secret", &auth.transcript(&changed, &[]), &auth.proof));
     }
     let mut altered = auth.clone();
     altered.client_nonce = [8u8; NONCE_BYTES];
-    assert!(!verify_client_proof("secret", &altered.transcript(&node), &altered.proof));
+    assert!(!verify_client_proof("secret", &altered.transcript(&node, &[]), &altered.proof));
     let mut altered = auth.clone();
     altered.map_version = 9;
-    assert!(!verify_client_proof("secret", &altered.transcript(&node), &altered.proof));
+    assert!(!verify_client_proof("secret", &altered.transcript(&node, &[]), &altered.proof));
     let mut altered = auth.clone();
     altered.cluster_id = "c9".into();
-    assert!(!verify_client_proof("secret", &altered.transcript(&node), &altered.proof));
+    assert!(!verify_client_proof("secret", &altered.transcript(&node, &[]), &altered.proof));
+}
+
+#[test]
+fn over_tls_the_proof_and_keys_hold_only_on_the_connection_they_were_made_on() {
+    let node = challenge(7, "c1", 3);
+    let binding = [5u8; 32];
+    let auth = AuthProof::new("secret", &node, [9u8; NONCE_BYTES], "c1", 2, &binding);
+    assert!(verify_client_proof("secret", &auth.transcript(&node, &binding), &auth.proof));
+    // A relay terminating TLS on both sides: the node's connection has another binding.
+    assert!(!verify_client_proof("secret", &auth.transcript(&node, &[6u8; 32]), &auth.proof));
+    assert!(!verify_client_proof("secret", &auth.transcript(&node, &[]), &auth.proof));
+    let header = [0u8; FRAME_HEADER_BYTES];
+    let (_, mut n2c) = session_macs("secret", &auth.transcript(&node, &binding));
+    let (_, mut relayed) = session_macs("secret", &auth.transcript(&node, &[6u8; 32]));
+    assert_ne!(n2c.seal(&header, b"ok"), relayed.seal(&header, b"ok"));
 }
 
 fn sealed(
@@ -232,9 +247,9 @@ fn sealed(
 #[test]
 fn frame_macs_accept_frames_in_order_and_nothing_else() {
     let node = challenge(1, "c1", 1);
-    let auth = AuthProof::new("secret-secret-secret", &node, [2u8; NONCE_BYTES], "c1", 1);
-    let (mut c2n_send, _) = session_macs("secret-secret-secret", &auth.transcript(&node));
-    let (mut c2n_recv, mut n2c) = session_macs("secret-secret-secret", &auth.transcript(&node));
+    let auth = AuthProof::new("secret-secret-secret", &node, [2u8; NONCE_BYTES], "c1", 1, &[]);
+    let (mut c2n_send, _) = session_macs("secret-secret-secret", &auth.transcript(&node, &[]));
+    let (mut c2n_recv, mut n2c) = session_macs("secret-secret-secret", &auth.transcript(&node, &[]));
     let first = sealed(FrameKind::Request, &Response::Ok, &mut c2n_send);
     let second = sealed(FrameKind::Request, &Response::Map { toml: "x".into() }, &mut c2n_send);
     // Out of order (the second frame first) fails, and so does a replay of the first.
@@ -253,12 +268,12 @@ fn frame_macs_accept_frames_in_order_and_nothing_else() {
     c2n_recv.open(&second.0, &second.1, &second.2).unwrap();
     // Another connection (other nonces), a handshake changed on the path (another map
     // version), or another secret derives other keys.
-    let other_auth = AuthProof::new("secret-secret-secret", &node, [3u8; NONCE_BYTES], "c1", 1);
-    let (mut other, _) = session_macs("secret-secret-secret", &other_auth.transcript(&node));
+    let other_auth = AuthProof::new("secret-secret-secret", &node, [3u8; NONCE_BYTES], "c1", 1, &[]);
+    let (mut other, _) = session_macs("secret-secret-secret", &other_auth.transcript(&node, &[]));
     assert!(other.open(&first.0, &first.1, &first.2).is_err());
-    let (mut other, _) = session_macs("secret-secret-secret", &auth.transcript(&challenge(1, "c1", 2)));
+    let (mut other, _) = session_macs("secret-secret-secret", &auth.transcript(&challenge(1, "c1", 2), &[]));
     assert!(other.open(&first.0, &first.1, &first.2).is_err());
-    let (mut other, _) = session_macs("another-secret-here", &auth.transcript(&node));
+    let (mut other, _) = session_macs("another-secret-here", &auth.transcript(&node, &[]));
     assert!(other.open(&first.0, &first.1, &first.2).is_err());
 }
 

@@ -65,7 +65,13 @@ pub(crate) fn s3_error(error: client::Error) -> S3Error {
             return internal(S3ErrorCode::ServiceUnavailable, None, &text);
         }
         // An admin call; the gateway never makes it.
-        E::Map(_) | E::Codec(_) | E::NoSuchDrive(_) | E::BadGather(_) | E::BadBlockSize(_) | E::KeyRecords(_) => {
+        E::Map(_)
+        | E::NodeTlsConfig(_)
+        | E::Codec(_)
+        | E::NoSuchDrive(_)
+        | E::BadGather(_)
+        | E::BadBlockSize(_)
+        | E::KeyRecords(_) => {
             tracing::error!("{message}");
             return internal(S3ErrorCode::InternalError, None, "internal error");
         }

@@ -26,6 +26,8 @@ pub(crate) struct Shape {
     /// `tessera node --scrub-interval` and `--deep-scrub-interval`.
     pub(crate) scrub_interval: &'static str,
     pub(crate) deep_scrub_interval: &'static str,
+    /// `tessera init --node-tls on`: the node protocol over TLS.
+    pub(crate) node_tls: bool,
 }
 
 impl Default for Shape {
@@ -38,6 +40,7 @@ impl Default for Shape {
             retire_grace: "10m",
             scrub_interval: "1h",
             deep_scrub_interval: "7d",
+            node_tls: false,
         }
     }
 }
@@ -112,7 +115,8 @@ impl Cluster {
         let output = Command::new(TESSERA)
             .args(["init", "--nodes", &shape.nodes.to_string(), "--drives-per-node"])
             .arg(shape.drives_per_node.to_string())
-            .args(["--ec", shape.ec, "--chunk-size", shape.chunk_size, "--base-port", &base.to_string(), "--data"])
+            .args(["--ec", shape.ec, "--chunk-size", shape.chunk_size, "--base-port", &base.to_string()])
+            .args(["--node-tls", if shape.node_tls { "on" } else { "off" }, "--data"])
             .arg(&data)
             .output()
             .expect("run tessera init");
@@ -129,6 +133,7 @@ impl Cluster {
         let data = dir.path().join("data");
         let mut init = Command::new(TESSERA);
         init.args(["init", "--ec", shape.ec, "--chunk-size", shape.chunk_size, "--data"]).arg(&data);
+        init.args(["--node-tls", if shape.node_tls { "on" } else { "off" }]);
         for addr in &addrs {
             init.args(["--node", &format!("{addr}={}", shape.drives_per_node)]);
         }

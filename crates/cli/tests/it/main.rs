@@ -7,6 +7,7 @@ mod durability;
 mod faults;
 mod gather;
 mod harness;
+mod node_tls;
 mod objects;
 mod pools;
 mod protocol;

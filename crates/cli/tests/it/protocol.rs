@@ -26,9 +26,9 @@ impl RawSession {
         let challenge: proto::Challenge = proto::decode_message(&body, "challenge").unwrap();
         let client_nonce = [42u8; NONCE_BYTES];
         let auth =
-            proto::AuthProof::new(secret, &challenge, client_nonce, &challenge.cluster_id, challenge.map_version);
+            proto::AuthProof::new(secret, &challenge, client_nonce, &challenge.cluster_id, challenge.map_version, &[]);
         stream.write_all(&proto::encode_frame(FrameKind::Auth, &auth).unwrap()).unwrap();
-        let (outbound, inbound) = proto::session_macs(secret, &auth.transcript(&challenge));
+        let (outbound, inbound) = proto::session_macs(secret, &auth.transcript(&challenge, &[]));
         let mut session = Self { stream, outbound, inbound };
         assert_eq!(session.read_response().unwrap(), Response::Ok);
         session
@@ -110,8 +110,8 @@ fn forged_or_replayed_frames_on_an_authenticated_connection_close_it_and_change_
         cluster_id: String::new(),
         map_version: 0,
     };
-    let guessed = proto::AuthProof::new("not-the-cluster-secret", &guess, [42; NONCE_BYTES], "", 0);
-    let (mut wrong, _) = proto::session_macs("not-the-cluster-secret", &guessed.transcript(&guess));
+    let guessed = proto::AuthProof::new("not-the-cluster-secret", &guess, [42; NONCE_BYTES], "", 0, &[]);
+    let (mut wrong, _) = proto::session_macs("not-the-cluster-secret", &guessed.transcript(&guess, &[]));
     let forged = proto::encode_sealed_frame(FrameKind::Request, &request, &mut wrong).unwrap();
     session.stream.write_all(&forged).unwrap();
     assert!(session.closed_by_node(), "a frame under another key must close the connection");
@@ -194,17 +194,25 @@ fn client_refuses_a_node_that_cannot_prove_it_knows_the_secret() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let impostor = std::thread::spawn(move || {
-        let (mut stream, _) = listener.accept().unwrap();
         let challenge = proto::Challenge {
             protocol_version: proto::PROTOCOL_VERSION,
             nonce: [1; NONCE_BYTES],
             cluster_id: "impostor".into(),
             map_version: 1,
         };
-        stream.write_all(&proto::encode_frame(FrameKind::Challenge, &challenge).unwrap()).unwrap();
+        // A bootstrapping client tries TLS first (a TLS record, 0x16), then, hearing plain
+        // text, asks again in plain TCP.
+        let mut stream = loop {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.write_all(&proto::encode_frame(FrameKind::Challenge, &challenge).unwrap()).unwrap();
+            let mut first = [0u8; 1];
+            if stream.peek(&mut first).unwrap() == 1 && first[0] != 0x16 {
+                break stream;
+            }
+        };
         let (_, body) = read_plain_frame(&mut stream);
         let auth: proto::AuthProof = proto::decode_message(&body, "authentication").unwrap();
-        let (_, mut guessed) = proto::session_macs("a-guess-at-the-secret", &auth.transcript(&challenge));
+        let (_, mut guessed) = proto::session_macs("a-guess-at-the-secret", &auth.transcript(&challenge, &[]));
         let ok = proto::encode_sealed_frame(FrameKind::Response, &Response::Ok, &mut guessed).unwrap();
         stream.write_all(&ok).unwrap();
         let mut rest = Vec::new();

@@ -7,7 +7,7 @@ use crate::harness::{Cluster, Shape, block_on, payload};
 
 /// Waits (bounded) until every object has metadata on all n drives. Watches without hinting
 /// repairs, so what it waits for is the nodes' own repair.
-fn wait_full_redundancy(cluster: &Cluster, keys: &[String]) {
+pub(crate) fn wait_full_redundancy(cluster: &Cluster, keys: &[String]) {
     let client = cluster.observer();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -146,7 +146,7 @@ fn a_node_refuses_a_client_of_another_cluster_even_with_the_secret() {
     let challenge: proto::Challenge = proto::decode_message(&body, "challenge").unwrap();
     assert_eq!(challenge.cluster_id, map.cluster_id);
     // The right secret, a valid proof, another cluster's id.
-    let auth = proto::AuthProof::new(&map.secret, &challenge, [5; proto::NONCE_BYTES], "another-cluster", 1);
+    let auth = proto::AuthProof::new(&map.secret, &challenge, [5; proto::NONCE_BYTES], "another-cluster", 1, &[]);
     stream.write_all(&proto::encode_frame(proto::FrameKind::Auth, &auth).unwrap()).unwrap();
     let mut rest = Vec::new();
     let _ = stream.read_to_end(&mut rest);
