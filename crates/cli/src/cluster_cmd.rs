@@ -432,6 +432,18 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
         eprintln!("initialised a new {}-node {} cluster in {}{transport}", args.nodes, args.ec, args.data.display());
     }
     let (map, _) = load_map(&config)?;
+    let asked = match args.node_tls {
+        NodeTlsMode::Auto => None,
+        mode => Some(mode == NodeTlsMode::On),
+    };
+    if asked.is_some_and(|on| on != map.node_tls.is_some()) {
+        eprintln!(
+            "warning: --node-tls applies when the cluster is created; {} already runs the node protocol over {} \
+             (a cluster keeps its choice)",
+            args.data.display(),
+            if map.node_tls.is_some() { "TLS" } else { "plain TCP" }
+        );
+    }
     let credentials = up_credentials()?;
     let tls = match args.tls {
         true => Some(crate::local_ca::gateway_certificate(&args.data.join("tls"), args.s3)?),

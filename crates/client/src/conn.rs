@@ -282,6 +282,7 @@ impl Conn {
         let auth = AuthProof::new(secret, &challenge, client_nonce, &map.cluster_id, map.version, binding);
         let frame = proto::encode_frame(FrameKind::Auth, &auth).map_err(protocol)?;
         stream.write_all(&frame).await.map_err(io)?;
+        stream.flush().await.map_err(io)?;
         let (outbound, inbound) = proto::session_macs(secret, &auth.transcript(&challenge, binding));
         let mut conn = Self { stream, node: node.to_owned(), outbound, inbound, stale: Arc::clone(&map.stale) };
         match conn.read_response().await {
@@ -359,8 +360,11 @@ impl Conn {
         Ok(body)
     }
 
+    /// Writes `bytes` and flushes: over TLS, `write_all` leaves encrypted records in rustls when
+    /// the socket is full, and nothing else would send them while we wait for the answer.
     async fn write_all(&mut self, bytes: &[u8]) -> Result<(), Error> {
-        self.stream.write_all(bytes).await.map_err(|e| self.io(e))
+        self.stream.write_all(bytes).await.map_err(|e| self.io(e))?;
+        self.stream.flush().await.map_err(|e| self.io(e))
     }
 
     pub(crate) fn io(&self, e: std::io::Error) -> Error {

@@ -111,7 +111,8 @@ fn is_disconnect(e: &io::Error) -> bool {
 
 /// Authenticates the client within [`HANDSHAKE_TIMEOUT`] for the whole exchange (not per read,
 /// so a peer dripping one byte at a time is cut off too) and derives the session's frame MACs.
-/// Nothing larger than [`proto::HANDSHAKE_BODY_BYTES_MAX`] is allocated before that.
+/// Nothing larger than [`proto::HANDSHAKE_BODY_BYTES_MAX`] is allocated before that (over TLS, besides
+/// rustls' own handshake buffers and one 16 KiB record read out of a TLS client on a plain node).
 fn handshake(tcp: TcpStream, state: &State) -> Result<Session, ConnError> {
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     tcp.set_nodelay(true)?;
@@ -148,9 +149,9 @@ fn handshake(tcp: TcpStream, state: &State) -> Result<Session, ConnError> {
         // Read the rest of its hello (the record's length is in bytes 3..5), so the close is a
         // FIN and not a reset that could discard the challenge before the client reads it.
         let record = 5 + usize::from(u16::from_be_bytes([header[3], header[4]]));
-        let mut rest = [0u8; 1024];
-        let rest = &mut rest[..record.saturating_sub(FRAME_HEADER_BYTES).min(1024)];
-        let _ = read_exact_before(&mut stream, rest, deadline);
+        // A TLS record holds at most 16 KiB (and the handshake slots bound how many run).
+        let mut rest = vec![0u8; record.saturating_sub(FRAME_HEADER_BYTES).min(16 << 10)];
+        let _ = read_exact_before(&mut stream, &mut rest, deadline);
         return Err(ConnError::TlsClientOnPlainNode);
     }
     let header = FrameHeader::decode(&header)?;

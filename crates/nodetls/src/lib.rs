@@ -94,6 +94,17 @@ impl ClusterCa {
         Ok(Self { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
 
+    /// A CA valid from `not_before` to `not_after` (tests: an expired CA, as `init` would have
+    /// made it long ago).
+    #[doc(hidden)]
+    pub fn generate_valid(not_before: SystemTime, not_after: SystemTime) -> Result<Self, Error> {
+        let key = KeyPair::generate()?;
+        let mut params = ca_params(&key);
+        (params.not_before, params.not_after) = (not_before.into(), not_after.into());
+        let cert = params.self_signed(&key)?;
+        Ok(Self { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    }
+
     /// The CA as stored (not checked: [`ClusterCa::check`] and [`server_config`] do).
     pub fn from_pem(cert_pem: String, key_pem: String) -> Self {
         Self { cert_pem, key_pem }
@@ -130,15 +141,16 @@ impl ClusterCa {
         if now_secs < validity.not_before.timestamp() {
             return Err(Error::CaNotYetValid(validity.not_before.to_string()));
         }
-        let not_after = validity.not_after.to_datetime();
+        let (not_before, not_after) = (validity.not_before.to_datetime(), validity.not_after.to_datetime());
         drop(cert);
-        Ok(LoadedCa { der, key, not_after })
+        Ok(LoadedCa { der, key, not_before, not_after })
     }
 }
 
 struct LoadedCa {
     der: CertificateDer<'static>,
     key: KeyPair,
+    not_before: time::OffsetDateTime,
     not_after: time::OffsetDateTime,
 }
 
@@ -185,8 +197,8 @@ pub fn server_config(ca: &ClusterCa, now: SystemTime) -> Result<Arc<ServerConfig
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     params.use_authority_key_identifier_extension = true;
-    let issued_at = time::OffsetDateTime::from(now);
-    (params.not_before, params.not_after) = (issued_at - CLOCK_SKEW, loaded.not_after);
+    // The CA's validity: a client whose clock is behind the node's accepts it as it does the CA.
+    (params.not_before, params.not_after) = (loaded.not_before, loaded.not_after);
     let key = KeyPair::generate()?;
     let cert = params.signed_by(&key, &issuer)?;
     let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
@@ -348,20 +360,46 @@ impl Read for Stream {
     }
 }
 
+/// Writes through rustls and sends every record before returning, so a socket write that
+/// times out fails this call (rustls' own `StreamOwned::write` ignores that error and may then
+/// block in a read for the socket's read timeout).
+fn write_through<D>(conn: &mut rustls::ConnectionCommon<D>, sock: &mut TcpStream, buf: &[u8]) -> io::Result<usize> {
+    send_records(conn, sock)?;
+    let written = conn.writer().write(buf)?;
+    send_records(conn, sock)?;
+    Ok(written)
+}
+
+/// Sends the encrypted records rustls holds.
+fn send_records<D>(conn: &mut rustls::ConnectionCommon<D>, sock: &mut TcpStream) -> io::Result<()> {
+    while conn.wants_write() {
+        if conn.write_tls(sock)? == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+    }
+    Ok(())
+}
+
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Self::Plain(tcp) => tcp.write(buf),
-            Self::Server(tls) => tls.write(buf),
-            Self::Client(tls) => tls.write(buf),
+            Self::Server(tls) => write_through(&mut *tls.conn, &mut tls.sock, buf),
+            Self::Client(tls) => write_through(&mut *tls.conn, &mut tls.sock, buf),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
         match self {
             Self::Plain(tcp) => tcp.flush(),
-            Self::Server(tls) => tls.flush(),
-            Self::Client(tls) => tls.flush(),
+            Self::Server(tls) => {
+                tls.conn.writer().flush()?;
+                send_records(&mut *tls.conn, &mut tls.sock)
+            }
+            Self::Client(tls) => {
+                tls.conn.writer().flush()?;
+                send_records(&mut *tls.conn, &mut tls.sock)
+            }
         }
     }
 }

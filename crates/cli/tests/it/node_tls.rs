@@ -20,6 +20,12 @@ struct Relay {
 
 impl Relay {
     fn new(target: SocketAddr) -> Self {
+        Self::with_pace(target, None)
+    }
+
+    /// With `pace`, bytes toward the node pass 4 KiB at a time with that pause after each: a
+    /// slow link, whose socket buffers fill while the client writes.
+    fn with_pace(target: SocketAddr, pace: Option<Duration>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -28,11 +34,15 @@ impl Relay {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
                 let Ok(node) = TcpStream::connect(target) else { continue };
-                for (mut from, mut to) in [(client.try_clone().unwrap(), node.try_clone().unwrap()), (node, client)] {
+                let directions = [(client.try_clone().unwrap(), node.try_clone().unwrap(), pace), (node, client, None)];
+                for (mut from, mut to, pause) in directions {
                     let recorder = Arc::clone(&recorder);
                     std::thread::spawn(move || {
-                        let mut buf = vec![0u8; 64 << 10];
+                        let mut buf = vec![0u8; if pause.is_some() { 4 << 10 } else { 64 << 10 }];
                         while let Ok(read @ 1..) = from.read(&mut buf) {
+                            if let Some(pause) = pause {
+                                std::thread::sleep(pause);
+                            }
                             recorder.lock().unwrap().extend_from_slice(&buf[..read]);
                             if to.write_all(&buf[..read]).is_err() {
                                 break;
@@ -102,6 +112,32 @@ fn over_tls_no_object_byte_crosses_the_wire_in_the_clear() {
 }
 
 #[test]
+fn writes_over_tls_finish_on_a_link_slower_than_the_client() {
+    // Every write over TLS goes through rustls' buffers and the client flushes them after each
+    // request; here a link slower than the client backs them up. (Loopback's socket buffers
+    // are large enough that this passed without the flush too: the flush is for real links.)
+    let cluster = Cluster::start(Shape { node_tls: true, chunk_size: "1MiB", ..Shape::default() });
+    cluster.cli_ok(&["mb", "bkt"]);
+    let text = std::fs::read_to_string(&cluster.config).unwrap();
+    let mut map = cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap();
+    let relays: Vec<Relay> =
+        map.nodes.iter().map(|node| Relay::with_pace(node.addr, Some(Duration::from_millis(1)))).collect();
+    for (node, relay) in map.nodes.iter_mut().zip(&relays) {
+        node.addr = relay.addr;
+    }
+    let options = client::ClientOptions { request_timeout: Duration::from_secs(20), ..Default::default() };
+    let client = client::Client::new(map, options).unwrap();
+    let object = crate::harness::payload(8 << 20, 3);
+    block_on(async {
+        client.put_bytes("bkt", "slow", &object, &Default::default()).await.unwrap();
+        assert!(client.get("bkt", "slow").await.unwrap() == object);
+    });
+    // Every chunk went through the paced relays.
+    let seen: usize = relays.iter().map(|relay| relay.seen().len()).sum();
+    assert!(seen > object.len() * 3 / 2, "the relays passed {seen} bytes");
+}
+
+#[test]
 fn peers_repair_over_tls_and_the_cli_works_through_it() {
     let mut cluster = Cluster::start(Shape { node_tls: true, ..Shape::default() });
     cluster.cli_ok(&["mb", "bkt"]);
@@ -155,8 +191,10 @@ fn terminating_relay(node: SocketAddr, cluster_ca: &str) -> (SocketAddr, Arc<Ato
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             let Ok((mut victim, _)) = nodetls::Stream::accept(tcp, &server, deadline) else { continue };
             let upstream = TcpStream::connect(node).unwrap();
-            upstream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            upstream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let (mut node, _) = nodetls::Stream::connect(upstream, &client).unwrap();
+            // Short reads only once both handshakes are done: the loop below polls.
+            node.tcp().set_read_timeout(Some(Duration::from_millis(50))).unwrap();
             victim.tcp().set_read_timeout(Some(Duration::from_millis(50))).unwrap();
             // One thread, both directions, polling: the streams cannot be split.
             let mut buf = vec![0u8; 64 << 10];
@@ -212,6 +250,8 @@ fn a_bootstrapping_client_works_over_tls_and_refuses_a_relay_that_terminates_it(
         matches!(error, client::Error::AuthRejected { .. } | client::Error::NodeNotAuthenticated { .. }),
         "{error}"
     );
+    // The node refused the relayed proof itself (not some other failure of the relay).
+    cluster.wait_log(1, "authentication failed");
     // A client with the map checks the certificate itself: the relay's is from another CA.
     let (relay, _) = terminating_relay(cluster.addrs[1], &ca);
     let mut relayed = map.clone();
@@ -236,39 +276,59 @@ fn a_client_whose_map_has_tls_names_a_plain_node_at_once() {
     assert!(error.contains("answered in plain TCP"), "{error}");
 }
 
-/// `tessera node` with `cluster.toml` changed by `edit`: its exit and stderr.
-fn start_node_with(cluster: &Cluster, edit: impl Fn(&mut cluster::ClusterMap), wrapper: &[&str]) -> (bool, String) {
+/// `tessera node` with `cluster.toml` changed by `edit`: its exit and stderr. Fails the test if
+/// the node is still running after 20 s (it should have refused to start).
+fn start_node_with(cluster: &Cluster, edit: impl Fn(&mut cluster::ClusterMap)) -> (bool, String) {
     let text = std::fs::read_to_string(&cluster.config).unwrap();
     let mut map = cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap();
     edit(&mut map);
     let path = write_file(&cluster.data_dir(), "edited.toml", map.to_toml().as_bytes());
     // As `init` writes it: it holds the secret (a node warns of a file others can read).
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let mut command = Command::new(wrapper.first().copied().unwrap_or(TESSERA));
-    if !wrapper.is_empty() {
-        command.args(&wrapper[1..]).arg(TESSERA);
-    }
-    let output =
-        command.args(["node", "--config"]).arg(&path).args(["--id", "n1"]).env("NO_COLOR", "1").output().unwrap();
-    (output.status.success(), String::from_utf8_lossy(&output.stderr).trim().to_owned())
+    let mut child = Command::new(TESSERA)
+        .args(["node", "--config"])
+        .arg(&path)
+        .args(["--id", "n1"])
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the node started with an unusable CA instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    (status.success(), stderr.trim().to_owned())
 }
 
 #[test]
 fn an_unusable_cluster_ca_stops_a_node_at_start_with_one_line() {
     let cluster = Cluster::init(Shape { node_tls: true, ..Shape::default() });
     let other = nodetls::ClusterCa::generate().unwrap();
-    let (ok, stderr) =
-        start_node_with(&cluster, |map| map.node_tls.as_mut().unwrap().ca_key = other.key_pem().into(), &[]);
+    let (ok, stderr) = start_node_with(&cluster, |map| map.node_tls.as_mut().unwrap().ca_key = other.key_pem().into());
     assert!(!ok);
     assert!(stderr.contains("not its certificate's key"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    let (ok, stderr) = start_node_with(&cluster, |map| map.node_tls.as_mut().unwrap().ca_cert = "garbage".into(), &[]);
+    let (ok, stderr) = start_node_with(&cluster, |map| map.node_tls.as_mut().unwrap().ca_cert = "garbage".into());
     assert!(!ok);
     assert!(stderr.contains("cluster CA certificate") && stderr.contains("unusable"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    // 21 years on, the CA `init` made (valid 20) has expired. faketime is installed by
-    // scripts/install-deps.sh (`make test`).
-    let (ok, stderr) = start_node_with(&cluster, |_| {}, &["faketime", "-f", "+7700d"]);
+    // A CA tessera made ten years ago, expired yesterday.
+    let day = Duration::from_secs(24 * 3600);
+    let now = std::time::SystemTime::now();
+    let expired = nodetls::ClusterCa::generate_valid(now - 3650 * day, now - day).unwrap();
+    let (ok, stderr) = start_node_with(&cluster, |map| {
+        map.node_tls = Some(cluster::NodeTls { ca_cert: expired.cert_pem().into(), ca_key: expired.key_pem().into() });
+    });
     assert!(!ok);
     assert!(stderr.contains("cluster CA certificate expired"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
