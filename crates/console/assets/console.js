@@ -1,4 +1,5 @@
-// The console's only script: uploads with progress (drag and drop or the file picker).
+// The console's only script: uploads with progress (drag and drop or the file picker), the
+// cluster page's live charts and its in-place updates.
 // A file of at most one part is one PUT /upload?bucket=B&key=K; a larger one is a multipart
 // upload: POST /upload/start, one PUT /upload/part per slice of the file (each tried up to
 // TRIES times), POST /upload/complete with the parts' ETags (or /upload/abort when a part
@@ -209,10 +210,57 @@ function startCharts(section) {
   window.setInterval(poll, CHART_POLL_MS);
 }
 
+// A page with a #refresh[data-refresh-ms] (the cluster page) updates its [data-live] parts in
+// place: it fetches itself again and swaps in the parts with the same ids, so the charts keep
+// their state and the reader their scroll position. A page without those parts (the session
+// ended: the login page) is shown by reloading. Hidden tabs do not poll.
+function startLiveRefresh(note) {
+  const everyMs = Number(note.dataset.refreshMs);
+  const told = note.textContent;
+  const clock = () => new Date().toLocaleTimeString();
+  let busy = false;
+  const refresh = () => {
+    if (busy || document.hidden) {
+      return;
+    }
+    busy = true;
+    fetch(window.location.href, { credentials: "same-origin", cache: "no-store" })
+      .then((answer) => answer.text().then((text) => ({ answer: answer, text: text })))
+      .then(({ answer, text }) => {
+        const fresh = new DOMParser().parseFromString(text, "text/html");
+        const parts = Array.from(document.querySelectorAll("[data-live]"));
+        if (answer.redirected || (answer.ok && parts.some((part) => !fresh.getElementById(part.id)))) {
+          window.location.reload(); // to the login page
+          return;
+        }
+        if (!answer.ok) {
+          throw new Error("status " + answer.status);
+        }
+        for (const part of parts) {
+          part.replaceWith(document.adoptNode(fresh.getElementById(part.id)));
+        }
+        note.textContent = told + " Updated at " + clock() + ".";
+        note.classList.remove("error");
+      })
+      .catch(() => {
+        note.textContent = told + " No update at " + clock() + " (the gateway did not answer); what is shown may be stale.";
+        note.classList.add("error");
+      })
+      .finally(() => {
+        busy = false;
+      });
+  };
+  window.setInterval(refresh, everyMs);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   const charts = document.getElementById("charts");
   if (charts) {
     startCharts(charts);
+  }
+  const refreshNote = document.getElementById("refresh");
+  if (refreshNote && refreshNote.dataset.refreshMs) {
+    startLiveRefresh(refreshNote);
   }
   const section = document.getElementById("upload");
   if (!section) {

@@ -53,15 +53,16 @@ fn shell(title: &str, view: Option<&View<'_>>, body: Markup) -> Markup {
     shell_refreshed(title, view, None, false, body)
 }
 
-/// [`shell`], reloading itself every `refresh_s` seconds when given, with the chart library
-/// (uPlot) when `charts`.
+/// [`shell`], reloading itself every `refresh_s` seconds when given and scripts are off (with
+/// scripts, console.js refreshes the page's `data-live` parts in place), with the chart
+/// library (uPlot) when `charts`.
 fn shell_refreshed(title: &str, view: Option<&View<'_>>, refresh_s: Option<u32>, charts: bool, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
-                @if let Some(seconds) = refresh_s { meta http-equiv="refresh" content=(seconds); }
+                @if let Some(seconds) = refresh_s { noscript { meta http-equiv="refresh" content=(seconds); } }
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · Tessera" }
                 link rel="stylesheet" href="/assets/console.css";
@@ -379,12 +380,14 @@ pub(crate) fn key_created(view: &View<'_>, key: &access::AccessKey, secret: &str
     )
 }
 
-/// Seconds between reloads of the cluster page.
+/// Seconds between updates of the cluster page.
 pub(crate) const CLUSTER_REFRESH_S: u32 = 5;
 
-/// The cluster page: health, nodes, drives (with how full each is), erasure sets, repair.
-/// The cluster page; with `charts`, the gateway's live throughput and latency (console.js
-/// draws them from `/cluster/traffic`).
+/// The cluster page: health, nodes, drives (with how full each is), erasure sets, repair;
+/// with `charts`, the gateway's live throughput and latency (console.js draws them from
+/// `/cluster/traffic`). Every [`CLUSTER_REFRESH_S`] console.js fetches the page again and swaps
+/// in its `data-live` parts (the health line and the tables), so the charts keep their state;
+/// without scripts the page reloads itself.
 pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus, charts: bool) -> Markup {
     let serving: Vec<&client::NodeStatus> = status.nodes.iter().filter(|n| !n.removed).collect();
     let up = serving.iter().filter(|n| n.up).count();
@@ -397,12 +400,12 @@ pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus, charts: b
         charts,
         html! {
             h1 { "Cluster" }
-            p id="health" class=(if status.health == "ok" { "ok" } else { "error" }) {
+            p id="health" data-live class=(if status.health == "ok" { "ok" } else { "error" }) {
                 "Cluster " code { (status.cluster_id) } " (map version " (status.map_version) "): "
                 strong { (status.health) } ", " (up) " of " (serving.len()) " nodes up; node protocol over "
-                (if status.node_tls { "TLS" } else { "plain TCP" }) ". "
-                span.muted { "This page reloads every " (CLUSTER_REFRESH_S) " s." }
+                (if status.node_tls { "TLS" } else { "plain TCP" }) "."
             }
+            p.muted id="refresh" data-refresh-ms=(CLUSTER_REFRESH_S * 1000) { "This page updates every " (CLUSTER_REFRESH_S) " s." }
             @if charts {
                 h2 { "This gateway's traffic" }
                 section id="charts" data-src="/cluster/traffic" {
@@ -411,77 +414,79 @@ pub(crate) fn cluster(view: &View<'_>, status: &client::ClusterStatus, charts: b
                     p.muted id="charts-note" { "S3 requests this gateway answered, per 2 s, over the last 10 minutes." }
                 }
             }
-            h2 { "Nodes" }
-            table id="nodes" {
-                thead { tr { th { "Node" } th { "Address" } th { "State" } th { "Version" } th { "Uptime" } th { "Map" } th { "Connections" } } }
-                tbody {
-                    @for node in &status.nodes {
-                        tr.(if node.up || node.removed { "present" } else { "missing" }) data-node=(node.id) {
-                            td { (node.id) }
-                            td { code { (node.addr) } }
-                            @if node.removed {
-                                td { "removed" }
-                                td colspan="4" { "in a decommissioned pool: holds nothing, may be shut down" }
-                            } @else if node.up {
-                                td { "up" }
-                                td { (node.version.as_deref().unwrap_or("—")) }
-                                td.num { (or_dash(node.uptime_s, |s| humantime::format_duration(std::time::Duration::from_secs(s)).to_string())) }
-                                td.num { (or_dash(node.map_version, |v| v.to_string())) }
-                                td.num { (or_dash(node.connections, |v| v.to_string())) }
-                            } @else {
-                                td { "down" }
-                                td colspan="4" { (node.error.as_deref().unwrap_or("no answer")) }
-                            }
-                        }
-                    }
-                }
-            }
-            h2 { "Drives" }
-            table id="drives" {
-                thead { tr { th { "Drive" } th { "Used" } th { "Size" } th { "Versions" } th { "Errors" } th { "State" } th { "Path" } } }
-                tbody {
-                    @for node in status.nodes.iter().filter(|n| !n.removed) {
-                        @for drive in &node.drives {
-                            @let state = if !node.up { "node down".to_owned() } else if let Some(problem) = &drive.problem { format!("error: {problem}") } else if drive.rebuilding { "rebuilding".to_owned() } else { "ok".to_owned() };
-                            tr.(if state == "ok" { "present" } else { "missing" }) {
-                                td { (node.id) "/" (drive.drive) }
-                                td {
-                                    @if let (Some(used), Some(total)) = (drive.used_bytes, drive.total_bytes) {
-                                        meter min="0" max=(total) value=(used) {} " " (bytes(used))
-                                        @if total > 0 { " (" (used * 100 / total) "%)" }
-                                    } @else { "—" }
+            div id="cluster-tables" data-live {
+                h2 { "Nodes" }
+                table id="nodes" {
+                    thead { tr { th { "Node" } th { "Address" } th { "State" } th { "Version" } th { "Uptime" } th { "Map" } th { "Connections" } } }
+                    tbody {
+                        @for node in &status.nodes {
+                            tr.(if node.up || node.removed { "present" } else { "missing" }) data-node=(node.id) {
+                                td { (node.id) }
+                                td { code { (node.addr) } }
+                                @if node.removed {
+                                    td { "removed" }
+                                    td colspan="4" { "in a decommissioned pool: holds nothing, may be shut down" }
+                                } @else if node.up {
+                                    td { "up" }
+                                    td { (node.version.as_deref().unwrap_or("—")) }
+                                    td.num { (or_dash(node.uptime_s, |s| humantime::format_duration(std::time::Duration::from_secs(s)).to_string())) }
+                                    td.num { (or_dash(node.map_version, |v| v.to_string())) }
+                                    td.num { (or_dash(node.connections, |v| v.to_string())) }
+                                } @else {
+                                    td { "down" }
+                                    td colspan="4" { (node.error.as_deref().unwrap_or("no answer")) }
                                 }
-                                td.num { (or_dash(drive.total_bytes, bytes)) }
-                                td.num { (or_dash(drive.versions, |v| v.to_string())) }
-                                td.num { (or_dash(drive.errors, |v| v.to_string())) }
-                                td { (state) }
-                                td { code { (drive.path) } }
                             }
                         }
                     }
                 }
-            }
-            h2 { "Erasure sets" }
-            table id="sets" {
-                thead { tr { th { "Set" } th { "Pool" } th { "Erasure" } th { "Drives out" } th { "Health" } } }
-                tbody {
-                    @for set in &status.sets {
-                        tr.(if set.health == "ok" { "present" } else { "missing" }) {
-                            td.num { (set.set) }
-                            td.num { (set.pool.map_or_else(|| "—".to_owned(), |p| p.to_string())) }
-                            td { (set.erasure) }
-                            td { @if set.out.is_empty() { "—" } @else { (set.out.join(", ")) } }
-                            td { (set.health) }
+                h2 { "Drives" }
+                table id="drives" {
+                    thead { tr { th { "Drive" } th { "Used" } th { "Size" } th { "Versions" } th { "Errors" } th { "State" } th { "Path" } } }
+                    tbody {
+                        @for node in status.nodes.iter().filter(|n| !n.removed) {
+                            @for drive in &node.drives {
+                                @let state = if !node.up { "node down".to_owned() } else if let Some(problem) = &drive.problem { format!("error: {problem}") } else if drive.rebuilding { "rebuilding".to_owned() } else { "ok".to_owned() };
+                                tr.(if state == "ok" { "present" } else { "missing" }) {
+                                    td { (node.id) "/" (drive.drive) }
+                                    td {
+                                        @if let (Some(used), Some(total)) = (drive.used_bytes, drive.total_bytes) {
+                                            meter min="0" max=(total) value=(used) {} " " (bytes(used))
+                                            @if total > 0 { " (" (used * 100 / total) "%)" }
+                                        } @else { "—" }
+                                    }
+                                    td.num { (or_dash(drive.total_bytes, bytes)) }
+                                    td.num { (or_dash(drive.versions, |v| v.to_string())) }
+                                    td.num { (or_dash(drive.errors, |v| v.to_string())) }
+                                    td { (state) }
+                                    td { code { (drive.path) } }
+                                }
+                            }
                         }
                     }
                 }
-            }
-            h2 { "Repair" }
-            p id="repair" {
-                (repair.queued_entries) " queued (" (bytes(repair.queued_bytes)) "), " (repair.at_risk) " at risk (fewer than k+1 healthy chunks); "
-                (repair.versions_repaired) " versions (" (bytes(repair.bytes_repaired)) ") repaired since the nodes started."
-                @if !repair.paused_nodes.is_empty() { " Paused on " (repair.paused_nodes.join(", ")) "." }
-                @if !repair.unknown_nodes.is_empty() { " Unknown on " (repair.unknown_nodes.join(", ")) " (no answer)." }
+                h2 { "Erasure sets" }
+                table id="sets" {
+                    thead { tr { th { "Set" } th { "Pool" } th { "Erasure" } th { "Drives out" } th { "Health" } } }
+                    tbody {
+                        @for set in &status.sets {
+                            tr.(if set.health == "ok" { "present" } else { "missing" }) {
+                                td.num { (set.set) }
+                                td.num { (set.pool.map_or_else(|| "—".to_owned(), |p| p.to_string())) }
+                                td { (set.erasure) }
+                                td { @if set.out.is_empty() { "—" } @else { (set.out.join(", ")) } }
+                                td { (set.health) }
+                            }
+                        }
+                    }
+                }
+                h2 { "Repair" }
+                p id="repair" {
+                    (repair.queued_entries) " queued (" (bytes(repair.queued_bytes)) "), " (repair.at_risk) " at risk (fewer than k+1 healthy chunks); "
+                    (repair.versions_repaired) " versions (" (bytes(repair.bytes_repaired)) ") repaired since the nodes started."
+                    @if !repair.paused_nodes.is_empty() { " Paused on " (repair.paused_nodes.join(", ")) "." }
+                    @if !repair.unknown_nodes.is_empty() { " Unknown on " (repair.unknown_nodes.join(", ")) " (no answer)." }
+                }
             }
         },
     )

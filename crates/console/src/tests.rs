@@ -48,3 +48,33 @@ fn a_key_form_names_buckets_or_all_of_them_never_both_or_neither() {
     assert!(form_buckets(true, "a").is_err());
     assert!(form_buckets(false, " , ").is_err());
 }
+
+#[test]
+fn the_cluster_page_updates_its_live_parts_and_reloads_only_without_scripts() {
+    let who = Who::Root { access_key: "root".into() };
+    let view = pages::View { who: &who, csrf: "t0ken" };
+    let status = client::ClusterStatus {
+        cluster_id: "c1".into(),
+        map_version: 3,
+        node_tls: false,
+        health: "ok",
+        nodes: Vec::new(),
+        sets: Vec::new(),
+        repair: client::RepairSummary::default(),
+    };
+    let html = pages::cluster(&view, &status, true).into_string();
+    // console.js swaps in these parts by id, and polls at this interval.
+    assert!(html.contains(r#"<p id="health" data-live"#), "{html}");
+    assert!(html.contains(r#"<div id="cluster-tables" data-live>"#), "{html}");
+    assert!(html.contains(&format!(r#"data-refresh-ms="{}""#, pages::CLUSTER_REFRESH_S * 1000)), "{html}");
+    // The charts live outside the swapped parts, so an update does not rebuild them.
+    let charts = html.find(r#"id="charts""#).expect("charts");
+    let tables = html.find(r#"id="cluster-tables""#).expect("tables");
+    assert!(charts < tables && !html[tables..].contains(r#"id="charts""#));
+    // The page reloads itself only when scripts are off.
+    assert!(html.contains(&format!(
+        r#"<noscript><meta http-equiv="refresh" content="{}"></noscript>"#,
+        pages::CLUSTER_REFRESH_S
+    )));
+    assert_eq!(html.matches("http-equiv").count(), 1);
+}
