@@ -9,9 +9,11 @@
 # does between two runs swamps a 2% effect; side by side, both see the same moments, and what
 # one gateway spends on counting is what it loses against the other in the competition for
 # the same cores. Each round starts a fresh pair of gateways. Two identical gateways still
-# differ (by up to 15% in a GET round here, and the one on the second port was mostly the
-# faster), so rounds come in pairs that swap which port counts, and a pair's ratio is the
-# geometric mean of its two rounds' ratios: what belongs to a port cancels within the pair.
+# differ (by up to 15% in a GET round here), and so may what else tells the two sides apart
+# (which starts first, which bucket's keys it reads), so everything but the counting belongs to
+# a port: port A's gateway and its client start first, and it uses bucket bench-a. Rounds come
+# in pairs that swap which port counts, and a pair's ratio is the geometric mean of its two
+# rounds' ratios: what belongs to a port cancels within the pair.
 #
 # Prints each round and, over the pairs, the geometric mean of the on/off ratios with a 95%
 # interval (Student's t over the pairs' log ratios): throughput, and the gateway's CPU seconds
@@ -86,12 +88,14 @@ for round in $(seq $((2 * pairs))); do
     done
     for op in put get; do
         declare -A before=()
-        for port in "$on_port" "$off_port"; do before[$port]=$(cpu_s "${gateway_pid[$port]}"); done
-        bench_into "$op" "$on_port" bench-on "$work/on.json" &
-        on_bench=$!
-        bench_into "$op" "$off_port" bench-off "$work/off.json" &
-        off_bench=$!
-        wait "$on_bench" "$off_bench"
+        for port in "$port_a" "$port_b"; do before[$port]=$(cpu_s "${gateway_pid[$port]}"); done
+        bench_into "$op" "$port_a" bench-a "$work/$port_a.json" &
+        a_bench=$!
+        bench_into "$op" "$port_b" bench-b "$work/$port_b.json" &
+        b_bench=$!
+        wait "$a_bench" "$b_bench"
+        cp "$work/$on_port.json" "$work/on.json"
+        cp "$work/$off_port.json" "$work/off.json"
         line=""
         for which in on off; do
             port=$on_port

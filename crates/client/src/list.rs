@@ -115,7 +115,9 @@ impl Client {
 
     /// Live objects of `bucket` whose key starts with `prefix` and sorts after `start_after`,
     /// at most `limit` of them. Asks every drive of every erasure set of the active pools and keeps, per key, the
-    /// newest version; delete markers hide their key.
+    /// newest version; delete markers hide their key. Fails `Unavailable` unless, in every
+    /// set, at least n - W + 1 drives answer (so every acknowledged write, on W drives of its
+    /// set, is on one that answered) and a majority of all drives do.
     pub async fn list(&self, bucket: &str, prefix: &str, start_after: &str, limit: u32) -> Result<ListPage, Error> {
         self.with_map(|c| async move { c.list_once(bucket, prefix, start_after, limit).await }).await
     }
@@ -138,13 +140,13 @@ impl Client {
         // A joining pool holds nothing yet (its nodes may not run), a removed one nothing any
         // more; the namespace pool's nodes hold the bucket namespace, so only they can say a
         // bucket does not exist.
-        let sets: Vec<(usize, &cluster::ErasureSet)> = (0..map.pools.len())
+        let sets: Vec<(usize, usize)> = (0..map.pools.len())
             .filter(|&pool| map.pools[pool].is_read())
-            .flat_map(|pool| map.sets[map.pools[pool].sets.clone()].iter().map(move |set| (pool, set)))
+            .flat_map(|pool| map.pools[pool].sets.clone().map(move |set_idx| (pool, set_idx)))
             .collect();
         let mut calls = Vec::new();
-        for &(pool, set) in &sets {
-            for drive in &set.drives {
+        for (slot, &(pool, set_idx)) in sets.iter().enumerate() {
+            for drive in &map.sets[set_idx].drives {
                 let request = Request::List {
                     drive: drive.drive_idx as u32,
                     bucket: bucket.into(),
@@ -152,9 +154,11 @@ impl Client {
                     start_after: start_after.into(),
                     limit,
                 };
-                calls.push(async move { (pool, drive.node_idx, self.call(drive.node_idx, &request).await) });
+                calls.push(async move { (slot, pool, drive.node_idx, self.call(drive.node_idx, &request).await) });
             }
         }
+        // Drives that answered, per entry of `sets`.
+        let mut set_answered = vec![0usize; sets.len()];
         let mut newest: BTreeMap<String, ListEntry> = BTreeMap::new();
         let mut missing_bucket = 0;
         let mut answered = 0;
@@ -162,7 +166,12 @@ impl Client {
         let mut failed: Vec<crate::FailedNode> = Vec::new();
         let mut namespace_answered = 0;
         let namespace = map.namespace_pool();
-        for (pool, node_idx, response) in futures_util::future::join_all(calls).await {
+        for (slot, pool, node_idx, response) in futures_util::future::join_all(calls).await {
+            let definite = matches!(
+                response,
+                Ok(Response::Listing { .. } | Response::Error { kind: ErrorKind::NoSuchBucket, .. })
+            );
+            set_answered[slot] += usize::from(definite);
             match response {
                 Ok(Response::Listing { entries }) => {
                     answered += 1;
@@ -197,7 +206,27 @@ impl Client {
         if missing_bucket > namespace_answered {
             return Err(Error::NoSuchBucket { bucket: bucket.into() });
         }
-        let drives_total: usize = sets.iter().map(|(_, set)| set.drives.len()).sum();
+        // Every set: an acknowledged write is on W of its n drives, so any n - W + 1 of them
+        // include one that has it (or a newer version). A majority of all drives alone would
+        // let one set answer from a single drive while the others carry the count.
+        for (slot, &(_, set_idx)) in sets.iter().enumerate() {
+            let n = map.sets[set_idx].drives.len();
+            let needed = n + 1 - map.erasure_of_set(set_idx).write_quorum();
+            if set_answered[slot] < needed {
+                let in_set =
+                    |f: &crate::FailedNode| map.sets[set_idx].drives.iter().any(|d| self.node_id(d.node_idx) == f.node);
+                return Err(Error::Unavailable {
+                    action: "list",
+                    bucket: bucket.into(),
+                    key: prefix.into(),
+                    available: set_answered[slot],
+                    total: n,
+                    needed,
+                    unreachable: failed.into_iter().filter(in_set).collect(),
+                });
+            }
+        }
+        let drives_total: usize = sets.iter().map(|&(_, set_idx)| map.sets[set_idx].drives.len()).sum();
         self.require_majority_of(answered + missing_bucket, drives_total, failed)?;
         // Only keys up to the `limit`-th merged key are complete: every drive returned all its
         // keys up to there.

@@ -449,3 +449,47 @@ fn a_read_that_hears_from_too_few_drives_to_see_every_acknowledged_version_fails
         assert!(unreachable.iter().any(|f| &f.node == id), "{id} is named as unreachable: {failed}");
     }
 }
+
+#[test]
+fn a_listing_needs_enough_drives_of_every_set_not_just_a_majority_of_all() {
+    // 12 nodes of one drive, two erasure sets of six: each set on half of the nodes.
+    let mut cluster = Cluster::start(Shape { nodes: 12, ..Shape::default() });
+    let map = cluster.client().map().clone();
+    assert_eq!(map.sets.len(), 2);
+    let set0: Vec<usize> = map.sets[0].drives.iter().map(|d| d.node_idx).collect();
+    assert!(map.sets[1].drives.iter().all(|d| !set0.contains(&d.node_idx)), "the sets share no node");
+    let n = set0.len();
+    let needed = n + 1 - map.erasure.write_quorum();
+    assert_eq!(needed, 2, "4+2: W = 5, so any 2 drives of a set hold every acknowledged write");
+    let key = (0..100).map(|i| format!("k{i}")).find(|k| map.placement_in(0, "bkt", k).set_idx == 0).unwrap();
+    block_on(cluster.client().make_bucket("bkt")).unwrap();
+
+    // Acknowledged while set0[0] is down: on the five other drives of set 0 only.
+    cluster.kill_node(set0[0]);
+    block_on(cluster.client().put_bytes("bkt", &key, &payload(1000, 7), &Default::default())).unwrap();
+    // Then those five go down and set0[0] comes back: of set 0, only a drive without the key
+    // answers, while 7 of the 12 drives (a majority of all) do.
+    for &idx in &set0[1..] {
+        cluster.kill_node(idx);
+    }
+    cluster.restart_node(set0[0]);
+    let mut session = RawSession::open(cluster.addrs[set0[0]], &secret_of(&cluster));
+    let request =
+        Request::List { drive: 0, bucket: "bkt".into(), prefix: String::new(), start_after: String::new(), limit: 100 };
+    match session.call(&request) {
+        Response::Listing { entries } => assert!(entries.iter().all(|e| e.key != key), "the lone drive lacks the key"),
+        other => panic!("unexpected answer {other:?}"),
+    }
+    // A listing from it alone would miss an acknowledged key: it is refused instead.
+    let err = block_on(cluster.client().list("bkt", "", "", 100)).unwrap_err();
+    assert!(matches!(err, client::Error::Unavailable { available: 1, needed: 2, .. }), "{err}");
+    assert!(err.to_string().contains(&format!("n{}", set0[1] + 1)), "names a node of the set that is down: {err}");
+    let ls = cluster.cli_err(&["ls", "bkt"]);
+    assert!(ls.contains("1 of 6") && ls.contains("2 needed"), "{ls}");
+
+    // A second drive of set 0 back: one of the two has the key, and the listing shows it.
+    cluster.start_node(set0[1]);
+    cluster.wait_ready();
+    let page = block_on(cluster.client().list("bkt", "", "", 100)).unwrap();
+    assert_eq!(page.entries.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(), [key.as_str()]);
+}
