@@ -9,7 +9,7 @@
 # does between two runs swamps a 2% effect; side by side, both see the same moments, and what
 # one gateway spends on counting is what it loses against the other in the competition for
 # the same cores. Each round starts a fresh pair of gateways. Two identical gateways still
-# differ (by up to 15% in a GET round here), and so may what else tells the two sides apart
+# differ (by up to 15% in a GET round here, unpaired), and so may what else tells the two sides apart
 # (which starts first, which bucket's keys it reads), so everything but the counting belongs to
 # a port: port A's gateway and its client start first, and it uses bucket bench-a. Rounds come
 # in pairs that swap which port counts, and a pair's ratio is the geometric mean of its two
@@ -93,7 +93,8 @@ for round in $(seq $((2 * pairs))); do
         a_bench=$!
         bench_into "$op" "$port_b" bench-b "$work/$port_b.json" &
         b_bench=$!
-        wait "$a_bench" "$b_bench"
+        wait "$a_bench" # each on its own: `wait A B` returns only B's status
+        wait "$b_bench"
         cp "$work/$on_port.json" "$work/on.json"
         cp "$work/$off_port.json" "$work/off.json"
         line=""
@@ -101,6 +102,9 @@ for round in $(seq $((2 * pairs))); do
             port=$on_port
             [ "$which" = off ] && port=$off_port
             cpu=$(awk -v a="${before[$port]}" -v b="$(cpu_s "${gateway_pid[$port]}")" 'BEGIN { print b - a }')
+            for name in throughput_bytes_per_s bytes; do
+                [ -n "$(field "$name" "$work/$which.json")" ] || { echo "error: round $round $op: no $name from the client of port $port" >&2; exit 1; }
+            done
             line+=" $(field throughput_bytes_per_s "$work/$which.json") $(field bytes "$work/$which.json") $cpu"
         done
         # op round  on_bps on_bytes on_cpu  off_bps off_bytes off_cpu

@@ -370,6 +370,7 @@ fn unavailable(client: &Client, info: &ObjectInfo, read: &StripeRead) -> Error {
     let n = read.slots.len();
     Error::Unavailable {
         action: "read",
+        unit: crate::Counted::Chunks,
         bucket: info.meta.bucket.clone(),
         key: info.meta.key.clone(),
         available: read.slots.iter().filter(|s| !s.failed).count(),

@@ -403,6 +403,7 @@ fn version_unreadable(
         .collect();
     Error::Unavailable {
         action: "read",
+        unit: crate::Counted::Chunks,
         bucket: bucket.into(),
         key: key.into(),
         available: holders,
@@ -727,6 +728,7 @@ fn too_few_answered(
         .collect();
     Error::Unavailable {
         action: "read",
+        unit: crate::Counted::Drives,
         bucket: bucket.into(),
         key: key.into(),
         available: answers.replies.iter().filter(|r| r.is_some()).count(),

@@ -198,9 +198,11 @@ pub enum Error {
     BucketNotEmpty { bucket: String },
     #[error("no such object {bucket}/{key}")]
     NotFound { bucket: String, key: String },
-    #[error("cannot {action} {bucket}/{key}: {available} of {total} chunks reachable, {needed} needed{}", unreachable_suffix(.unreachable))]
+    #[error("cannot {action} {bucket}/{key}: {available} of {total} {unit} reachable, {needed} needed{}", unreachable_suffix(.unreachable))]
     Unavailable {
         action: &'static str,
+        /// What `available`, `total` and `needed` count.
+        unit: Counted,
         bucket: String,
         key: String,
         available: usize,
@@ -279,6 +281,24 @@ pub enum Error {
     /// The stored access key records are not what they must be (too many, too large).
     #[error("access key records: {0}")]
     KeyRecords(String),
+}
+
+/// What the numbers of an [`Error::Unavailable`] count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    Chunks,
+    Drives,
+    Nodes,
+}
+
+impl std::fmt::Display for Counted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Counted::Chunks => "chunks",
+            Counted::Drives => "drives",
+            Counted::Nodes => "nodes",
+        })
+    }
 }
 
 /// A node that could not serve a request, and why (the error, which names the node).

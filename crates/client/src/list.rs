@@ -102,7 +102,7 @@ impl Client {
                 Err(e) => failed.push(self.failed_node(node_idx, &e.to_string())),
             }
         }
-        self.require_majority_of(reachable, namespace.len(), failed)?;
+        self.require_majority_of(reachable, namespace.len(), crate::Counted::Nodes, failed)?;
         let held = seen.into_iter().filter(|(_, (count, _))| *count * 2 > reachable);
         Ok(held.map(|(name, (_, created_ms))| BucketEntry { name, created_ms }).collect())
     }
@@ -144,34 +144,65 @@ impl Client {
             .filter(|&pool| map.pools[pool].is_read())
             .flat_map(|pool| map.pools[pool].sets.clone().map(move |set_idx| (pool, set_idx)))
             .collect();
-        let mut calls = Vec::new();
-        for (slot, &(pool, set_idx)) in sets.iter().enumerate() {
-            for drive in &map.sets[set_idx].drives {
-                let request = Request::List {
-                    drive: drive.drive_idx as u32,
-                    bucket: bucket.into(),
-                    prefix: prefix.into(),
-                    start_after: start_after.into(),
-                    limit,
-                };
-                calls.push(async move { (slot, pool, drive.node_idx, self.call(drive.node_idx, &request).await) });
+        let request_for = |drive: &cluster::DriveRef| Request::List {
+            drive: drive.drive_idx as u32,
+            bucket: bucket.into(),
+            prefix: prefix.into(),
+            start_after: start_after.into(),
+            limit,
+        };
+        // (slot in `sets`, pool, drive), one per drive asked.
+        let asked: Vec<(usize, usize, cluster::DriveRef)> = sets
+            .iter()
+            .enumerate()
+            .flat_map(|(slot, &(pool, set_idx))| map.sets[set_idx].drives.iter().map(move |&d| (slot, pool, d)))
+            .collect();
+        let calls =
+            asked.iter().map(|(_, _, drive)| async move { self.call(drive.node_idx, &request_for(drive)).await });
+        let mut responses = futures_util::future::join_all(calls).await;
+        let definite = |response: &Result<Response, Error>| {
+            matches!(response, Ok(Response::Listing { .. } | Response::Error { kind: ErrorKind::NoSuchBucket, .. }))
+        };
+        // Drives that answered, per entry of `sets`, and what each set needs: an acknowledged
+        // write is on W of its n drives, so any n - W + 1 of them include one that has it (or a
+        // newer version). A majority of all drives alone would let one set answer from a single
+        // drive while the others carry the count.
+        let needed: Vec<usize> = sets
+            .iter()
+            .map(|&(_, set_idx)| map.sets[set_idx].drives.len() + 1 - map.erasure_of_set(set_idx).write_quorum())
+            .collect();
+        let count_answered = |responses: &[Result<Response, Error>]| {
+            let mut counts = vec![0usize; sets.len()];
+            for ((slot, _, _), response) in asked.iter().zip(responses) {
+                counts[*slot] += usize::from(definite(response));
             }
+            counts
+        };
+        let mut set_answered = count_answered(&responses);
+        if set_answered.iter().zip(&needed).any(|(got, need)| got < need) {
+            // Drives skipped for a recent failure may be back: ask those of short sets now.
+            let again: Vec<usize> = (0..asked.len())
+                .filter(|&i| set_answered[asked[i].0] < needed[asked[i].0] && !definite(&responses[i]))
+                .collect();
+            let calls = again.iter().map(|&i| {
+                let drive = asked[i].2;
+                async move { self.call_now(drive.node_idx, &request_for(&drive)).await }
+            });
+            for (i, response) in again.iter().zip(futures_util::future::join_all(calls).await) {
+                responses[*i] = response;
+            }
+            set_answered = count_answered(&responses);
         }
-        // Drives that answered, per entry of `sets`.
-        let mut set_answered = vec![0usize; sets.len()];
         let mut newest: BTreeMap<String, ListEntry> = BTreeMap::new();
         let mut missing_bucket = 0;
         let mut answered = 0;
         let mut truncated = false;
-        let mut failed: Vec<crate::FailedNode> = Vec::new();
+        // (slot, why), for the error.
+        let mut failed: Vec<(usize, crate::FailedNode)> = Vec::new();
         let mut namespace_answered = 0;
         let namespace = map.namespace_pool();
-        for (slot, pool, node_idx, response) in futures_util::future::join_all(calls).await {
-            let definite = matches!(
-                response,
-                Ok(Response::Listing { .. } | Response::Error { kind: ErrorKind::NoSuchBucket, .. })
-            );
-            set_answered[slot] += usize::from(definite);
+        for (&(slot, pool, drive), response) in asked.iter().zip(responses) {
+            let node_idx = drive.node_idx;
             match response {
                 Ok(Response::Listing { entries }) => {
                     answered += 1;
@@ -189,45 +220,43 @@ impl Client {
                 Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) if pool == namespace => missing_bucket += 1,
                 // A later pool's node that has not taken the bucket yet holds nothing in it.
                 Ok(Response::Error { kind: ErrorKind::NoSuchBucket, .. }) => answered += 1,
-                Ok(Response::Error { message, .. }) => failed.push(self.failed_node(node_idx, &message)),
+                Ok(Response::Error { message, .. }) => failed.push((slot, self.failed_node(node_idx, &message))),
                 Ok(other) => {
                     tracing::warn!(node = %self.node_id(node_idx), ?other, "unexpected listing answer");
-                    failed.push(self.failed_node(node_idx, &format!("answered {other:?}")));
+                    failed.push((slot, self.failed_node(node_idx, &format!("answered {other:?}"))));
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "drive did not answer a listing");
-                    failed.push(self.failed_node(node_idx, &e.to_string()));
+                    failed.push((slot, self.failed_node(node_idx, &e.to_string())));
                 }
             }
         }
         // A node with several drives fails each the same way: name it once.
-        failed.sort_by(|a, b| a.node.cmp(&b.node));
-        failed.dedup();
+        let named_once = |mut nodes: Vec<crate::FailedNode>| {
+            nodes.sort_by(|a, b| a.node.cmp(&b.node));
+            nodes.dedup_by(|a, b| a.node == b.node);
+            nodes
+        };
+        // The quorums first: too few answers cannot say a bucket does not exist either.
+        if let Some(short) = (0..sets.len()).find(|&slot| set_answered[slot] < needed[slot]) {
+            let set_failed = failed.iter().filter(|(slot, _)| *slot == short).map(|(_, f)| f.clone()).collect();
+            return Err(Error::Unavailable {
+                action: "list",
+                unit: crate::Counted::Drives,
+                bucket: bucket.into(),
+                key: prefix.into(),
+                available: set_answered[short],
+                total: map.sets[sets[short].1].drives.len(),
+                needed: needed[short],
+                unreachable: named_once(set_failed),
+            });
+        }
+        let failed = named_once(failed.into_iter().map(|(_, f)| f).collect());
+        let drives_total: usize = sets.iter().map(|&(_, set_idx)| map.sets[set_idx].drives.len()).sum();
+        self.require_majority_of(answered + missing_bucket, drives_total, crate::Counted::Drives, failed)?;
         if missing_bucket > namespace_answered {
             return Err(Error::NoSuchBucket { bucket: bucket.into() });
         }
-        // Every set: an acknowledged write is on W of its n drives, so any n - W + 1 of them
-        // include one that has it (or a newer version). A majority of all drives alone would
-        // let one set answer from a single drive while the others carry the count.
-        for (slot, &(_, set_idx)) in sets.iter().enumerate() {
-            let n = map.sets[set_idx].drives.len();
-            let needed = n + 1 - map.erasure_of_set(set_idx).write_quorum();
-            if set_answered[slot] < needed {
-                let in_set =
-                    |f: &crate::FailedNode| map.sets[set_idx].drives.iter().any(|d| self.node_id(d.node_idx) == f.node);
-                return Err(Error::Unavailable {
-                    action: "list",
-                    bucket: bucket.into(),
-                    key: prefix.into(),
-                    available: set_answered[slot],
-                    total: n,
-                    needed,
-                    unreachable: failed.into_iter().filter(in_set).collect(),
-                });
-            }
-        }
-        let drives_total: usize = sets.iter().map(|&(_, set_idx)| map.sets[set_idx].drives.len()).sum();
-        self.require_majority_of(answered + missing_bucket, drives_total, failed)?;
         // Only keys up to the `limit`-th merged key are complete: every drive returned all its
         // keys up to there.
         let keys: Vec<String> = newest.keys().take(limit as usize).cloned().collect();
@@ -289,7 +318,7 @@ impl Client {
         if ok == 0 && matches!(request, Request::BucketDelete { .. }) {
             return Err(Error::NoSuchBucket { bucket: bucket.into() });
         }
-        self.require_majority_of(ok, namespace.len(), failed)
+        self.require_majority_of(ok, namespace.len(), crate::Counted::Nodes, failed)
     }
 
     pub(crate) fn failed_node(&self, node_idx: usize, reason: &str) -> crate::FailedNode {
@@ -309,13 +338,21 @@ impl Client {
         futures_util::future::join_all(calls).await
     }
 
-    /// `failed`: the nodes that could not serve, and why (for the error).
-    fn require_majority_of(&self, reachable: usize, total: usize, failed: Vec<crate::FailedNode>) -> Result<(), Error> {
+    /// `failed`: the nodes that could not serve, and why (for the error); `unit`: what
+    /// `reachable` and `total` count.
+    fn require_majority_of(
+        &self,
+        reachable: usize,
+        total: usize,
+        unit: crate::Counted,
+        failed: Vec<crate::FailedNode>,
+    ) -> Result<(), Error> {
         if reachable * 2 > total {
             return Ok(());
         }
         Err(Error::Unavailable {
             action: "reach a majority for",
+            unit,
             bucket: String::from("the cluster"),
             key: String::new(),
             available: reachable,

@@ -213,7 +213,8 @@ function startCharts(section) {
 // A page with a #refresh[data-refresh-ms] (the cluster page) updates its [data-live] parts in
 // place: it fetches itself again and swaps in the parts with the same ids, so the charts keep
 // their state and the reader their scroll position. A page without those parts (the session
-// ended: the login page) is shown by reloading. Hidden tabs do not poll.
+// ended: the login page) is shown by reloading. Hidden tabs do not poll; a tab shown again
+// updates at once. A request gets two intervals to answer, then counts as unanswered.
 function startLiveRefresh(note) {
   const everyMs = Number(note.dataset.refreshMs);
   const told = note.textContent;
@@ -224,7 +225,9 @@ function startLiveRefresh(note) {
       return;
     }
     busy = true;
-    fetch(window.location.href, { credentials: "same-origin", cache: "no-store" })
+    const timeout = new AbortController();
+    const timer = window.setTimeout(() => timeout.abort(), 2 * everyMs);
+    fetch(window.location.href, { credentials: "same-origin", cache: "no-store", signal: timeout.signal })
       .then((answer) => answer.text().then((text) => ({ answer: answer, text: text })))
       .then(({ answer, text }) => {
         const fresh = new DOMParser().parseFromString(text, "text/html");
@@ -234,7 +237,7 @@ function startLiveRefresh(note) {
           return;
         }
         if (!answer.ok) {
-          throw new Error("status " + answer.status);
+          throw new Error("the gateway answered " + answer.status);
         }
         for (const part of parts) {
           part.replaceWith(document.adoptNode(fresh.getElementById(part.id)));
@@ -242,15 +245,19 @@ function startLiveRefresh(note) {
         note.textContent = told + " Updated at " + clock() + ".";
         note.classList.remove("error");
       })
-      .catch(() => {
-        note.textContent = told + " No update at " + clock() + " (the gateway did not answer); what is shown may be stale.";
+      .catch((error) => {
+        const why = error.name === "AbortError" ? "the gateway did not answer in time"
+          : error.name === "TypeError" ? "the gateway could not be reached" : error.message;
+        note.textContent = told + " No update at " + clock() + " (" + why + "); what is shown may be stale.";
         note.classList.add("error");
       })
       .finally(() => {
+        window.clearTimeout(timer);
         busy = false;
       });
   };
   window.setInterval(refresh, everyMs);
+  document.addEventListener("visibilitychange", refresh);
 }
 
 document.addEventListener("DOMContentLoaded", () => {

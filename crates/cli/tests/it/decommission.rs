@@ -481,7 +481,7 @@ fn a_key_overwritten_into_the_active_pool_never_reads_back_from_the_draining_one
     let Err(failed @ client::Error::Unavailable { .. }) = &read else {
         panic!("pool 1's replaced version is no answer: {read:?}");
     };
-    assert!(failed.to_string().contains("1 of 6 chunks reachable"), "{failed}");
+    assert!(failed.to_string().contains("1 of 6 drives reachable"), "{failed}");
     let get = block_on(reader.get("bkt", "K"));
     assert!(get.is_err(), "a GET fails the same way");
     // Pool 2 back: the overwrite reads.

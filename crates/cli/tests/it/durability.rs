@@ -355,6 +355,7 @@ fn a_read_of_a_write_rolled_back_under_it_gives_way_to_the_version_it_replaced()
     // The same version failing again is the error itself, not another head.
     let lost = client::Error::Unavailable {
         action: "read",
+        unit: client::Counted::Chunks,
         bucket: "bkt".into(),
         key: "K".into(),
         available: 3,
@@ -439,7 +440,7 @@ fn a_read_that_hears_from_too_few_drives_to_see_every_acknowledged_version_fails
                 "stripe {stripe} chunk {chunk}: read {} bytes of the replaced object",
                 out.stdout.len()
             );
-            assert!(stderr.contains("1 of 6 chunks reachable, 4 needed"), "stripe {stripe} chunk {chunk}: {stderr}");
+            assert!(stderr.contains("1 of 6 drives reachable, 4 needed"), "stripe {stripe} chunk {chunk}: {stderr}");
             assert!(out.stdout.is_empty(), "nothing of the {} old bytes is written", old.len());
         }
     }
@@ -482,10 +483,16 @@ fn a_listing_needs_enough_drives_of_every_set_not_just_a_majority_of_all() {
     }
     // A listing from it alone would miss an acknowledged key: it is refused instead.
     let err = block_on(cluster.client().list("bkt", "", "", 100)).unwrap_err();
-    assert!(matches!(err, client::Error::Unavailable { available: 1, needed: 2, .. }), "{err}");
-    assert!(err.to_string().contains(&format!("n{}", set0[1] + 1)), "names a node of the set that is down: {err}");
+    let client::Error::Unavailable { available: 1, needed: 2, unreachable, .. } = &err else {
+        panic!("expected 1 of set 0's drives answering, 2 needed: {err}");
+    };
+    let mut named: Vec<&str> = unreachable.iter().map(|f| f.node.as_str()).collect();
+    let mut down: Vec<String> = set0[1..].iter().map(|idx| format!("n{}", idx + 1)).collect();
+    named.sort_unstable();
+    down.sort_unstable();
+    assert_eq!(named, down, "names exactly set 0's nodes that are down: {err}");
     let ls = cluster.cli_err(&["ls", "bkt"]);
-    assert!(ls.contains("1 of 6") && ls.contains("2 needed"), "{ls}");
+    assert!(ls.contains("1 of 6 drives reachable, 2 needed"), "{ls}");
 
     // A second drive of set 0 back: one of the two has the key, and the listing shows it.
     cluster.start_node(set0[1]);
