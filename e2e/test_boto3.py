@@ -533,6 +533,20 @@ def test_bucket_conflicts_have_s3_error_codes(s3, bucket):
     s3.delete_bucket(Bucket=bucket)
 
 
+def test_delete_bucket_aborts_its_multipart_uploads_in_progress(s3, bucket):
+    # S3 deletes a bucket with incomplete uploads and them with it (on 2862b84: BucketNotEmpty,
+    # so `aws s3 rb --force` failed after an interrupted upload).
+    upload = s3.create_multipart_upload(Bucket=bucket, Key="interrupted")["UploadId"]
+    s3.upload_part(Bucket=bucket, Key="interrupted", UploadId=upload, PartNumber=1, Body=b"p" * 1000)
+    assert s3.delete_bucket(Bucket=bucket)["ResponseMetadata"]["HTTPStatusCode"] == 204
+    with s3_error("NoSuchBucket", 404):
+        s3.list_objects_v2(Bucket=bucket)
+    s3.create_bucket(Bucket=bucket)
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == [], "the old upload went with the bucket"
+    with s3_error("NoSuchUpload", 404):
+        s3.list_parts(Bucket=bucket, Key="interrupted", UploadId=upload)
+
+
 def test_list_buckets_paginates_by_prefix_max_buckets_and_continuation_token(s3, bucket_name):
     prefix = bucket_name[:40] + "-p"
     names = sorted(f"{prefix}-{i}" for i in range(5))

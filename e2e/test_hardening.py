@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import hmac
 import http.client
+import os
 import re
 import socket
 import subprocess
@@ -145,6 +146,21 @@ def test_sigv2_presigned_url_is_refused_by_default(cluster, s3, bucket):
     assert "AWS4-HMAC-SHA256" in _xml_field(body, "Message"), body
 
 
+def test_sigv2_presigned_url_with_encoded_parameter_names_is_refused_by_default(cluster, s3, bucket):
+    # s3s decodes parameter names: `%41WSAccessKeyId` is `AWSAccessKeyId`, and on 2862b84 such a
+    # URL, expiring in 2100, returned the object from a gateway without --allow-sigv2.
+    s3.put_object(Bucket=bucket, Key="obj", Body=b"stored with sigv4")
+    path = f"/{bucket}/obj"
+    expires = "4102444800"  # 2100-01-01
+    signature = _sigv2_signature(cluster.secret_key, f"GET\n\n\n{expires}\n{path}")
+    for query in (
+        f"%41WSAccessKeyId={cluster.access_key}&Expires={expires}&Signature={quote(signature, safe='')}",
+        f"AWSAccessKeyId={cluster.access_key}&Expires={expires}&%53ignature={quote(signature, safe='')}",
+    ):
+        status, headers, body = _send(cluster.endpoint, "GET", f"{path}?{query}", {})
+        _assert_error(status, headers, body, 400, "InvalidRequest")
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -205,6 +221,47 @@ def test_a_gateway_outside_us_east_1_answers_bucket_conflicts_and_locations_as_s
     assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"kept"
 
 
+def test_a_gateway_domain_serves_virtual_hosted_requests_under_it(cluster, s3, bucket, monkeypatch):
+    # On 2862b84 only `BUCKET.localhost` was virtual-hosted: SDKs that default to that style
+    # (JavaScript v3, Go v2) could not use a real host name.
+    real_getaddrinfo = socket.getaddrinfo
+
+    def resolve(host, *args, **kwargs):
+        if isinstance(host, str) and host.endswith("s3.example.test"):
+            host = "127.0.0.1"
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    s3.put_object(Bucket=bucket, Key="obj", Body=b"by host name")
+    with _extra_gateway(cluster, "--domain", "s3.example.test") as endpoint:
+        port = endpoint.rsplit(":", 1)[1]
+        virtual = boto3.session.Session().client(
+            "s3", endpoint_url=f"http://s3.example.test:{port}", aws_access_key_id=cluster.access_key,
+            aws_secret_access_key=cluster.secret_key,
+            config=Config(region_name="us-east-1", s3={"addressing_style": "virtual"}, retries={"max_attempts": 1}),
+        )
+        got = virtual.get_object(Bucket=bucket, Key="obj")
+        assert got["Body"].read() == b"by host name"
+        virtual.put_object(Bucket=bucket, Key="written", Body=b"virtual")
+        assert [o["Key"] for o in virtual.list_objects_v2(Bucket=bucket)["Contents"]] == ["obj", "written"]
+        # The bare domain is path-style.
+        path = boto3.session.Session().client(
+            "s3", endpoint_url=f"http://s3.example.test:{port}", aws_access_key_id=cluster.access_key,
+            aws_secret_access_key=cluster.secret_key,
+            config=Config(region_name="us-east-1", s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+        )
+        assert path.get_object(Bucket=bucket, Key="written")["Body"].read() == b"virtual"
+
+
+def test_a_bad_gateway_domain_is_a_one_line_error_at_start(cluster):
+    out = subprocess.run(
+        [str(TESSERA), "gateway", "--config", str(cluster.config), "--domain", "example.com:9000"],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        env={**os.environ, "TESSERA_ACCESS_KEY": cluster.access_key, "TESSERA_SECRET_KEY": cluster.secret_key},
+    )
+    assert out.returncode != 0 and "is not a domain name" in out.stderr, out.stderr
+
+
 def test_a_bad_region_name_is_a_one_line_error_at_start(cluster):
     out = subprocess.run(
         [str(TESSERA), "gateway", "--config", str(cluster.config), "--region", "US_EAST"],
@@ -230,6 +287,18 @@ def test_allow_sigv2_serves_sigv2_header_auth_with_a_current_date(cluster, s3, b
 def test_allow_sigv2_serves_a_sigv2_presigned_url(cluster, s3, bucket, sigv2_gateway):
     s3.put_object(Bucket=bucket, Key="obj", Body=b"stored with sigv4")
     target = _sigv2_presigned_target(cluster, "GET", f"/{bucket}/obj")
+    status, _, body = _send(sigv2_gateway, "GET", target, {})
+    assert (status, body) == (200, b"stored with sigv4"), body
+
+
+def test_allow_sigv2_refuses_a_presigned_url_expiring_more_than_7_days_ahead(cluster, s3, bucket, sigv2_gateway):
+    s3.put_object(Bucket=bucket, Key="obj", Body=b"stored with sigv4")
+    target = _sigv2_presigned_target(cluster, "GET", f"/{bucket}/obj", expires_in_s=8 * 86_400)
+    status, headers, body = _send(sigv2_gateway, "GET", target, {})
+    _assert_error(status, headers, body, 403, "AccessDenied")
+    assert "7 days" in _xml_field(body, "Message"), body
+    # Within the bound it still serves.
+    target = _sigv2_presigned_target(cluster, "GET", f"/{bucket}/obj", expires_in_s=6 * 86_400)
     status, _, body = _send(sigv2_gateway, "GET", target, {})
     assert (status, body) == (200, b"stored with sigv4"), body
 

@@ -9,6 +9,7 @@ import bz2
 import gzip
 import io
 import json
+import time
 
 import botocore.exceptions
 import pyarrow as pa
@@ -172,6 +173,52 @@ def test_unsupported_and_bad_requests_get_s3_errors(s3, bucket):
     s3.put_object(Bucket=bucket, Key="ragged.csv", Body=b"a,b\n1,2\n3\n")
     error = _client_error(s3, bucket, "ragged.csv", "SELECT * FROM S3Object", csv_in)
     assert "fields" in error["Message"] or "ragged" in error["Message"].lower(), error
+
+
+def test_joins_and_subqueries_are_refused_anywhere_in_the_statement(s3, bucket):
+    # On 2862b84 only the top SELECT was checked: a join inside a subquery ran (a cubic self
+    # join of a large object would hold the gateway).
+    s3.put_object(Bucket=bucket, Key="people.csv", Body=_csv(header=True))
+    csv_in = {"CSV": {"FileHeaderInfo": "USE"}}
+    for sql in (
+        "SELECT name FROM S3Object WHERE name IN (SELECT a.name FROM S3Object a, S3Object b)",
+        "SELECT name FROM S3Object WHERE name IN (SELECT a.name FROM S3Object a JOIN S3Object b ON a.name = b.name)",
+        "SELECT name FROM S3Object WHERE EXISTS (SELECT 1 FROM S3Object)",
+        "SELECT name FROM S3Object WHERE age > (SELECT MIN(age) FROM S3Object)",
+    ):
+        error = _client_error(s3, bucket, "people.csv", sql, csv_in)
+        assert error["Code"] == "UnsupportedSyntax", (sql, error)
+    out, _ = _select(s3, bucket, "people.csv", "SELECT name FROM S3Object WHERE name IN ('Ana', 'Bo')", csv_in)
+    assert out is not None
+
+
+def test_a_gateway_runs_a_bounded_number_of_selects_and_answers_slow_down_past_it(s3, bucket):
+    # Each select holds its permit while its event stream is open: four selects whose output
+    # nobody reads (larger than the sockets' buffers) hold all four, and a fifth is refused.
+    rows = "".join(f"{i},{'x' * 200}\n" for i in range(100_000)).encode()
+    s3.put_object(Bucket=bucket, Key="big.csv", Body=rows)
+    csv_in = {"CSV": {"FileHeaderInfo": "NONE"}}
+    held = []
+    try:
+        for _ in range(4):
+            held.append(s3.select_object_content(
+                Bucket=bucket, Key="big.csv", Expression="SELECT * FROM S3Object", ExpressionType="SQL",
+                InputSerialization=csv_in, OutputSerialization={"CSV": {}}))
+        error = _client_error(s3, bucket, "big.csv", "SELECT * FROM S3Object", csv_in)
+        assert error["Code"] == "SlowDown", error
+    finally:
+        for response in held:
+            response["Payload"].close()
+    # The permits come back with the closed streams.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            out, _ = _select(s3, bucket, "big.csv", "SELECT COUNT(*) FROM S3Object", csv_in)
+            break
+        except botocore.exceptions.ClientError as e:
+            assert e.response["Error"]["Code"] == "SlowDown" and time.monotonic() < deadline, e
+            time.sleep(0.2)
+    assert out.strip() == "100000"
 
 
 def test_gzip_and_bzip2_input_read_like_plain_input(s3, bucket):

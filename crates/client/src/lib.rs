@@ -239,8 +239,6 @@ pub enum Error {
     PreconditionFailed { bucket: String, key: String },
     #[error("bucket {bucket:?} has more than {max} multipart upload records; abort some uploads")]
     TooManyUploads { bucket: String, max: usize },
-    #[error("bucket {bucket:?} has multipart uploads in progress; complete or abort them first")]
-    UploadsInProgress { bucket: String },
     #[error("node {node}: drive is full")]
     DiskFull { node: String },
     #[error("node {node}: {message}")]

@@ -28,9 +28,12 @@ impl Client {
     }
 
     /// Removes an empty `bucket` from every node, all or nothing: it first checks every
-    /// erasure set for live objects and the bucket for multipart uploads in progress, then
-    /// deletes it on every node; a node that still refuses (an object written in between) gets
-    /// the bucket back on the nodes that had dropped it, and the call fails `BucketNotEmpty`.
+    /// erasure set for live objects, then deletes it on every node; a node that still refuses
+    /// (an object written in between) gets the bucket back on the nodes that had dropped it,
+    /// and the call fails `BucketNotEmpty`. Multipart uploads in progress do not keep a
+    /// bucket, as in S3: once the bucket is gone (no new upload can start, no upload can
+    /// complete into it), its uploads are aborted with their pieces. One that cannot be
+    /// aborted then is logged and left to the gateway's expiry of abandoned uploads.
     pub async fn remove_bucket(&self, bucket: &str) -> Result<(), Error> {
         self.with_map(|c| async move { c.remove_bucket_once(bucket).await }).await
     }
@@ -39,9 +42,6 @@ impl Client {
         proto::validate_bucket(bucket)?;
         if !self.list_inner(bucket, "", "", 1).await?.entries.is_empty() {
             return Err(Error::BucketNotEmpty { bucket: bucket.into() });
-        }
-        if self.has_uploads(bucket).await? {
-            return Err(Error::UploadsInProgress { bucket: bucket.into() });
         }
         let request = Request::BucketDelete { bucket: bucket.into() };
         let responses = self.call_all_nodes(&request).await;
@@ -58,7 +58,9 @@ impl Client {
             }
             return Err(Error::BucketNotEmpty { bucket: bucket.into() });
         }
-        self.bucket_result(&request, bucket, responses)
+        self.bucket_result(&request, bucket, responses)?;
+        self.abort_uploads_of_removed(bucket).await;
+        Ok(())
     }
 
     /// Names of the buckets known to a majority of the reachable nodes of the namespace pool

@@ -537,25 +537,24 @@ impl Client {
         Ok(uploads)
     }
 
-    /// Whether `bucket` has uploads in progress (one page of markers suffices to tell).
-    pub(crate) async fn has_uploads(&self, bucket: &str) -> Result<bool, Error> {
-        let marker_prefix = format!("u/{bucket}/");
-        let mut start_after = String::new();
-        for _ in 0..UPLOAD_MARKERS_SCANNED_MAX / proto::LIST_LIMIT_MAX as usize {
-            let page =
-                match self.list_inner(MULTIPART_BUCKET, &marker_prefix, &start_after, proto::LIST_LIMIT_MAX).await {
-                    Err(Error::NoSuchBucket { .. }) => return Ok(false),
-                    other => other?,
-                };
-            if !page.entries.is_empty() {
-                return Ok(true);
+    /// Aborts every upload of `bucket`, which was just removed: no object of it can use their
+    /// pieces (the bucket was empty, and a completion since would have kept it), so every
+    /// piece goes with its marker. Best effort: what fails is logged, and the gateway's expiry
+    /// of abandoned uploads takes it later.
+    pub(crate) async fn abort_uploads_of_removed(&self, bucket: &str) {
+        let uploads = match self.list_multipart_uploads(bucket, "").await {
+            Ok(uploads) => uploads,
+            Err(e) => {
+                tracing::warn!(bucket, error = %e, "bucket removed; its multipart uploads could not be listed and are left to expire");
+                return;
             }
-            match page.next_start_after {
-                Some(next) => start_after = next,
-                None => return Ok(false),
-            }
+        };
+        for upload in &uploads {
+            self.drop_upload(bucket, &upload.upload_id, &[]).await;
         }
-        Err(Error::TooManyUploads { bucket: bucket.to_owned(), max: UPLOAD_MARKERS_SCANNED_MAX })
+        if !uploads.is_empty() {
+            tracing::info!(bucket, aborted = uploads.len(), "bucket removed with its multipart uploads in progress");
+        }
     }
 
     /// The marker of an upload of `bucket/key`, or `NoSuchUpload`.

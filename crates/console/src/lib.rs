@@ -564,7 +564,6 @@ fn describe(error: &client::Error) -> (StatusCode, String) {
         }
         E::InvalidName(_)
         | E::BucketNotEmpty { .. }
-        | E::UploadsInProgress { .. }
         | E::ObjectTooLarge { .. }
         | E::InvalidPart { .. }
         | E::InvalidPartOrder

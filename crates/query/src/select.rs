@@ -24,8 +24,10 @@ use futures_util::stream::BoxStream;
 use pushdown::datafusion::arrow::array::RecordBatch;
 use pushdown::datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use pushdown::datafusion::catalog::streaming::StreamingTable;
+use pushdown::datafusion::common::tree_node::TreeNodeRecursion;
 use pushdown::datafusion::error::DataFusionError;
 use pushdown::datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use pushdown::datafusion::logical_expr::LogicalPlan;
 use pushdown::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use pushdown::datafusion::physical_plan::streaming::PartitionStream;
 use pushdown::datafusion::sql::parser::Statement as DfStatement;
@@ -231,6 +233,11 @@ pub async fn select(
     if matches!(input, SelectInput::Json(JsonType::Document)) && source.scan_range.is_some() {
         return Err(Error::BadQuery("ScanRange needs JSON LINES input: a document's records may span lines".into()));
     }
+    // A select runs in the gateway for whoever may read the object: past its memory it fails
+    // rather than spill to the gateway's disk.
+    let mut options = options.clone();
+    options.limits.spill = pushdown::Spill::Never;
+    let options = &options;
     let ctx = crate::session(options)?;
     let state = ctx.state();
     let mut statement =
@@ -299,11 +306,40 @@ pub async fn select(
         }
     }
     let plan = ctx.state().statement_to_plan(statement).await.map_err(df_error)?;
+    one_scan_only(&plan)?;
     pushdown::growth::check_plan(&plan)?;
     let frame = ctx.execute_logical_plan(plan).await.map_err(df_error)?;
     let batches = frame.execute_stream().await.map_err(df_error)?;
     let records = encode(batches, output.clone());
     Ok(Selection { records, scanned: ScannedBytes { counters, records: scanned, decoded } })
+}
+
+/// Refuses a plan that reads S3Object more than once or joins anything, anywhere in it: the
+/// check of the statement's top SELECT does not see subqueries (`... WHERE x IN (SELECT ...
+/// FROM s3object a, s3object b, s3object c)` is a cubic join of the object).
+fn one_scan_only(plan: &LogicalPlan) -> Result<(), Error> {
+    let mut scans = 0usize;
+    let mut joins = false;
+    plan.apply_with_subqueries(|node| {
+        match node {
+            LogicalPlan::TableScan(_) => scans += 1,
+            LogicalPlan::Join(_)
+            | LogicalPlan::Subquery(_)
+            | LogicalPlan::Union(_)
+            | LogicalPlan::RecursiveQuery(_) => {
+                joins = true;
+            }
+            _ => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .map_err(df_error)?;
+    if joins || scans > 1 {
+        return Err(Error::BadQuery(
+            "S3 Select reads FROM S3Object once: no joins, subqueries or set operations".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Gives the types S3 Select's SQL names their S3 Select meaning: `INT` and `INTEGER` are

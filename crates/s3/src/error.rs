@@ -26,8 +26,6 @@ pub(crate) fn s3_error(error: client::Error) -> S3Error {
         E::ObjectTooLarge { .. } => (S3ErrorCode::EntityTooLarge, None),
         E::Source(io) => return body_error(io),
         E::PreconditionFailed { .. } => (S3ErrorCode::PreconditionFailed, None),
-        // S3 refuses to delete a bucket with uploads in progress as not empty.
-        E::UploadsInProgress { .. } => (S3ErrorCode::BucketNotEmpty, None),
         E::TooManyUploads { .. } => {
             (S3ErrorCode::Custom("TooManyUploads".into()), Some(StatusCode::SERVICE_UNAVAILABLE))
         }

@@ -23,6 +23,7 @@
 //!     region: s3::DEFAULT_REGION.into(),
 //!     metrics: true,
 //!     tls: None,
+//!     domains: Vec::new(),
 //! }).await?;
 //! gateway.serve(std::future::pending()).await?;
 //! ```
@@ -44,6 +45,7 @@ mod server;
 mod tls;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 pub use body::BODY_IDLE_TIMEOUT;
 pub use keys::KEY_CACHE_TTL;
@@ -74,6 +76,10 @@ pub struct GatewayConfig {
     pub metrics: bool,
     /// Serve HTTPS with this certificate and key instead of plain HTTP.
     pub tls: Option<TlsFiles>,
+    /// Base domains for virtual-hosted-style requests besides `localhost`: `BUCKET.DOMAIN`
+    /// names a bucket (SDKs that default to that style, AWS SDK for JavaScript v3 and Go v2,
+    /// then work against a real host name). Each must be a DNS name ([`Error::BadDomain`]).
+    pub domains: Vec<String>,
 }
 
 /// The region a gateway answers as unless told otherwise: S3's default, which SDKs sign for.
@@ -100,6 +106,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("region", &self.region)
             .field("metrics", &self.metrics)
             .field("tls", &self.tls)
+            .field("domains", &self.domains)
             .finish()
     }
 }
@@ -119,6 +126,8 @@ pub enum Error {
     LocalAddr(std::io::Error),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error("--domain {0}")]
+    BadDomain(String),
 }
 
 /// Longest access key accepted.
@@ -132,7 +141,35 @@ pub struct Gateway {
     service: s3s::service::S3Service,
     sigv2: SigV2,
     metrics: GatewayMetrics,
-    tls: Option<(tokio_rustls::TlsAcceptor, CertSummary)>,
+    tls: Option<(TlsReloader, CertSummary)>,
+}
+
+/// Reloads a gateway's certificate and key from their files (`tessera gateway` on SIGHUP): new
+/// connections get the new certificate, connections already open keep theirs. A certificate
+/// that does not load leaves the served one as it was.
+#[derive(Clone)]
+pub struct TlsReloader {
+    files: TlsFiles,
+    acceptor: SharedAcceptor,
+}
+
+/// The acceptor new connections take (one read per connection).
+pub(crate) type SharedAcceptor = Arc<std::sync::RwLock<tokio_rustls::TlsAcceptor>>;
+
+impl TlsReloader {
+    /// Loads the files again (with every check made at start) and serves them from now on.
+    pub fn reload(&self) -> Result<CertSummary, TlsError> {
+        let (server_config, summary) = tls::load(&self.files, std::time::SystemTime::now())?;
+        *self.acceptor.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            tokio_rustls::TlsAcceptor::from(server_config);
+        Ok(summary)
+    }
+}
+
+impl std::fmt::Debug for TlsReloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsReloader").field("files", &self.files).finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for Gateway {
@@ -145,10 +182,14 @@ impl Gateway {
     /// Checks the credentials (and the TLS certificate and key) and binds the listening socket.
     pub async fn bind(client: client::Client, config: GatewayConfig) -> Result<Self, Error> {
         validate_credentials(&config.access_key, &config.secret_key)?;
+        for domain in &config.domains {
+            host::check_domain(domain).map_err(Error::BadDomain)?;
+        }
         let tls = match &config.tls {
             Some(files) => {
                 let (server_config, summary) = tls::load(files, std::time::SystemTime::now())?;
-                Some((tokio_rustls::TlsAcceptor::from(server_config), summary))
+                let acceptor = Arc::new(std::sync::RwLock::new(tokio_rustls::TlsAcceptor::from(server_config)));
+                Some((TlsReloader { files: files.clone(), acceptor }, summary))
             }
             None => None,
         };
@@ -170,10 +211,15 @@ impl Gateway {
         self.tls.as_ref().map(|(_, summary)| summary)
     }
 
+    /// What reloads the certificate while the gateway serves, when it serves HTTPS.
+    pub fn tls_reloader(&self) -> Option<TlsReloader> {
+        self.tls.as_ref().map(|(reloader, _)| reloader.clone())
+    }
+
     /// Serves HTTP (HTTPS with a certificate) until `shutdown` completes, then lets requests in
     /// progress finish for up to [`SHUTDOWN_TIMEOUT`].
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
-        let tls = self.tls.map(|(acceptor, _)| acceptor);
+        let tls = self.tls.map(|(reloader, _)| reloader.acceptor);
         server::serve(self.listener, tls, self.service, self.sigv2, self.metrics, shutdown).await;
     }
 

@@ -16,8 +16,14 @@ use crate::error::s3_error;
 
 /// Bytes of records one Records event carries at most (results are cut to fit).
 const RECORDS_EVENT_BYTES: usize = 1 << 20;
-/// Memory the gateway's engine may use for one select (aggregates, sorts).
-const SELECT_MEMORY_BYTES: usize = 256 << 20;
+/// Memory the gateway's engine may use for one select (aggregates, sorts); past it the select
+/// fails (it never spills to the gateway's disk).
+const SELECT_MEMORY_BYTES: usize = 64 << 20;
+/// Selects one gateway runs at once; one more is answered 503 SlowDown. With
+/// [`SELECT_MEMORY_BYTES`] each, selects hold at most 256 MiB of a gateway's memory.
+const SELECTS_MAX: usize = 4;
+/// The permits of [`SELECTS_MAX`]: a select holds one until its event stream ends or is dropped.
+static SELECTS_RUNNING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(SELECTS_MAX);
 
 fn invalid(code: &str, message: impl Into<String>) -> S3Error {
     let mut error = S3Error::with_message(S3ErrorCode::Custom(code.to_owned().into()), message.into());
@@ -203,6 +209,12 @@ pub(crate) async fn select_object_content(
     }
     let output = output_of(&request.output_serialization)?;
     let progress = request.request_progress.as_ref().and_then(|p| p.enabled).unwrap_or(false);
+    let Ok(permit) = SELECTS_RUNNING.try_acquire() else {
+        return Err(S3Error::with_message(
+            S3ErrorCode::SlowDown,
+            format!("this gateway runs {SELECTS_MAX} S3 Select requests at once; retry later"),
+        ));
+    };
     let mut options = query::QueryOptions::default();
     options.limits.memory_bytes = SELECT_MEMORY_BYTES;
     let selection =
@@ -243,6 +255,8 @@ pub(crate) async fn select_object_content(
     // An error event ends the stream: nothing (no Stats, no End) follows it.
     let mut failed = false;
     let events = records.chain(tail).take_while(move |event| {
+        // The select's permit lives as long as its stream.
+        let _running = &permit;
         let go = !failed;
         failed |= event.is_err();
         futures_util::future::ready(go)

@@ -34,7 +34,7 @@ pub(crate) fn build_service(client: client::Client, config: &GatewayConfig) -> S
     let mut builder = S3ServiceBuilder::new(Tessera { client, relayer, region: config.region.clone() });
     builder.set_auth(crate::keys::Auth(keys.clone()));
     builder.set_access(crate::keys::AccessCheck(keys));
-    builder.set_host(crate::host::LocalHost::new(config.listen.port()));
+    builder.set_host(crate::host::BucketHosts::new(&config.domains, config.listen.port()));
     let mut s3_config = s3s::config::S3Config::default();
     s3_config.xml_max_body_size = XML_BODY_BYTES_MAX;
     // Browser POST uploads (PostObject) are not served (501), but s3s reads the form's file
@@ -49,6 +49,8 @@ pub(crate) fn build_service(client: client::Client, config: &GatewayConfig) -> S
 const ERROR_BODY_BYTES_MAX: usize = 64 << 10;
 /// How far a SigV2 request's `Date` may be from the gateway's clock, as S3 allows.
 const SIGV2_CLOCK_SKEW_MAX: Duration = Duration::from_secs(15 * 60);
+/// How far ahead a SigV2 presigned URL may expire: SigV4's limit (7 days), which SigV2 lacks.
+const SIGV2_PRESIGNED_EXPIRY_MAX: Duration = Duration::from_secs(7 * 86_400);
 /// Header that carries the request id on every answer, as S3's.
 const REQUEST_ID_HEADER: &str = "x-amz-request-id";
 
@@ -142,8 +144,12 @@ fn check_sigv2<B>(
     let auth = headers.get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
     let query = request.uri().query().unwrap_or("");
     let header_v2 = auth.starts_with("AWS ");
-    let presigned_v2 = query.split('&').any(|pair| pair.starts_with("AWSAccessKeyId="))
-        && query.split('&').any(|pair| pair.starts_with("Signature="));
+    // Names as s3s reads them: percent-decoded (`%41WSAccessKeyId` is `AWSAccessKeyId`). Either
+    // name makes it a SigV2 presigned request; SigV4 names its fields `X-Amz-*`.
+    let params: Vec<(String, String)> =
+        form_urlencoded::parse(query.as_bytes()).map(|(name, value)| (name.into_owned(), value.into_owned())).collect();
+    let param = |wanted: &str| params.iter().find(|(name, _)| name == wanted).map(|(_, value)| value.as_str());
+    let presigned_v2 = param("AWSAccessKeyId").is_some() || param("Signature").is_some();
     if !header_v2 && !presigned_v2 {
         return Ok(());
     }
@@ -158,7 +164,20 @@ fn check_sigv2<B>(
         ));
     }
     if !header_v2 {
-        // Presigned SigV2 URLs carry their own expiry, which s3s checks.
+        // Presigned SigV2 URLs carry their own expiry, which s3s checks; past it, and no further
+        // ahead than SigV4 allows (7 days), so a leaked URL cannot serve for ever.
+        let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        let expires = param("Expires").and_then(|e| e.parse::<u64>().ok());
+        if expires.is_some_and(|e| e > now_s.saturating_add(SIGV2_PRESIGNED_EXPIRY_MAX.as_secs())) {
+            return Err((
+                hyper::StatusCode::FORBIDDEN,
+                "AccessDenied",
+                format!(
+                    "SigV2 presigned URLs may expire at most {} days ahead",
+                    SIGV2_PRESIGNED_EXPIRY_MAX.as_secs() / 86_400
+                ),
+            ));
+        }
         return Ok(());
     }
     let date = headers.get("x-amz-date").or_else(|| headers.get(hyper::header::DATE)).and_then(|v| v.to_str().ok());
@@ -264,7 +283,7 @@ async fn call_closing_on_early_error(
 
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<crate::SharedAcceptor>,
     service: S3Service,
     sigv2: crate::SigV2,
     metrics: crate::GatewayMetrics,
@@ -304,7 +323,9 @@ pub(crate) async fn serve(
             hyper::service::service_fn(move |request| handle(service.clone(), sigv2, for_requests.clone(), request));
         // Counted from here: shutdown waits for connections still in their TLS handshake too.
         let watcher = graceful.watcher();
-        let (http, tls, mut stopped) = (http.clone(), tls.clone(), handshakes_stopped.clone());
+        // The certificate served now (a reload swaps it for the connections after).
+        let tls = tls.as_ref().map(|shared| shared.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone());
+        let (http, mut stopped) = (http.clone(), handshakes_stopped.clone());
         let metrics = metrics.clone();
         metrics.connection_opened();
         tokio::spawn(async move {

@@ -245,14 +245,33 @@ fn multipart_upload_pages_follow_key_and_upload_id_markers() {
 // ---- hosts, credentials, digests ----
 
 #[test]
-fn only_subdomains_of_localhost_are_virtual_hosted_buckets() {
-    let base = "localhost:9000";
-    assert_eq!(bucket_of_host("photos.localhost:9000", base), Some("photos"));
-    assert_eq!(bucket_of_host("photos.localhost", base), Some("photos"));
-    assert_eq!(bucket_of_host("localhost:9000", base), None);
-    assert_eq!(bucket_of_host("127.0.0.1:9000", base), None);
-    assert_eq!(bucket_of_host("storage.example.com:9000", base), None);
-    assert_eq!(bucket_of_host(".localhost:9000", base), None);
+fn only_subdomains_of_the_gateway_domains_are_virtual_hosted_buckets() {
+    let local = ["localhost".to_owned()];
+    assert_eq!(bucket_of_host("photos.localhost:9000", &local, 9000), Some("photos"));
+    assert_eq!(bucket_of_host("photos.localhost", &local, 9000), Some("photos"));
+    assert_eq!(bucket_of_host("photos.LocalHost", &local, 9000), Some("photos"));
+    assert_eq!(bucket_of_host("photos.localhost:9001", &local, 9000), None, "another port");
+    assert_eq!(bucket_of_host("localhost:9000", &local, 9000), None);
+    assert_eq!(bucket_of_host("127.0.0.1:9000", &local, 9000), None);
+    assert_eq!(bucket_of_host("storage.example.com:9000", &local, 9000), None);
+    assert_eq!(bucket_of_host(".localhost:9000", &local, 9000), None);
+    let both = ["localhost".to_owned(), "s3.example.com".to_owned()];
+    assert_eq!(bucket_of_host("photos.s3.example.com", &both, 443), Some("photos"));
+    assert_eq!(bucket_of_host("my.dotted.bucket.s3.example.com:443", &both, 443), Some("my.dotted.bucket"));
+    assert_eq!(bucket_of_host("s3.example.com", &both, 443), None, "the domain itself is path-style");
+    assert_eq!(bucket_of_host("photos.xs3.example.com", &both, 443), None, "a label must end at the dot");
+    assert_eq!(bucket_of_host("photos.example.com", &both, 443), None);
+}
+
+#[test]
+fn gateway_domains_must_be_dns_names() {
+    use crate::host::check_domain;
+    for good in ["example.com", "s3.example.com", "localhost", "a-b.c0"] {
+        assert!(check_domain(good).is_ok(), "{good}");
+    }
+    for bad in ["", "example.com:9000", "http://example.com", "-a.com", "a..com", "exa mple.com", "*.example.com"] {
+        assert!(check_domain(bad).is_err(), "{bad}");
+    }
 }
 
 #[test]

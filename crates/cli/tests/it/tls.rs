@@ -236,3 +236,64 @@ fn tls_cert_keeps_its_ca_keeps_keys_private_and_refuses_a_ca_it_did_not_make() {
         assert!(!bad.join("server.pem").exists(), "a certificate was issued in a foreign CA's name");
     }
 }
+
+#[test]
+fn sighup_reloads_the_certificate_for_new_connections_and_keeps_it_when_the_new_one_is_bad() {
+    // On 2862b84 the gateway read its certificate once: a renewal needed a restart (and
+    // SIGHUP killed it).
+    let cluster = Cluster::start(Shape::default());
+    let (first_ca, second_ca) = (Pki::new(), Pki::new());
+    let (cert, key) = first_ca.issue("gateway", -1, 30);
+    let port = free_ports(1);
+    let mut child = gateway(&cluster, port, &cert, &key).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let log = std::sync::Arc::clone(&log);
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            while std::io::BufRead::read_line(&mut stderr, &mut line).is_ok_and(|n| n > 0) {
+                log.lock().unwrap().push_str(&std::mem::take(&mut line));
+            }
+        })
+    };
+    let wait_log = |text: &str| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !log.lock().unwrap().contains(text) {
+            assert!(Instant::now() < deadline, "no {text:?} in the gateway's log: {}", log.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let hangup = |child: &Child| {
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+    };
+    let https = format!("https://127.0.0.1:{port}");
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_log("send SIGHUP to reload");
+        assert!(ok_ops(&bench("put", &https, Some(&first_ca.ca()))) > 0, "served with the first CA's certificate");
+        // The renewal lands in the same files, from another CA, and a SIGHUP takes it.
+        let (renewed, renewed_key) = second_ca.issue("renewed", -1, 60);
+        std::fs::copy(&renewed, &cert).unwrap();
+        std::fs::copy(&renewed_key, &key).unwrap();
+        hangup(&child);
+        wait_log("TLS certificate reloaded");
+        assert!(ok_ops(&bench("put", &https, Some(&second_ca.ca()))) > 0, "served with the renewed certificate");
+        let output = bench("put", &https, Some(&first_ca.ca()));
+        assert!(!output.status.success(), "the old certificate is no longer served");
+        // A broken file: the gateway says so and keeps serving the renewed certificate.
+        std::fs::write(&cert, b"not a certificate\n").unwrap();
+        hangup(&child);
+        wait_log("TLS certificate not reloaded, the served one stays");
+        assert!(ok_ops(&bench("get", &https, Some(&second_ca.ca()))) > 0, "still served after a bad reload");
+        assert!(child.try_wait().unwrap().is_none(), "SIGHUP did not stop the gateway");
+    }));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    child.wait().unwrap();
+    reader.join().unwrap();
+    if let Err(panic) = result {
+        eprintln!("gateway log:\n{}", log.lock().unwrap());
+        std::panic::resume_unwind(panic);
+    }
+}
