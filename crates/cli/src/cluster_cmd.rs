@@ -151,6 +151,11 @@ pub(crate) struct GatewayArgs {
     /// header checked against replays. Off by default: SigV4 only.
     #[arg(long)]
     allow_sigv2: bool,
+    /// A base domain for virtual-hosted-style requests (`BUCKET.DOMAIN`), besides `localhost`
+    /// which always works; repeat for several. Point a wildcard DNS record `*.DOMAIN` at the
+    /// gateway. Without it, clients must use path-style addressing for other host names.
+    #[arg(long, value_name = "DOMAIN")]
+    domain: Vec<String>,
     /// Multipart uploads initiated longer ago than this are aborted, pieces included
     /// (checked every `--multipart-check-interval`).
     #[arg(long, default_value = "7d", value_parser = positive_duration)]
@@ -219,6 +224,11 @@ pub(crate) struct NodeArgs {
     /// (paced by the repair budget).
     #[arg(long, default_value = "7d", value_parser = positive_duration)]
     deep_scrub_interval: Duration,
+    /// How long the scrubber watches a failed write's leftover (a version no reader can take,
+    /// on fewer drives than a write needs) before removing it: longer than any client's
+    /// request timeout, so no writer still deciding loses its version.
+    #[arg(long, default_value = "10m", value_parser = positive_duration)]
+    leftover_gc_after: Duration,
     /// Memory one near-data query may use on this node (at most 4 run at once); a query that
     /// needs more fails with an error saying so.
     #[arg(long, default_value = "256MiB", value_parser = crate::size::parse_bytes)]
@@ -402,6 +412,7 @@ pub(crate) fn node(args: &NodeArgs) -> anyhow::Result<()> {
         retire_grace: args.retire_grace,
         scrub_interval: args.scrub_interval,
         deep_scrub_interval: args.deep_scrub_interval,
+        leftover_gc_after: args.leftover_gc_after,
         query_memory_bytes: usize::try_from(args.query_memory).unwrap_or(usize::MAX),
         query_heartbeat: args.query_heartbeat,
         read_hints: !args.no_read_hints,
@@ -728,6 +739,7 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
             // The console's charts read the same counters.
             metrics: args.metrics_listen.is_some() || args.console_listen.is_some(),
             tls: args.tls_cert.clone().zip(args.tls_key.clone()).map(|(cert, key)| s3::TlsFiles { cert, key }),
+            domains: args.domain.clone(),
         };
         tokio::spawn(expire_uploads(client.clone(), args.multipart_expiry, args.multipart_check_interval));
         let gateway = s3::Gateway::bind(client.clone(), config.clone()).await.context("start the S3 gateway")?;
@@ -776,6 +788,11 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
                         humantime::format_duration(Duration::from_secs(left.as_secs()))
                     );
                 }
+                if let Some(reloader) = gateway.tls_reloader() {
+                    let reloading = reload_on_sighup(reloader)?;
+                    tokio::spawn(reloading);
+                    tracing::info!("send SIGHUP to reload the certificate and key from their files");
+                }
             }
         }
         if let Some(addr) = args.metrics_listen {
@@ -795,6 +812,27 @@ pub(crate) fn gateway(args: &GatewayArgs) -> anyhow::Result<()> {
         }
         gateway.serve(shutdown_signal()).await;
         Ok(())
+    })
+}
+
+/// Reloads the gateway's certificate and key on every SIGHUP (a renewal): new connections get
+/// the new one. A certificate that does not load is logged and the served one stays. The
+/// signal handler is installed before this returns, so a SIGHUP after the start message never
+/// kills the gateway.
+fn reload_on_sighup(reloader: s3::TlsReloader) -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    let mut hangups =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).context("install the SIGHUP handler")?;
+    Ok(async move {
+        while hangups.recv().await.is_some() {
+            match reloader.reload() {
+                Ok(cert) => tracing::info!(
+                    "TLS certificate reloaded: {}, expires {}",
+                    cert.subject,
+                    humantime::format_rfc3339_seconds(cert.not_after)
+                ),
+                Err(e) => tracing::warn!("TLS certificate not reloaded, the served one stays: {e}"),
+            }
+        }
     })
 }
 

@@ -555,6 +555,7 @@ impl SetVersions {
             total: erasure.n(),
             needed: erasure.write_quorum(),
             reasons: format!("unreachable nodes: {}", self.unreachable(client)),
+            unanswered: 0,
         }
     }
 }
@@ -616,7 +617,7 @@ async fn versions_seen_in(
             seen.unreachable(client)
         );
         let (total, bucket, key) = (erasure.n(), bucket.into(), key.into());
-        return Err(Error::WriteQuorum { bucket, key, acked: knowing, total, needed, reasons });
+        return Err(Error::WriteQuorum { bucket, key, acked: knowing, total, needed, reasons, unanswered: 0 });
     }
     Ok(seen)
 }

@@ -211,8 +211,20 @@ pub enum Error {
         /// The nodes that could not serve, and why.
         unreachable: Vec<FailedNode>,
     },
-    #[error("cannot write {bucket}/{key}: {acked} of {total} drives accepted it, {needed} needed ({reasons})")]
-    WriteQuorum { bucket: String, key: String, acked: usize, total: usize, needed: usize, reasons: String },
+    /// Fewer than W drives accepted a write. With `unanswered` 0 it was rolled back: nothing
+    /// changed. Otherwise `unanswered` drives were sent the commit and did not answer, enough
+    /// that W may hold the version: it was not rolled back and may still take effect (the
+    /// outcome is unknown, as after a lost reply; retry the write to be sure).
+    #[error("cannot write {bucket}/{key}: {acked} of {total} drives accepted it, {needed} needed{} ({reasons})", unanswered_note(*.unanswered))]
+    WriteQuorum {
+        bucket: String,
+        key: String,
+        acked: usize,
+        total: usize,
+        needed: usize,
+        reasons: String,
+        unanswered: usize,
+    },
     #[error("node {node} is unreachable: {reason}")]
     NodeUnreachable { node: String, reason: String },
     #[error("node {node} failed less than {backoff:?} ago and is not retried yet ({reason})")]
@@ -279,6 +291,15 @@ pub enum Error {
     /// The stored access key records are not what they must be (too many, too large).
     #[error("access key records: {0}")]
     KeyRecords(String),
+}
+
+/// The part of an [`Error::WriteQuorum`] message about drives that did not answer the commit.
+fn unanswered_note(unanswered: usize) -> String {
+    match unanswered {
+        0 => String::new(),
+        1 => "; 1 drive did not answer, so the write may still take effect (retry it to be sure)".to_owned(),
+        n => format!("; {n} drives did not answer, so the write may still take effect (retry it to be sure)"),
+    }
 }
 
 /// What the numbers of an [`Error::Unavailable`] count.

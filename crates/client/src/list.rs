@@ -7,6 +7,19 @@ use proto::{BucketEntry, ErrorKind, LIST_LIMIT_MAX, ListEntry, Request, Response
 
 use crate::{Client, Error};
 
+/// Keys a listing resolves with one round of metadata reads ([`Client::list_as_reads`]): a
+/// bound on the items of each node's request.
+const LIST_HEADS_PER_BATCH: usize = 256;
+
+/// The newest version the drives of a listing reported as current for a key.
+struct Newest {
+    entry: ListEntry,
+    /// The entry of `sets` (in `list_inner`) whose drive reported it first.
+    slot: usize,
+    /// Drives that reported exactly this version as current.
+    holders: usize,
+}
+
 /// One page of a listing.
 #[derive(Clone, Debug, Default)]
 pub struct ListPage {
@@ -116,8 +129,10 @@ impl Client {
     }
 
     /// Live objects of `bucket` whose key starts with `prefix` and sorts after `start_after`,
-    /// at most `limit` of them. Asks every drive of every erasure set of the active pools and keeps, per key, the
-    /// newest version; delete markers hide their key. Fails `Unavailable` unless, in every
+    /// at most `limit` of them: a key is listed exactly when a GET starting then would return
+    /// it. Asks every drive of every erasure set of the active pools for its current rows; a
+    /// key whose newest row W drives of its set report is settled (listed unless it is a delete
+    /// marker), any other is read as a GET reads it ([`crate::head`]). Fails `Unavailable` unless, in every
     /// set, at least n - W + 1 drives answer (so every acknowledged write, on W drives of its
     /// set, is on one that answered) and a majority of all drives do.
     pub async fn list(&self, bucket: &str, prefix: &str, start_after: &str, limit: u32) -> Result<ListPage, Error> {
@@ -195,7 +210,7 @@ impl Client {
             }
             set_answered = count_answered(&responses);
         }
-        let mut newest: BTreeMap<String, ListEntry> = BTreeMap::new();
+        let mut newest: BTreeMap<String, Newest> = BTreeMap::new();
         let mut missing_bucket = 0;
         let mut answered = 0;
         let mut truncated = false;
@@ -211,10 +226,11 @@ impl Client {
                     namespace_answered += usize::from(pool == namespace);
                     truncated |= entries.len() as u32 == limit;
                     for entry in entries {
-                        match newest.get(&entry.key) {
-                            Some(current) if current.version >= entry.version => {}
+                        match newest.get_mut(&entry.key) {
+                            Some(seen) if seen.entry.version > entry.version => {}
+                            Some(seen) if seen.entry.version == entry.version => seen.holders += 1,
                             _ => {
-                                newest.insert(entry.key.clone(), entry);
+                                newest.insert(entry.key.clone(), Newest { entry, slot, holders: 1 });
                             }
                         }
                     }
@@ -263,9 +279,52 @@ impl Client {
         // keys up to there.
         let keys: Vec<String> = newest.keys().take(limit as usize).cloned().collect();
         let last_key = keys.last().cloned();
-        let entries = keys.into_iter().filter_map(|k| newest.remove(&k)).filter(|e| !e.deleted).collect();
+        let write_quorum = |slot: usize| map.erasure_of_set(sets[slot].1).write_quorum();
+        let mut settled = Vec::with_capacity(keys.len());
+        let mut unsettled = Vec::new();
+        for key in keys {
+            let seen = newest.remove(&key).expect("a key of the merge");
+            if seen.holders >= write_quorum(seen.slot) {
+                settled.push(seen.entry);
+            } else {
+                unsettled.push(key);
+            }
+        }
+        let mut entries: Vec<ListEntry> = settled.into_iter().filter(|e| !e.deleted).collect();
+        entries.extend(self.list_as_reads(bucket, unsettled).await?);
+        entries.sort_by(|a, b| a.key.cmp(&b.key));
         let next_start_after = if truncated { last_key } else { None };
         Ok(ListPage { entries, next_start_after })
+    }
+
+    /// The listing entries of `keys` whose newest current version fewer than W drives of
+    /// their set reported (a write in flight, a failed write's leftover, drives out of reach):
+    /// each is what a read starting now would return ([`crate::head::head_many_with`], the
+    /// same version choice and the same failures), absent when a read would answer `NotFound`.
+    /// A listing that took any drive's newest row showed a failed first PUT for ever, hid a
+    /// live object under a failed DELETE's leftover marker, and brought back a deleted key
+    /// under a failed PUT's leftover.
+    async fn list_as_reads(&self, bucket: &str, keys: Vec<String>) -> Result<Vec<ListEntry>, Error> {
+        let mut entries = Vec::new();
+        for batch in keys.chunks(LIST_HEADS_PER_BATCH) {
+            let asked: Vec<(String, String)> = batch.iter().map(|key| (bucket.to_owned(), key.clone())).collect();
+            let answers = crate::head::head_many_with(self, &asked, crate::head::Checksums::LeftOut).await;
+            for answer in answers {
+                match answer {
+                    Ok(info) => entries.push(ListEntry {
+                        key: info.meta.key,
+                        version: info.meta.version,
+                        deleted: false,
+                        size: info.meta.size,
+                        etag: info.meta.etag,
+                        modified_ms: info.meta.modified_ms,
+                    }),
+                    Err(Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(entries)
     }
 
     pub(crate) async fn bucket_call(&self, request: &Request, bucket: &str) -> Result<(), Error> {

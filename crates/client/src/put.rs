@@ -88,6 +88,12 @@ async fn send_chunk(
 }
 
 /// Sends one commit on `conn`; `None` if the drive already dropped out of the PUT.
+/// Whether a failed commit may still have applied on its drive: no answer came (a timeout, a
+/// connection that broke after the request went out), as opposed to an answer that refused it.
+fn outcome_unknown(error: &Error) -> bool {
+    matches!(error, Error::Timeout { .. } | Error::NodeUnreachable { .. } | Error::Protocol { .. })
+}
+
 async fn send_commit(
     conn: &mut Option<Conn>,
     request: &Request,
@@ -1016,6 +1022,17 @@ impl<'a> Fanout<'a> {
         Err(self.quorum_error(self.alive()))
     }
 
+    /// The error of a write that fewer than W drives accepted while enough did not answer that
+    /// W may hold it: not rolled back, its outcome unknown.
+    fn quorum_error_unknown(&self, acked: usize, unknown: usize) -> Error {
+        match self.quorum_error(acked) {
+            Error::WriteQuorum { bucket, key, acked, total, needed, reasons, .. } => {
+                Error::WriteQuorum { bucket, key, acked, total, needed, reasons, unanswered: unknown }
+            }
+            other => other,
+        }
+    }
+
     fn quorum_error(&self, acked: usize) -> Error {
         let erasure = self.erasure;
         let tolerated = erasure.n() - erasure.write_quorum();
@@ -1040,6 +1057,7 @@ impl<'a> Fanout<'a> {
             total: erasure.n(),
             needed: erasure.write_quorum(),
             reasons: self.failures.iter().map(Error::to_string).collect::<Vec<_>>().join("; "),
+            unanswered: 0,
         }
     }
 
@@ -1141,6 +1159,8 @@ impl<'a> Fanout<'a> {
             results[position] = send_commit(&mut self.conns[position], &request, timeout).await;
         }
         let mut applied = Vec::new();
+        // Drives sent the commit that gave no answer: they may have applied it.
+        let mut unknown = Vec::new();
         let mut replaced = std::collections::BTreeSet::new();
         for (position, result) in results.into_iter().enumerate() {
             match result {
@@ -1152,6 +1172,9 @@ impl<'a> Fanout<'a> {
                 // before it, which is all a PUT promises.
                 Some(Ok(CommitOutcome::Superseded { .. })) => applied.push(position),
                 Some(Err(e)) => {
+                    if outcome_unknown(&e) {
+                        unknown.push(position);
+                    }
                     self.failures.push(e);
                     self.conns[position] = None;
                 }
@@ -1159,6 +1182,13 @@ impl<'a> Fanout<'a> {
             }
         }
         let quorum = self.erasure.write_quorum();
+        if applied.len() < quorum && applied.len() + unknown.len() >= quorum {
+            // The version may be on W drives: ask those that did not answer before deciding.
+            let holding = self.holders_among(&unknown).await;
+            unknown.retain(|p| !holding.contains(p));
+            applied.extend(holding);
+            applied.sort_unstable();
+        }
         if applied.len() >= quorum {
             self.release();
             self.finalize(&applied).await;
@@ -1167,9 +1197,62 @@ impl<'a> Fanout<'a> {
             replaced.retain(|key| !meta.parts.iter().any(|part| part.piece_key == *key));
             return Ok(Committed { positions: applied, replaced_parts: replaced.into_iter().collect() });
         }
+        if applied.len() + unknown.len() >= quorum {
+            // Never roll back what W drives may hold: a reader may have read it, and a scrubber
+            // may have finalized it (its floor would then hide the version it replaced). The
+            // write's outcome is unknown: it is left to take effect, or not, as the drives
+            // that did not answer decide, and their holders treat it as acknowledged once W
+            // hold it (issue 37, item 2).
+            return Err(self.quorum_error_unknown(applied.len(), unknown.len()));
+        }
         let error = self.quorum_error(applied.len());
         self.rollback(&applied).await;
+        // A drive that did not answer may have applied the commit since: roll it back there too
+        // (on a fresh connection). A commit that lands after this rollback stays as a leftover
+        // for the scrubber (see ARCHITECTURE.md, known gap: rollback fences).
+        self.rollback_unanswered(&unknown).await;
         Err(error)
+    }
+
+    /// [`Fanout::rollback`] for `positions`, whose connections were dropped: each on a fresh
+    /// one, all at once, best effort.
+    async fn rollback_unanswered(&self, positions: &[usize]) {
+        let sends = positions.iter().map(|&position| {
+            let drive = self.drives[position];
+            let request = Request::Rollback {
+                drive: drive.drive_idx as u32,
+                bucket: self.bucket.to_owned(),
+                key: self.key.to_owned(),
+                version: self.version,
+            };
+            async move {
+                if let Err(e) = self.client.call_now(drive.node_idx, &request).await {
+                    tracing::debug!(error = %e, "rollback to a drive that did not answer its commit not delivered");
+                }
+            }
+        });
+        futures_util::future::join_all(sends).await;
+    }
+
+    /// The positions of `positions` whose drive shows this version now (asked once each, all
+    /// at once, with the request timeout): their commit applied, its answer was lost.
+    async fn holders_among(&self, positions: &[usize]) -> Vec<usize> {
+        let asks = positions.iter().map(|&position| {
+            let drive = self.drives[position];
+            let item =
+                proto::MetaKey { drive: drive.drive_idx as u32, bucket: self.bucket.into(), key: self.key.into() };
+            let request = Request::MetaGet { items: vec![item], detail: proto::MetaDetail::VersionsBrief };
+            async move {
+                match self.client.call_now(drive.node_idx, &request).await {
+                    Ok(Response::Versions { keys }) => {
+                        keys.first().is_some_and(|v| !v.unavailable && v.all().any(|m| m.version == self.version))
+                    }
+                    _ => false,
+                }
+            }
+        });
+        let held = futures_util::future::join_all(asks).await;
+        positions.iter().zip(held).filter(|(_, held)| *held).map(|(p, _)| *p).collect()
     }
 
     /// Tells the drives that hold the version that it is acknowledged, and which positions

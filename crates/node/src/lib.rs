@@ -29,7 +29,7 @@ mod repair;
 mod scrub;
 
 pub use repair::REPAIR_BYTES_PER_S_DEFAULT;
-pub use scrub::{DEEP_SCRUB_INTERVAL_DEFAULT, SCRUB_INTERVAL_DEFAULT};
+pub use scrub::{DEEP_SCRUB_INTERVAL_DEFAULT, LEFTOVER_GC_AFTER_DEFAULT, SCRUB_INTERVAL_DEFAULT};
 
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -151,6 +151,9 @@ pub struct NodeConfig {
     /// often a pass is deep ([`DEEP_SCRUB_INTERVAL_DEFAULT`]).
     pub scrub_interval: Duration,
     pub deep_scrub_interval: Duration,
+    /// How long the scrubber watches a failed write's leftover before it removes it
+    /// ([`LEFTOVER_GC_AFTER_DEFAULT`]): longer than any writer takes to decide.
+    pub leftover_gc_after: Duration,
     /// Bytes one near-data query may hold in the node's engine (DataFusion's memory pool:
     /// sorts, aggregates, buffered batches); a query that needs more fails with a clear error
     /// and the node goes on ([`QUERY_MEMORY_DEFAULT`]).
@@ -218,6 +221,7 @@ struct State {
     scrub_soon: bool,
     scrub_interval: Duration,
     deep_scrub_interval: Duration,
+    leftover_gc_after: Duration,
     retire_grace: Duration,
     /// Authenticated connections being served.
     connections: AtomicUsize,
@@ -494,6 +498,7 @@ impl Server {
             scrub_soon,
             scrub_interval: config.scrub_interval,
             deep_scrub_interval: config.deep_scrub_interval,
+            leftover_gc_after: config.leftover_gc_after,
             retire_grace: config.retire_grace,
             connections: AtomicUsize::new(0),
             pending: Mutex::new(VecDeque::new()),

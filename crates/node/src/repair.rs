@@ -301,11 +301,54 @@ fn plan_and_repair(
     // A drive repairing only its own chunk (found damaged by the scrubber or a reader) is the
     // one that knows; no other holder has the entry.
     let own_only = record.positions.iter().all(|p| *p as usize == my_position);
-    let designated = own_only || holders.first().is_some_and(|p| *p as usize == my_position);
-    if !designated && now_ms() < record.queued_ms + DESIGNATED_WAIT_MS {
-        return Ok(Outcome::Later { not_before_ms: record.queued_ms + DESIGNATED_WAIT_MS });
-    }
+    let rank = holders.iter().position(|p| *p as usize == my_position);
     let mut peers = Peers::new(state);
+    if !own_only && rank != Some(0) {
+        // One repairer at a time: the lowest holder (designated) at once, each next one only
+        // once the holders before it have had DESIGNATED_WAIT_MS and do not answer. Counting
+        // the wait from the entry's age alone let every holder of a target that was down for
+        // longer start together when it came back, each reading k chunks and aborting the
+        // others' staging files (issue 37, item 6).
+        if now_ms() < record.queued_ms + DESIGNATED_WAIT_MS {
+            return Ok(Outcome::Later { not_before_ms: record.queued_ms + DESIGNATED_WAIT_MS });
+        }
+        // Done by the designated holder meanwhile: nothing left for this one.
+        if record.kind == proto::RepairKind::Missing {
+            let mut all_held = true;
+            for &position in &record.positions {
+                if !target_has(state, &mut peers, set.drives[position as usize], &meta)? {
+                    all_held = false;
+                    break;
+                }
+            }
+            if all_held {
+                return Ok(Outcome::Dropped { positions: all, why: "every target already holds the version" });
+            }
+        }
+        let before = &holders[..rank.unwrap_or(holders.len())];
+        if let Some(alive) = before.iter().find(|p| holder_answers(state, &mut peers, set.drives[**p as usize])) {
+            tracing::debug!(version = %version.to_hex(), holder = alive, "an earlier holder answers: it repairs");
+            return Ok(Outcome::Later { not_before_ms: now_ms() + DESIGNATED_WAIT_MS });
+        }
+    }
+    // The one rule for acknowledgement: spread only a version known acknowledged. A commit
+    // queues the positions its writer skipped before the writer knows whether the write
+    // reaches W; rebuilding it then (and finalizing it there) spread a write about to be
+    // rolled back, whose floor hid the version it tried to replace (issue 37, item 1).
+    match acknowledgement(state, &mut peers, set.drives.as_slice(), my_position, &meta, &versions)? {
+        Acknowledgement::Known => {}
+        Acknowledgement::Superseded => {
+            return Ok(Outcome::Dropped { positions: all, why: "a newer version is acknowledged" });
+        }
+        Acknowledgement::NotKnown if now_ms() < record.queued_ms + UNDECIDED_WAIT_MS => {
+            // Its writer may still be deciding (or its finalize be on the way).
+            return Ok(Outcome::Later { not_before_ms: record.queued_ms + UNDECIDED_WAIT_MS });
+        }
+        Acknowledgement::NotKnown => {
+            tracing::info!(version = %version.to_hex(), key = %record.key, "repair entry dropped: the version is not known acknowledged (a failed write's leftover)");
+            return Ok(Outcome::Dropped { positions: all, why: "the version is not known acknowledged" });
+        }
+    }
     let mut missing = Vec::new();
     let mut settled = Vec::new();
     for &position in &record.positions {
@@ -322,8 +365,8 @@ fn plan_and_repair(
     }
     let bytes = rebuild(state, &mut peers, &meta, set.drives.as_slice(), my_position, &missing, MetaSync::Now)?;
     if record.kind == proto::RepairKind::Missing {
-        // Queued from a Finalize: the version is acknowledged, so the targets may retire what
-        // it replaced there too (a failed finalize only keeps those longer).
+        // The version is known acknowledged (checked above), so the targets may retire what it
+        // replaced there too (a failed finalize only keeps those longer).
         for &position in &missing {
             if let Err(e) = finalize_target(state, &mut peers, set.drives[position as usize], &meta) {
                 tracing::debug!(error = %e, "finalize after repair not delivered");
@@ -332,6 +375,102 @@ fn plan_and_repair(
     }
     settled.extend(missing);
     Ok(Outcome::Done { positions: settled, bytes })
+}
+
+/// Whether the node of `drive` answers (a drive of this node always does: its repair worker
+/// is this one).
+fn holder_answers(state: &State, peers: &mut Peers<'_>, drive: DriveRef) -> bool {
+    drive.node_idx == state.node_idx || peers.get(drive.node_idx).is_ok()
+}
+
+/// How long a repair entry of a version not (yet) known acknowledged waits before it is dropped:
+/// longer than a writer takes to decide (its commit and rollback each wait at most the
+/// client's request timeout, 30 s by default, [`UNDECIDED_WAIT_MS`] covers both).
+const UNDECIDED_WAIT_MS: u64 = 90_000;
+
+/// What the set's drives know of a version's acknowledgement.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Acknowledgement {
+    /// A drive's floor names it, or W drives hold it: it was acknowledged (or its writer could
+    /// not tell and left it, which counts the same), and no rollback will undo it, since a
+    /// writer rolls back only what fewer than W drives may hold (`client::put::Fanout::commit`).
+    Known,
+    /// A newer version is acknowledged.
+    Superseded,
+    /// Neither, with every drive of the set answering: a write in flight or a failed one.
+    NotKnown,
+}
+
+/// Asks every drive of `set` (this one's answer is `own`, at `my_position`) what it holds of
+/// `meta`'s key and which version it knows acknowledged. Fails when a drive does not answer
+/// and the answers so far do not settle it: the silent drive may hold the version or its floor.
+pub(crate) fn acknowledgement(
+    state: &State,
+    peers: &mut Peers<'_>,
+    set: &[DriveRef],
+    my_position: usize,
+    meta: &ObjectMeta,
+    own: &proto::KeyVersions,
+) -> Result<Acknowledgement, RepairError> {
+    let write_quorum = cluster::ErasureConfig { k: usize::from(meta.k), m: usize::from(meta.m) }.write_quorum();
+    let holds = |v: &proto::KeyVersions| {
+        v.all().any(|m| m.version == meta.version)
+            || (meta.deleted && v.current.is_none() && v.finalized.is_some_and(|f| f >= meta.version))
+    };
+    let judge = |v: &proto::KeyVersions| match v.finalized {
+        Some(f) if f > meta.version => Some(Acknowledgement::Superseded),
+        Some(f) if f == meta.version => Some(Acknowledgement::Known),
+        _ => None,
+    };
+    if let Some(known) = judge(own) {
+        return Ok(known);
+    }
+    let mut holders = usize::from(holds(own));
+    let mut silent = None;
+    for (position, &drive) in set.iter().enumerate() {
+        if position == my_position {
+            continue;
+        }
+        let item = proto::MetaKey { drive: drive.drive_idx as u32, bucket: meta.bucket.clone(), key: meta.key.clone() };
+        let request = Request::MetaGet { items: vec![item], detail: proto::MetaDetail::WithFloor };
+        let answer = if drive.node_idx == state.node_idx {
+            let local = &state.drives[drive.drive_idx];
+            local
+                .get_versions(&meta.bucket, &meta.key)
+                .and_then(|mut v| {
+                    v.finalized = local.finalized(&meta.bucket, &meta.key)?;
+                    Ok(v)
+                })
+                .map_err(RepairError::from)
+        } else {
+            peers.get(drive.node_idx).and_then(|peer| match peer.call(&request)? {
+                Response::Versions { mut keys } if keys.len() == 1 => Ok(keys.pop().expect("one key")),
+                other => Err(RepairError::Refused(format!("metadata answer {other:?}"))),
+            })
+        };
+        match answer {
+            Ok(versions) if versions.unavailable => {
+                silent = Some(RepairError::Refused(format!("drive at position {position} is being rebuilt")))
+            }
+            Ok(versions) => {
+                if let Some(known) = judge(&versions) {
+                    return Ok(known);
+                }
+                holders += usize::from(holds(&versions));
+            }
+            Err(e) => {
+                peers.forget(drive.node_idx);
+                silent = Some(e);
+            }
+        }
+    }
+    if holders >= write_quorum {
+        return Ok(Acknowledgement::Known);
+    }
+    match silent {
+        Some(e) => Err(e),
+        None => Ok(Acknowledgement::NotKnown),
+    }
 }
 
 /// Connections to peer nodes, opened on first use.

@@ -12,7 +12,10 @@
 //! nothing; only the lowest holder that answered queues the repair, so one node does each. A version held by W drives is finalized here if the writer's finalize
 //! never arrived, so the versions it replaced can retire. A delete marker that every drive of
 //! the set holds, older than the retire grace and alone on its drive, is collected (garbage):
-//! its key's row goes, its acknowledged floor stays.
+//! its key's row goes, its acknowledged floor stays. A failed write's leftover (a version no
+//! reader can take: fewer holders than reading it needs, fewer than W, no floor naming it, with
+//! every drive of the set answering) that stays so for [`LEFTOVER_GC_AFTER_DEFAULT`] is removed
+//! (`chunkstore::Drive::rollback`, as its writer's rollback would have).
 //!
 //! Bounded: [`KEYS_PER_BATCH`] keys per metadata round trip to each peer, at most
 //! [`KEYS_PER_S_MAX`] keys a second, and deep reads paced by the repair byte budget (a paused
@@ -43,6 +46,13 @@ const KEYS_PER_BATCH: usize = 256;
 pub(crate) const SETTLE_MS: u64 = 10_000;
 /// Most keys checked per second per node.
 const KEYS_PER_S_MAX: u64 = 2_000;
+/// How long a failed write's leftover must stay one before the scrubber removes it, by default:
+/// its writer has long given up (a writer decides within two request timeouts, 30 s each by
+/// default), and clients whose timeouts are longer still fit.
+pub const LEFTOVER_GC_AFTER_DEFAULT: Duration = Duration::from_secs(10 * 60);
+/// Leftovers watched at once per node; past it the watch starts over (collection is delayed,
+/// never wrong).
+const LEFTOVERS_WATCHED_MAX: usize = 100_000;
 /// When the last deep pass ended (Unix ms, little-endian), on the node's first drive.
 const SETTING_DEEP_LAST: &str = "scrub.deep_last_ms";
 
@@ -54,6 +64,10 @@ pub(crate) struct Stats {
     keys_checked: AtomicU64,
     problems_found: AtomicU64,
     markers_collected: AtomicU64,
+    leftovers_collected: AtomicU64,
+    /// Failed writes' leftovers seen, per (drive, version), with when first seen (this node's
+    /// monotonic clock: the writers' clocks, which name versions, may be off).
+    leftovers: std::sync::Mutex<HashMap<(usize, proto::VersionId), Instant>>,
     last_pass_end_ms: AtomicU64,
     running: AtomicBool,
     /// The running deep pass skipped chunks (repair was paused).
@@ -231,6 +245,15 @@ fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], d
             || replies.iter().flatten().any(|v| v.finalized == Some(meta.version))
             || holders.len() >= erasure.write_quorum();
         if !acknowledged {
+            // Every other drive answered: no holder hides. Too few hold it to read it (data
+            // versions need k, others W - m), so no reader takes it, and fewer than W, with no
+            // floor naming it, so it was never acknowledged: a failed write whose rollback
+            // missed this drive (or a write in flight: hence the watch before removing it).
+            let all_answered = (0..replies.len()).all(|p| p == *position || replies[p].is_some());
+            let unreadable = holders.len() < meta.drives_to_read(erasure.marker_quorum());
+            if all_answered && unreadable && holders.len() < erasure.write_quorum() {
+                collect_leftover(state, drive_idx, meta);
+            }
             continue;
         }
         // (No floor is newer than the version here: such keys were skipped above.)
@@ -268,6 +291,31 @@ fn collect_marker(state: &State, drive_idx: usize, meta: &ObjectMeta, settled_be
         }
         Ok(false) => {}
         Err(e) => tracing::warn!(error = %e, "could not collect a delete marker"),
+    }
+}
+
+/// Removes the leftover `meta` from this drive once it has been one for `leftover_gc_after`
+/// (the first sighting starts the watch). Nothing a reader sees changes: no read could take it.
+/// A listing and a bucket delete no longer meet it, and its space comes back.
+fn collect_leftover(state: &State, drive_idx: usize, meta: &ObjectMeta) {
+    let seen = {
+        let mut leftovers = state.scrub_stats.leftovers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if leftovers.len() >= LEFTOVERS_WATCHED_MAX {
+            leftovers.clear();
+        }
+        *leftovers.entry((drive_idx, meta.version)).or_insert_with(Instant::now)
+    };
+    if seen.elapsed() < state.leftover_gc_after {
+        return;
+    }
+    match state.drives[drive_idx].rollback(&meta.bucket, &meta.key, meta.version) {
+        Ok(()) => {
+            state.scrub_stats.leftovers_collected.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(key = %meta.key, version = %meta.version.to_hex(), "a failed write's leftover collected");
+            let mut leftovers = state.scrub_stats.leftovers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            leftovers.remove(&(drive_idx, meta.version));
+        }
+        Err(e) => tracing::warn!(error = %e, "could not collect a failed write's leftover"),
     }
 }
 

@@ -24,14 +24,27 @@ pub(crate) fn skewed_client(cluster: &Cluster, skew_s: i64) -> client::Client {
     client::Client::new(map, options).unwrap()
 }
 
-/// Metadata of a small object `bucket/key` written by hand (chunk contents do not matter for
-/// what these scenarios check), at `version`.
-fn hand_meta(map: &cluster::ClusterMap, bucket: &str, key: &str, version: VersionId, size: u64) -> ObjectMeta {
+/// Metadata of a small object `bucket/key` written by hand, at `version`: every chunk is
+/// zeros (an object of zeros encodes to zero parity), and the block checksums are theirs, so
+/// repair can rebuild it like a real one.
+pub(crate) fn hand_meta(
+    map: &cluster::ClusterMap,
+    bucket: &str,
+    key: &str,
+    version: VersionId,
+    size: u64,
+) -> ObjectMeta {
     let (k, m) = (map.erasure.k, map.erasure.m);
     let placement = map.placement_in(0, bucket, key);
     let geometry = StripeGeometry::new(size, k, map.chunk_bytes);
     let block_bytes = (64u32 << 10).min(map.chunk_bytes);
-    let blocks: usize = (0..geometry.stripes).map(|s| geometry.chunk_len(s).div_ceil(block_bytes as usize)).sum();
+    let mut crcs = Vec::new();
+    for stripe in 0..geometry.stripes {
+        let chunk = vec![0u8; geometry.chunk_len(stripe)];
+        for _ in 0..k + m {
+            crcs.extend(chunk.chunks(block_bytes as usize).map(crate::protocol::crc32c_of));
+        }
+    }
     ObjectMeta {
         format: proto::META_FORMAT_VERSION,
         bucket: bucket.into(),
@@ -50,7 +63,7 @@ fn hand_meta(map: &cluster::ClusterMap, bucket: &str, key: &str, version: Versio
         block_bytes,
         set_idx: placement.set_idx as u32,
         rotation: placement.rotation as u8,
-        crcs: vec![0; blocks * (k + m)],
+        crcs,
         parts: Vec::new(),
         pads: Vec::new(),
     }
@@ -58,20 +71,34 @@ fn hand_meta(map: &cluster::ClusterMap, bucket: &str, key: &str, version: Versio
 
 /// Stages this drive's (zero) chunks of `meta` and commits it on the node at `position` of the
 /// key's set, as a writer would.
-fn hand_commit(cluster: &Cluster, position: usize, meta: &ObjectMeta, condition: CommitCondition) -> Response {
+pub(crate) fn hand_commit(
+    cluster: &Cluster,
+    position: usize,
+    meta: &ObjectMeta,
+    condition: CommitCondition,
+) -> Response {
     let map = cluster.client().map().clone();
     let drive = map.sets[meta.set_idx as usize].drives[position];
     let mut session = RawSession::open(cluster.addrs[drive.node_idx], &secret_of(cluster));
     hand_commit_on(&mut session, drive.drive_idx, meta, condition)
 }
 
-/// [`hand_commit`] on an open session to the drive's node.
-fn hand_commit_on(
-    session: &mut RawSession,
-    drive_idx: usize,
+/// Stages this drive's chunks of `meta` on the node at `position` of the key's set and sends
+/// `commit` (built for that drive) to commit them.
+pub(crate) fn hand_stage_and_send(
+    cluster: &Cluster,
+    position: usize,
     meta: &ObjectMeta,
-    condition: CommitCondition,
+    commit: impl FnOnce(u32) -> Request,
 ) -> Response {
+    let map = cluster.client().map().clone();
+    let drive = map.sets[meta.set_idx as usize].drives[position];
+    let mut session = RawSession::open(cluster.addrs[drive.node_idx], &secret_of(cluster));
+    hand_stage(&mut session, drive.drive_idx, meta);
+    session.call(&commit(drive.drive_idx as u32))
+}
+
+fn hand_stage(session: &mut RawSession, drive_idx: usize, meta: &ObjectMeta) {
     let geometry = meta.geometry();
     for stripe in 0..geometry.stripes {
         let chunk = vec![0u8; geometry.chunk_len(stripe)];
@@ -87,12 +114,22 @@ fn hand_commit_on(
         };
         assert_eq!(session.call_with_data(&write, &chunk), Response::Ok);
     }
+}
+
+/// [`hand_commit`] on an open session to the drive's node.
+fn hand_commit_on(
+    session: &mut RawSession,
+    drive_idx: usize,
+    meta: &ObjectMeta,
+    condition: CommitCondition,
+) -> Response {
+    hand_stage(session, drive_idx, meta);
     let commit =
         Request::Commit { drive: drive_idx as u32, meta: meta.clone(), missing_positions: Vec::new(), condition };
     session.call(&commit)
 }
 
-fn hand_rollback(cluster: &Cluster, position: usize, meta: &ObjectMeta) {
+pub(crate) fn hand_rollback(cluster: &Cluster, position: usize, meta: &ObjectMeta) {
     let map = cluster.client().map().clone();
     let drive = map.sets[meta.set_idx as usize].drives[position];
     let mut session = RawSession::open(cluster.addrs[drive.node_idx], &secret_of(cluster));

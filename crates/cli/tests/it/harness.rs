@@ -26,6 +26,9 @@ pub(crate) struct Shape {
     /// `tessera node --scrub-interval` and `--deep-scrub-interval`.
     pub(crate) scrub_interval: &'static str,
     pub(crate) deep_scrub_interval: &'static str,
+    /// `tessera node --leftover-gc-after`: how long the scrubber watches a failed write's
+    /// leftover before removing it.
+    pub(crate) leftover_gc_after: &'static str,
     /// `tessera init --node-tls on`: the node protocol over TLS.
     pub(crate) node_tls: bool,
 }
@@ -40,6 +43,7 @@ impl Default for Shape {
             retire_grace: "10m",
             scrub_interval: "1h",
             deep_scrub_interval: "7d",
+            leftover_gc_after: "10m",
             node_tls: false,
         }
     }
@@ -56,6 +60,7 @@ pub(crate) struct Cluster {
     retire_grace: &'static str,
     scrub_interval: &'static str,
     deep_scrub_interval: &'static str,
+    leftover_gc_after: &'static str,
     /// ERROR lines containing one of these do not fail the test.
     allowed_errors: Vec<&'static str>,
 }
@@ -158,6 +163,7 @@ impl Cluster {
             retire_grace: shape.retire_grace,
             scrub_interval: shape.scrub_interval,
             deep_scrub_interval: shape.deep_scrub_interval,
+            leftover_gc_after: shape.leftover_gc_after,
             allowed_errors: Vec::new(),
         }
     }
@@ -205,6 +211,7 @@ impl Cluster {
             .args(&self.node_args[idx])
             .args(["--id", &format!("n{}", idx + 1), "--retire-grace", self.retire_grace])
             .args(["--scrub-interval", self.scrub_interval, "--deep-scrub-interval", self.deep_scrub_interval])
+            .args(["--leftover-gc-after", self.leftover_gc_after])
             .env("TESSERA_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(log.try_clone().expect("clone log handle"))

@@ -4,6 +4,7 @@ mod bad_input;
 mod buckets;
 mod decommission;
 mod durability;
+mod failed_writes;
 mod faults;
 mod gather;
 mod harness;
