@@ -3,7 +3,7 @@
 CARGO ?= cargo
 DATA ?= tessera-data
 
-.PHONY: up test e2e build deps lint bench bench-cluster bench-ec chaos conformance
+.PHONY: up test e2e build deps lint bench bench-cluster bench-ec chaos conformance model
 
 deps:
 	@scripts/install-deps.sh
@@ -18,9 +18,11 @@ up: build
 ## Install what the build needs, then run every test (unit, property, multi-process integration,
 ## then end to end: aws-cli, boto3, s3fs, pyarrow and DuckDB against a local cluster and gateway,
 ## then the Python package: numpy/torch zero-copy reads, DataLoader, DDP, checkpoints, fsspec,
-## then a short fault-injection run over the regression seeds: chaos/run.sh).
+## then the write protocol's bounded model check (make model), then a short fault-injection run
+## over the regression seeds: chaos/run.sh).
 test: build lint
 	$(CARGO) test --release
+	./target/release/tessera-model
 	e2e/run.sh
 	python/run-tests.sh
 	chaos/run.sh
@@ -30,7 +32,14 @@ test: build lint
 DURATION ?= 600
 SEEDS ?=
 chaos: build
+	./target/release/tessera-model --impairments 2
+	./target/release/tessera-model --writers 2 --depth 12
 	chaos/run.sh --long $(DURATION) $(SEEDS)
+
+## The write protocol's model (crates/model): every reachable state of one erasure set (3 + 2,
+## one writer beside the initial version, bounded faults and outages) checked against the
+## durability invariants; ARGS for larger runs (--impairments 2, --writers 2 --depth 12, --large).
+model: ;	$(CARGO) run --release -p model --bin tessera-model -- $(ARGS)
 
 ## End-to-end suite only (installs e2e/requirements.txt into .venv); ARGS go to pytest.
 e2e: build
