@@ -2,12 +2,12 @@
 """Tessera's fault-injection checker: never lose an acknowledged version.
 
 A real cluster (one `tessera node` per network namespace, joined to the test's bridge by veth
-pairs that this script creates) serves a randomized workload of PUT, overwrite, DELETE, GET and
-ranged GET from several clients, some with skewed clocks (libfaketime), while faults strike:
-SIGKILL and restart, SIGSTOP and SIGCONT, partitions (link down, or node-to-node only:
-nftables drops a node's traffic with its peers, so repair loses them), lossy links (nftables random
-drop: this kernel has no netem), slow links (tbf rate limits) and a full disk (a small tmpfs
-drive). With `--readdress`, nodes also move to new addresses (a host replaced by one with
+pairs that this script creates) serves a randomized workload of PUT, overwrite, DELETE, GET,
+ranged GET and LIST (`tessera ls`) from several clients, some with skewed clocks (libfaketime),
+while faults strike: SIGKILL and restart, SIGSTOP and SIGCONT, partitions (link down, or
+node-to-node only: nftables drops a node's traffic with its peers, so repair loses them), lossy
+links (nftables random drop: this kernel has no netem), slow links (tbf rate limits) and a full
+disk (a small tmpfs drive). With `--readdress`, nodes also move to new addresses (a host replaced by one with
 another IP: the node is killed, its namespace gets a new address, `tessera map push` makes the
 edited map the next version, the node restarts there) while one client keeps planning with the
 map of the start (stale: every operation must fetch the new map and still be correct). With
@@ -24,7 +24,11 @@ Every operation is recorded with its invocation and completion times; the checke
 - no stale read: no read returns a version older than one whose write was acknowledged
   before the read began (a write X is older than Y when X was acknowledged before Y began);
 - no lost write: after the faults stop, every key reads back as a write that no later
-  acknowledged write replaced (a DELETE reads back as absent).
+  acknowledged write replaced (a DELETE reads back as absent);
+- listings agree with the history (`--list-checks`, the default): a listed key has a PUT that
+  may be its state at some instant of the listing (no phantom from a failed PUT, no key
+  resurrected after an acknowledged DELETE), with that PUT's size; a key whose state must be
+  an acknowledged PUT throughout the listing is listed.
 
 Seeded and bounded in time; prints its seed and fault schedule; the same seed replays the same
 schedule and workload choices (timing on a shared machine still varies). Runs as root (network
@@ -77,6 +81,18 @@ REPAIR_WAIT_S = 120.0
 FAKETIME_RETRIES = 5
 # Scrub passes (every one deep) on builds that have a scrubber.
 SCRUB_INTERVAL = "3s"
+# The share of each client's operations that are listings (`tessera ls bkt`), with --list-checks.
+LIST_FRACTION = 0.1
+# Op ids: client c's n-th operation is (c + 1) * 1_000_000 + n, its n-th listing that plus
+# LIST_OP_BASE; the final reads are FINAL_OP_BASE + n, the final listing FINAL_LIST_OP.
+LIST_OP_BASE = 500_000
+FINAL_OP_BASE = 9_000_000
+FINAL_LIST_OP = 9_500_000
+# A write error that proves the write did nothing visible (too few drives took it, so it was
+# rolled back), unless it also says "may still take effect" (commit replies lost: the outcome is
+# unknown). Every other error of a write (a timeout, a node error) leaves it indeterminate.
+WRITE_REFUSED = re.compile(r"\b\d+ of \d+ drives accepted it, \d+ needed")
+OUTCOME_UNKNOWN = "may still take effect"
 # Node sets taken down together once repair has converged (every acknowledged write must
 # survive each): all C(6, 2) = 15 pairs unless TESSERA_CHAOS_PROBES says fewer.
 REDUNDANCY_PROBES = int(os.environ.get("TESSERA_CHAOS_PROBES", "15"))
@@ -329,23 +345,60 @@ def value_of(op_id: int, size: int) -> bytes:
 class Op:
     op_id: int
     client: int
-    kind: str  # put | delete | get | rget
-    key: str
+    kind: str  # put | delete | get | rget | list
+    key: str  # "" for a listing (of the whole bucket)
     invoke: float
     complete: float = 0.0
-    # put/delete: "ok" (acknowledged), "absent" (delete of a missing key), "error" (unknown).
+    # put/delete: "ok" (acknowledged), "absent" (delete of a missing key), "error" (see `effect`).
     # get/rget: "value" (with `value`), "absent", "error", "past-end".
+    # list: "ok" (with `listed`), "error", "garbled" (output that is not a listing: an anomaly).
     outcome: str = ""
     value: int | None = None  # the PUT op id whose bytes a read returned
     detail: str = ""
+    size: int | None = None  # put: the bytes it wrote
+    listed: dict[str, int] | None = None  # list: key -> size, as `tessera ls` printed them
+    # put/delete with outcome "error": "none" when the error proves the write did nothing visible
+    # (`write_error_effect`), else "unknown" (it may have taken effect, now or later).
+    effect: str = ""
+
+
+def write_error_effect(returncode: int, stderr: str) -> str:
+    """What a failed `tessera put`/`rm` may have done: "none" when its error proves the write was
+    refused (too few drives accepted it, and it does not say it may still take effect), else
+    "unknown" (timed out, killed, lost replies, any other error)."""
+    if returncode > 0 and WRITE_REFUSED.search(stderr) and OUTCOME_UNKNOWN not in stderr:
+        return "none"
+    return "unknown"
+
+
+LISTING_LINE = re.compile(r"^\s*(\d+)\s+(\S+)\s+(\S+)$")
+
+
+def parse_listing(stdout: str) -> dict[str, int]:
+    """`tessera ls BUCKET` output (one `SIZE  MODIFIED  KEY` line per object) as key -> size;
+    ValueError on a line of another shape or a key listed twice."""
+    listed: dict[str, int] = {}
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        found = LISTING_LINE.match(line)
+        if not found:
+            raise ValueError(f"unexpected listing line {line!r}")
+        size, _, key = found.groups()
+        if key in listed:
+            raise ValueError(f"{key} listed twice")
+        listed[key] = int(size)
+    return listed
 
 
 class Workload:
     STALE_CLIENT = CLIENTS - 1  # with --readdress: plans with the start's map, always
 
     def __init__(self, cluster: Cluster, seed: int, deadline: float, ranged: bool, skews: list[int],
-                 stale_client: bool = False):
+                 stale_client: bool = False, list_checks: bool = True):
         self.cluster = cluster
+        self.list_checks = list_checks
+        self.in_flight: dict[int, Op] = {}  # op id -> write invoked, not yet recorded
         self.skews = skews
         self.stale_client = stale_client
         self.seed = seed
@@ -383,8 +436,15 @@ class Workload:
 
     def client_loop(self, client: int) -> None:
         rng = random.Random(self.seed * 1000 + client)
-        seq = 0
+        # Listings draw from their own stream: the other operations' keys and kinds stay those of
+        # the same seed without listings (`--no-list-checks`, and builds of the checker before them).
+        list_rng = random.Random(self.seed * 1000 + 100 + client)
+        seq = lists = 0
         while time.monotonic() < self.deadline:
+            if self.list_checks and list_rng.random() < LIST_FRACTION:
+                lists += 1
+                self.list_keys(client, (client + 1) * 1_000_000 + LIST_OP_BASE + lists)
+                continue
             seq += 1
             op_id = (client + 1) * 1_000_000 + seq
             key = f"k{rng.randrange(self.keys)}"
@@ -398,10 +458,25 @@ class Workload:
             else:
                 self.ranged_get(client, op_id, key, rng.randrange(VALUE_BYTES_MAX), rng.randrange(1, 70_000))
 
+    def invoked(self, op: Op) -> Op:
+        if op.kind in ("put", "delete"):
+            with self.lock:
+                self.in_flight[op.op_id] = op
+        return op
+
     def record(self, op: Op) -> None:
         op.complete = time.monotonic()
         with self.lock:
             self.ops.append(op)
+            self.in_flight.pop(op.op_id, None)
+
+    def history(self) -> list[Op]:
+        """The operations recorded, and writes still in flight as ones whose outcome is unknown
+        and that never complete."""
+        with self.lock:
+            unfinished = [dataclasses.replace(op, outcome="error", effect="unknown", complete=float("inf"),
+                                              detail="still in flight") for op in self.in_flight.values()]
+            return list(self.ops) + unfinished
 
     def put(self, client: int, op_id: int, key: str, size: int) -> None:
         data = value_of(op_id, size)
@@ -410,20 +485,41 @@ class Workload:
             self.sizes[op_id] = size
         path = self.files / f"{op_id}"
         path.write_bytes(data)
-        op = Op(op_id, client, "put", key, time.monotonic())
+        op = self.invoked(Op(op_id, client, "put", key, time.monotonic(), size=size))
         result = self.cli(client, "put", str(path), f"bkt/{key}")
+        stderr = result.stderr.decode(errors="replace")
         op.outcome = "ok" if result.returncode == 0 else "error"
-        op.detail = result.stderr.decode(errors="replace").strip()[-300:]
+        if op.outcome == "error":
+            op.effect = write_error_effect(result.returncode, stderr)
+        op.detail = stderr.strip()[-300:]
         self.record(op)
         path.unlink()
 
     def delete(self, client: int, op_id: int, key: str) -> None:
-        op = Op(op_id, client, "delete", key, time.monotonic())
+        op = self.invoked(Op(op_id, client, "delete", key, time.monotonic()))
         result = self.cli(client, "rm", f"bkt/{key}")
         stderr = result.stderr.decode(errors="replace")
         op.outcome = "ok" if result.returncode == 0 else "absent" if "no such object" in stderr else "error"
+        if op.outcome == "error":
+            op.effect = write_error_effect(result.returncode, stderr)
         op.detail = stderr.strip()[-300:]
         self.record(op)
+
+    def list_keys(self, client: int, op_id: int) -> Op:
+        """`tessera ls bkt`: records the keys and sizes listed, or the failure."""
+        op = Op(op_id, client, "list", "", time.monotonic())
+        result = self.cli(client, "ls", "bkt")
+        stderr = result.stderr.decode(errors="replace")
+        op.outcome = "ok" if result.returncode == 0 else "error"
+        op.detail = stderr.strip()[-300:]
+        if op.outcome == "ok":
+            try:
+                op.listed = parse_listing(result.stdout.decode(errors="replace"))
+            except ValueError as e:
+                op.outcome = "garbled"
+                self.corrupt.append(f"op {op_id}: LIST printed what is not a listing: {e}")
+        self.record(op)
+        return op
 
     def get(self, client: int, op_id: int, key: str) -> None:
         op = Op(op_id, client, "get", key, time.monotonic())
@@ -677,7 +773,7 @@ def check_history(ops: list[Op], finals: dict[str, Op]) -> list[str]:
     writes = [op for op in ops if op.kind in ("put", "delete") and op.outcome in ("ok", "error")]
     acked = [op for op in writes if op.outcome == "ok"]
     by_id = {op.op_id: op for op in writes}
-    for key in sorted({op.key for op in ops} | set(finals)):
+    for key in sorted({op.key for op in ops if op.kind != "list"} | set(finals)):
         key_writes = [w for w in writes if w.key == key]
         key_acked = [w for w in acked if w.key == key]
         reads = [op for op in ops if op.key == key and op.kind in ("get", "rget") and op.outcome in ("value", "absent")]
@@ -713,31 +809,44 @@ def check_history(ops: list[Op], finals: dict[str, Op]) -> list[str]:
     return anomalies
 
 
-def unavailable_reads(ops: list[Op], impaired: list[tuple[int, float, float]]) -> list[str]:
-    """Reads that failed although at most M nodes lacked what they needed: the nodes impaired
-    at any time during the read, and those impaired while a write that may be the key's current
-    one was in flight (they may have missed it; repair needs a window to restore it). Each
-    impairment is stretched by IMPAIRED_GRACE_S. The design promises such reads succeed."""
+def impaired_for_read(impaired: list[tuple[int, float, float]], key_writes: list[Op], start: float,
+                      end: float) -> set[int]:
+    """The nodes that may lack what a read of a key over [start, end] needs: those impaired at any
+    time during it, and those impaired while a write that may be the key's current one was in
+    flight (they may have missed it; repair needs a window to restore it). Each impairment is
+    stretched by IMPAIRED_GRACE_S. `key_writes`: the key's PUTs and DELETEs, acknowledged or failed."""
 
-    def impaired_during(start: float, end: float) -> set[int]:
-        return {node for node, a, b in impaired if a < end and b + IMPAIRED_GRACE_S > start}
+    def impaired_during(a0: float, a1: float) -> set[int]:
+        return {node for node, a, b in impaired if a < a1 and b + IMPAIRED_GRACE_S > a0}
 
+    nodes = impaired_during(start, end)
+    acked_before = [w for w in key_writes if w.outcome == "ok" and w.complete < start]
+    last = max(acked_before, key=lambda w: w.complete, default=None)
+    for w in key_writes:
+        # The last write acknowledged before the read, and any write that may follow it.
+        if w.invoke < end and (last is None or w.complete >= last.invoke):
+            nodes |= impaired_during(w.invoke, w.complete)
+    return nodes
+
+
+def decided_writes_by_key(ops: list[Op]) -> dict[str, list[Op]]:
+    """The PUTs and DELETEs that completed (acknowledged or failed), per key."""
     writes: dict[str, list[Op]] = {}
     for op in ops:
         if op.kind in ("put", "delete") and op.outcome in ("ok", "error"):
             writes.setdefault(op.key, []).append(op)
+    return writes
+
+
+def unavailable_reads(ops: list[Op], impaired: list[tuple[int, float, float]]) -> list[str]:
+    """Reads that failed although at most M nodes lacked what they needed (`impaired_for_read`).
+    The design promises such reads succeed."""
+    writes = decided_writes_by_key(ops)
     found = []
     for op in ops:
         if op.kind not in ("get", "rget") or op.outcome != "error":
             continue
-        nodes = impaired_during(op.invoke, op.complete)
-        key_writes = writes.get(op.key, [])
-        acked_before = [w for w in key_writes if w.outcome == "ok" and w.complete < op.invoke]
-        last = max(acked_before, key=lambda w: w.complete, default=None)
-        for w in key_writes:
-            # The last write acknowledged before the read, and any write that may follow it.
-            if w.invoke < op.complete and (last is None or w.complete >= last.invoke):
-                nodes |= impaired_during(w.invoke, w.complete)
+        nodes = impaired_for_read(impaired, writes.get(op.key, []), op.invoke, op.complete)
         if len(nodes) <= M:
             down = ", ".join(f"n{n}" for n in sorted(nodes)) or "none"
             found.append(f"unavailable: {op.kind} op {op.op_id} of {op.key} failed with at most {M} nodes impaired "
@@ -745,11 +854,143 @@ def unavailable_reads(ops: list[Op], impaired: list[tuple[int, float, float]]) -
     return found
 
 
+def unavailable_listings(ops: list[Op], impaired: list[tuple[int, float, float]]) -> list[str]:
+    """Listings that failed at a time when a read of every key would have had to succeed: a
+    listing may fail only when the read check would allow some read over its interval to fail
+    (more than M nodes impaired for that key, `impaired_for_read`)."""
+    writes = decided_writes_by_key(ops)
+    found = []
+    for op in ops:
+        if op.kind != "list" or op.outcome != "error":
+            continue
+        worst = max((impaired_for_read(impaired, key_writes, op.invoke, op.complete)
+                     for key_writes in [[], *writes.values()]), key=len)
+        if len(worst) <= M:
+            down = ", ".join(f"n{n}" for n in sorted(worst)) or "none"
+            found.append(f"unavailable: listing op {op.op_id} (client {op.client}) failed with at most {M} nodes "
+                         f"impaired for any key ({down}): {op.detail}")
+    return found
+
+
+def write_effect(op: Op) -> str:
+    """What a PUT or DELETE may have done: "applied" (acknowledged), "unknown" (failed with an error
+    that does not prove it did nothing, or still in flight: possibly applied, as the read check
+    takes every failed write) or "none" (refused: too few drives accepted it; or a DELETE that
+    found no object, which the read check does not count as a delete either)."""
+    if op.outcome == "ok":
+        return "applied"
+    if op.outcome == "error" and op.effect != "none":
+        return "unknown"
+    return "none"
+
+
+def possible_states(key_writes: list[Op], start: float, end: float) -> list[Op | None]:
+    """The writes that may be a key's state at some instant of [start, end], as the read check
+    decides which values a read may return: a PUT or DELETE acknowledged or of unknown outcome,
+    invoked before `end`, that no write acknowledged before `start` follows (invoked after it
+    completed). None stands for the key's initial absence, possible until a write is acknowledged
+    before `start`."""
+    # Followed by some such write y (w.complete < y.invoke) iff it completed before the latest of
+    # their invocations.
+    latest = max((y.invoke for y in key_writes if write_effect(y) == "applied" and y.complete < start),
+                 default=None)
+    states: list[Op | None] = [w for w in key_writes if write_effect(w) != "none" and w.invoke < end
+                               and (latest is None or not w.complete < latest)]
+    if latest is None:
+        states.append(None)
+    return states
+
+
+def check_listings(ops: list[Op], t0: float = 0.0) -> tuple[list[str], int]:
+    """Every successful listing against the history of PUTs and DELETEs; returns the anomalies and
+    the number of listings checked. For every key ever written or listed:
+    - listed: some possible state (`possible_states`) over the listing is a PUT, of the listed size
+      (no phantom from a refused PUT, no key resurrected after an acknowledged DELETE);
+    - not listed: some possible state is absent (a DELETE, or before any write): a key whose
+      state is an acknowledged PUT throughout the listing must be listed.
+    An anomaly repeated by later listings (the same key, the same cause) is reported once, with a
+    count. `t0`: the time printed as 0."""
+    listings = sorted((op for op in ops if op.kind == "list" and op.outcome == "ok" and op.listed is not None),
+                      key=lambda op: op.invoke)
+    writes: dict[str, list[Op]] = {}
+    for op in ops:
+        if op.kind in ("put", "delete"):
+            writes.setdefault(op.key, []).append(op)
+    keys = sorted(set(writes) | {key for listing in listings for key in listing.listed})
+    found: dict[tuple, list[str]] = {}
+
+    def at(t: float) -> str:
+        return f"{t - t0:.3f}s"
+
+    for listing in listings:
+        where = f"listing op {listing.op_id} (client {listing.client}, {at(listing.invoke)}-{at(listing.complete)})"
+        for key in keys:
+            key_writes = writes.get(key, [])
+            states = possible_states(key_writes, listing.invoke, listing.complete)
+            if key in listing.listed:
+                size = listing.listed[key]
+                puts = [w for w in states if w is not None and w.kind == "put"]
+                if any(p.size is None or p.size == size for p in puts):
+                    continue
+                # A PUT in flight during the listing may show, as it may to a GET overlapping its
+                # commit, even if it then fails (its rollback comes after): the same rule as reads.
+                if any(w.kind == "put" and w.size == size and w.invoke < listing.complete
+                       and w.complete > listing.invoke for w in key_writes):
+                    continue
+                cause, text = phantom(key, size, key_writes, listing, at)
+                if not puts or cause[0] == "refused":
+                    found.setdefault(("phantom", key, cause), []).append(f"phantom: {where} {text}")
+                else:
+                    maybe = ", ".join(f"op {p.op_id} ({p.size} B)" for p in puts)
+                    found.setdefault(("size", key, size), []).append(
+                        f"wrong size: {where} listed {key} with {size} bytes, which no PUT that may be its state "
+                        f"then wrote (those: {maybe})")
+            elif not any(w is None or w.kind == "delete" for w in states):
+                acked = [w for w in key_writes if write_effect(w) == "applied" and w.complete < listing.invoke]
+                last = max(acked, key=lambda w: w.complete)
+                refused = [w.op_id for w in key_writes if w.kind == "delete" and write_effect(w) == "none"
+                           and w.invoke < listing.complete and w.complete > last.invoke]
+                note = (f"; DELETE op(s) {', '.join(map(str, refused))} failed in a way that proves they did "
+                        f"nothing, or found no object" if refused else "")
+                found.setdefault(("missing", key, last.op_id), []).append(
+                    f"missing: {where} did not list {key} although PUT op {last.op_id} was acknowledged at "
+                    f"{at(last.complete)}, before the listing began, and no DELETE that may have taken effect "
+                    f"followed it{note}")
+    anomalies = []
+    for texts in found.values():
+        more = f" (and {len(texts) - 1} later listing(s) the same)" if len(texts) > 1 else ""
+        anomalies.append(texts[0] + more)
+    return anomalies, len(listings)
+
+
+def phantom(key: str, size: int, key_writes: list[Op], listing: Op, at) -> tuple[tuple, str]:
+    """Why a listed key has no PUT of its listed size that may be its state then: (a cause to
+    group by, the text)."""
+    start, end = listing.invoke, listing.complete
+    refused = [w for w in key_writes if w.kind == "put" and write_effect(w) == "none" and w.invoke < end]
+    same_size = [w for w in refused if w.size == size]
+    if same_size:
+        w = same_size[-1]
+        when = ("before the listing began" if w.complete < start else "while the listing ran" if w.complete <= end
+                else "after the listing ended")
+        return ("refused", w.op_id), (f"listed {key} ({size} B, the size PUT op {w.op_id} wrote) although that PUT failed "
+                         f"{when}, at {at(w.complete)}, with an error that proves it did nothing: {w.detail[-200:]!r}")
+    if not any(w.kind == "put" and w.invoke < end for w in key_writes):
+        return ("unwritten",), f"listed {key} ({size} B), which no PUT started before the listing ended wrote"
+    acked = [w for w in key_writes if write_effect(w) == "applied" and w.complete < start]
+    last = max(acked, key=lambda w: w.complete, default=None)
+    if last is not None and last.kind == "delete":
+        return ("deleted", last.op_id), (f"listed {key} ({size} B) although DELETE op {last.op_id} was acknowledged at "
+                            f"{at(last.complete)}, before the listing began, and no PUT that may have taken "
+                            f"effect followed it (a resurrected key)")
+    return ("other",), f"listed {key} ({size} B), which no PUT that may be its state then wrote"
+
+
 def final_reads(workload: Workload) -> tuple[dict[str, Op], list[str]]:
     finals, problems = {}, []
-    keys = sorted({op.key for op in workload.ops})
+    keys = sorted({op.key for op in workload.ops if op.kind != "list"})
     for n, key in enumerate(keys):
-        op = Op(9_000_000 + n, 0, "get", key, time.monotonic())
+        op = Op(FINAL_OP_BASE + n, 0, "get", key, time.monotonic())
         result = workload.cli(0, "get", f"bkt/{key}", "-")
         Workload.classify_read(op, result, None)
         if op.outcome == "value" and len(result.stdout) >= HEADER.size:
@@ -941,10 +1182,21 @@ class Report:
     decommission_runs: int = 0  # with --decommission: runs of `pool decommission 1` it took
     ops_after_growth: int = 0  # with --grow: acknowledged PUTs of the keys put in play after pool 2 was active
     keys_in_second_pool: int = 0  # with --grow: keys whose final version is in pool 2
+    list_errors: list[str] = dataclasses.field(default_factory=list)  # listings that failed
+    verified_reads: int = 0  # reads (and final reads) checked against the history
+    verified_listings: int = 0  # listings checked against the history (with list checks)
+    list_checks: bool = True
+
+    def verified_line(self) -> str:
+        if not self.list_checks:
+            return f"seed {self.seed}: {self.verified_reads} reads verified against the history (list checks off)"
+        return (f"seed {self.seed}: {self.verified_reads} reads and {self.verified_listings} listings verified "
+                f"against the history")
 
     def text(self) -> str:
         lines = [f"seed {self.seed}, {self.duration:.0f} s of faults, {sum(self.counts.values())} operations",
                  "operations: " + ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items())),
+                 self.verified_line(),
                  f"faults: {len(self.schedule)} events"]
         lines += [f"  {line}" for line in self.schedule]
         if self.readdressed:
@@ -963,6 +1215,10 @@ class Report:
         if self.read_errors:
             lines.append(f"reads that failed: {len(self.read_errors)} (those with at most {M} nodes impaired are anomalies)")
             lines += [f"  {e}" for e in self.read_errors[:10]]
+        if self.list_errors:
+            lines.append(f"listings that failed: {len(self.list_errors)} (those with at most {M} nodes impaired are "
+                         f"anomalies)")
+            lines += [f"  {e}" for e in self.list_errors[:10]]
         if self.errors_logged:
             lines.append(f"node ERROR lines: {len(self.errors_logged)}")
             lines += [f"  {line}" for line in self.errors_logged[:20]]
@@ -970,13 +1226,15 @@ class Report:
 
 
 def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, faults_on: bool = True,
-                readdress: bool = False, grow: bool = False, decommission: bool = False) -> Report:
+                readdress: bool = False, grow: bool = False, decommission: bool = False,
+                list_checks: bool = True) -> Report:
     """One seeded run. Without faults (`faults_on=False`) the workload races reads against
     overwrites on a healthy cluster: every read must then succeed. With `readdress`, nodes move
     to new addresses too, and one client plans with the start's map throughout. With `grow`, a
     second pool joins a third of the way in (and one client keeps the start's map); with
     `decommission` too, the first pool is decommissioned from two thirds of the way in, and
-    its nodes are down for the final reads."""
+    its nodes are down for the final reads. With `list_checks`, a tenth of the operations are
+    listings (and one more follows the final reads), checked against the history."""
     grow = grow or decommission
     rng = random.Random(seed)
     full_drive = faults_on and rng.random() < 0.3
@@ -997,7 +1255,8 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
         start = time.monotonic()
         deadline = start + duration
         skews = CLIENT_SKEWS_S if skew else [0] * CLIENTS
-        workload = Workload(cluster, seed, deadline, ranged, skews, stale_client=readdress or grow)
+        workload = Workload(cluster, seed, deadline, ranged, skews, stale_client=readdress or grow,
+                            list_checks=list_checks)
         faults = Faults(cluster, topo, seed, deadline, start, readdress=readdress)
         threads = [threading.Thread(target=workload.client_loop, args=(c,), daemon=True) for c in range(CLIENTS)]
         growth = None
@@ -1029,8 +1288,16 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
             for i in range(1, NODES + 1):
                 cluster.kill(i)
         finals, problems = final_reads(workload)
+        if list_checks:
+            final_listing = workload.list_keys(0, FINAL_LIST_OP)
+            if final_listing.outcome == "error":
+                problems.append(f"final listing failed with every fault healed: {final_listing.detail}")
         anomalies = workload.corrupt + problems + check_history(workload.ops, finals) + decommission_problems
         anomalies += unavailable_reads(workload.ops, faults.impaired)
+        verified_listings = 0
+        if list_checks:
+            listing_anomalies, verified_listings = check_listings(workload.history(), start)
+            anomalies += listing_anomalies + unavailable_listings(workload.ops, faults.impaired)
         # The operator frees space before restarting anything: a node whose only drive is full
         # to the last byte refuses to start (it cannot prove the drive writable).
         cluster.grow_full_drive()
@@ -1055,6 +1322,13 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
                          and op.outcome in ("ok", "value", "absent", "past-end"))
         report = Report(seed, duration, faults.schedule, counts, anomalies, cluster.error_lines(), read_errors,
                         faults.readdressed, stale_done)
+        report.list_checks = list_checks
+        report.verified_listings = verified_listings
+        report.verified_reads = len(finals) + sum(1 for op in workload.ops if op.kind in ("get", "rget")
+                                                  and op.outcome in ("value", "absent"))
+        report.list_errors = [f"listing op {op.op_id} (client {op.client}) at {op.invoke - start:.2f}s "
+                              f"(took {op.complete - op.invoke:.2f}s): {op.detail}"
+                              for op in workload.ops if op.kind == "list" and op.outcome == "error"]
         if growth is not None:
             report.grown = growth.events
             report.grown_active_at = growth.active_at
@@ -1088,19 +1362,26 @@ def main() -> int:
                         help="a second pool of 6 nodes is added and activated a third of the way in")
     parser.add_argument("--decommission", action="store_true",
                         help="--grow, then the first pool is decommissioned two thirds of the way in")
+    parser.add_argument("--list-checks", action=argparse.BooleanOptionalAction, default=True,
+                        help="a tenth of the operations are listings (`tessera ls`), checked against the history "
+                             "(default: on; --no-list-checks replays the workload without them)")
     args = parser.parse_args()
     seeds = args.seed or [random.SystemRandom().randrange(1, 1 << 31)]
     failed = 0
+    verified: list[str] = []
     for seed in seeds:
         try:
             report = run_checker(seed, args.duration, args.tessera, skew=not args.no_skew,
                                  faults_on=not args.no_faults, readdress=args.readdress, grow=args.grow,
-                                 decommission=args.decommission)
+                                 decommission=args.decommission, list_checks=args.list_checks)
         except CheckerError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         print(report.text(), flush=True)
         failed += bool(report.anomalies)
+        verified.append(report.verified_line())
+    for line in verified:
+        print(f"checker: {line}")
     print(f"checker: {len(seeds)} seed(s), {failed} with anomalies")
     return 1 if failed else 0
 

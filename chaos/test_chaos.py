@@ -2,7 +2,9 @@
 
 `make chaos DURATION=600` runs the long one (random seeds) through chaos/checker.py directly.
 The seeds below are the ones that reproduced the durability review's bugs on the build before
-their fix (see RELIABILITY.md); they must stay free of anomalies.
+their fix (see RELIABILITY.md); they must stay free of anomalies. Every run also lists the
+bucket (a tenth of the operations, and once after the final reads) and checks each listing
+against the history; chaos/test_list_check.py tests that check on hand-made histories.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def run(seed: int, **options) -> "checker.Report":
 def test_no_acknowledged_version_is_lost_under_faults(seed: int, skew: bool) -> None:
     report = run(seed, skew=skew)
     assert report.counts.get("put:ok", 0) > 50, "the workload must write under faults"
+    assert report.verified_listings > 10, "the workload must list under faults:\n" + report.text()
     assert any(line.split()[1] == "inject" for line in report.schedule), "faults must strike"
     assert not report.anomalies, report.text()
 
@@ -70,8 +73,9 @@ def test_no_acknowledged_version_is_lost_under_faults(seed: int, skew: bool) -> 
 def test_reads_racing_overwrites_never_fail() -> None:
     report = run(RACING_SEED, skew=False, faults_on=False)
     assert report.counts.get("put:ok", 0) > 50 and report.counts.get("get:value", 0) > 50
+    assert report.verified_listings > 10, report.text()
     assert not report.schedule, "no faults in this run"
-    assert not report.read_errors and not report.anomalies, report.text()
+    assert not report.read_errors and not report.list_errors and not report.anomalies, report.text()
 
 
 def test_nodes_moving_to_new_addresses_lose_nothing_and_stale_clients_follow() -> None:
