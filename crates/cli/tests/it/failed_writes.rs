@@ -189,8 +189,8 @@ impl CommitReplyDropper {
                 let (armed, cut, conn_silent, node_wide) =
                     (Arc::clone(&armed_), Arc::clone(&cut_), Arc::clone(&silent), Arc::clone(&node_silent));
                 std::thread::spawn(move || {
-                    while let Some((frame, data_len)) = read_frame_toward_node(&mut from_client) {
-                        if data_len.is_none() && armed.load(Ordering::SeqCst) && frame.1 {
+                    while let Some(frame) = read_frame_toward_node(&mut from_client) {
+                        if frame.commit && armed.load(Ordering::SeqCst) {
                             // Before the commit goes on: its reply must not slip through.
                             conn_silent.store(true, Ordering::SeqCst);
                             if dropping == Dropping::Node {
@@ -198,10 +198,10 @@ impl CommitReplyDropper {
                             }
                             cut.fetch_add(1, Ordering::SeqCst);
                         }
-                        if to_node.write_all(&frame.0).is_err() {
+                        if to_node.write_all(&frame.bytes).is_err() {
                             break;
                         }
-                        if let Some(len) = data_len {
+                        if let Some(len) = frame.data_len {
                             let mut data = vec![0u8; len];
                             if from_client.read_exact(&mut data).is_err() || to_node.write_all(&data).is_err() {
                                 break;
@@ -230,9 +230,18 @@ impl CommitReplyDropper {
     }
 }
 
-/// The next frame a client sends a node, whole (header, body, tag), and whether it is a
-/// `Commit`; with the length of the raw bytes that follow it (a `ChunkWrite`'s), or `None`.
-fn read_frame_toward_node(stream: &mut TcpStream) -> Option<((Vec<u8>, bool), Option<usize>)> {
+/// A frame a client sent toward a node.
+struct FrameTowardNode {
+    /// The whole frame: header, body, tag.
+    bytes: Vec<u8>,
+    /// Whether it is a `Commit`.
+    commit: bool,
+    /// The length of the raw bytes that follow it (a `ChunkWrite`'s).
+    data_len: Option<usize>,
+}
+
+/// The next frame a client sends a node; `None` when the connection ended.
+fn read_frame_toward_node(stream: &mut TcpStream) -> Option<FrameTowardNode> {
     let mut header = [0u8; FRAME_HEADER_BYTES];
     stream.read_exact(&mut header).ok()?;
     let decoded = FrameHeader::decode(&header).ok()?;
@@ -241,14 +250,16 @@ fn read_frame_toward_node(stream: &mut TcpStream) -> Option<((Vec<u8>, bool), Op
     stream.read_exact(&mut rest).ok()?;
     let mut frame = header.to_vec();
     frame.extend_from_slice(&rest);
-    if decoded.kind != FrameKind::Request {
-        return Some(((frame, false), None));
-    }
-    match proto::decode_request(&rest[..decoded.body_len]) {
-        Ok(Request::ChunkWrite { len, .. }) => Some(((frame, false), Some(len as usize))),
-        Ok(Request::Commit { .. }) => Some(((frame, true), None)),
-        _ => Some(((frame, false), None)),
-    }
+    let request =
+        if decoded.kind == FrameKind::Request { proto::decode_request(&rest[..decoded.body_len]).ok() } else { None };
+    Some(FrameTowardNode {
+        bytes: frame,
+        commit: matches!(request, Some(Request::Commit { .. })),
+        data_len: match request {
+            Some(Request::ChunkWrite { len, .. }) => Some(len as usize),
+            _ => None,
+        },
+    })
 }
 
 /// A client of `cluster` that reaches the nodes at positions 4 and 5 of `bkt/K`'s set through
