@@ -36,6 +36,15 @@ fn listed_keys(cluster: &Cluster) -> Vec<(String, u64)> {
     page.entries.into_iter().map(|e| (e.key, e.size)).collect()
 }
 
+/// Commits `meta` by hand on the drives at `positions` of its set, as a failed write whose
+/// rollback never reached them leaves it.
+fn leave_on(cluster: &Cluster, positions: &[usize], meta: &ObjectMeta) {
+    for &position in positions {
+        let answer = hand_commit(cluster, position, meta, CommitCondition::None);
+        assert!(matches!(answer, Response::Committed { .. }), "{answer:?}");
+    }
+}
+
 /// `bkt/K` written through the client; its bytes and version.
 fn acknowledged_object(cluster: &Cluster, size: usize) -> (Vec<u8>, VersionId) {
     let client = cluster.client();
@@ -68,12 +77,7 @@ fn a_failed_first_put_left_on_two_drives_is_neither_read_nor_listed() {
     block_on(client.make_bucket("bkt")).unwrap();
     let map = client.map().clone();
     let leftover = hand_meta(&map, "bkt", "K", VersionId { unix_ns: 1_000_000_000, writer: 3 }, 100_000);
-    for position in [0, 1] {
-        assert!(matches!(
-            hand_commit(&cluster, position, &leftover, CommitCondition::None),
-            Response::Committed { .. }
-        ));
-    }
+    leave_on(&cluster, &[0, 1], &leftover);
     let read = block_on(client.head("bkt", "K")).unwrap_err();
     assert!(matches!(read, client::Error::NotFound { .. }), "a read finds no object: {read}");
     assert_eq!(listed_keys(&cluster), [], "a listing agrees with the read: no phantom key");
@@ -105,12 +109,7 @@ fn a_failed_put_after_a_delete_does_not_bring_the_key_back_to_listings() {
     assert!(marker.deleted);
     // A PUT after the delete committed on two drives, then failed; its rollback missed them.
     let leftover = hand_meta(&map, "bkt", "K", later(marker.version, 1), 50_000);
-    for position in [3, 4] {
-        assert!(matches!(
-            hand_commit(&cluster, position, &leftover, CommitCondition::None),
-            Response::Committed { .. }
-        ));
-    }
+    leave_on(&cluster, &[3, 4], &leftover);
     let read = block_on(client.head("bkt", "K")).unwrap_err();
     assert!(matches!(read, client::Error::NotFound { .. }), "a read finds the key deleted: {read}");
     assert_eq!(listed_keys(&cluster), [], "the listing agrees");
@@ -334,12 +333,7 @@ fn a_failed_writes_leftover_is_collected_and_then_the_bucket_can_be_removed() {
     block_on(client.make_bucket("bkt")).unwrap();
     let map = client.map().clone();
     let leftover = hand_meta(&map, "bkt", "K", VersionId { unix_ns: 1_000_000_000, writer: 3 }, 100_000);
-    for position in [0, 1] {
-        assert!(matches!(
-            hand_commit(&cluster, position, &leftover, CommitCondition::None),
-            Response::Committed { .. }
-        ));
-    }
+    leave_on(&cluster, &[0, 1], &leftover);
     let held = |position| drive_versions(&cluster, position, &leftover).all().any(|m| m.version == leftover.version);
     let deadline = Instant::now() + Duration::from_secs(30);
     while held(0) || held(1) {
@@ -358,12 +352,7 @@ fn a_leftover_over_an_acknowledged_version_is_collected_and_the_version_stays() 
     let (bytes, version) = acknowledged_object(&cluster, 100_000);
     let map = cluster.client().map().clone();
     let leftover = hand_meta(&map, "bkt", "K", later(version, 1), 50_000);
-    for position in [2, 3] {
-        assert!(matches!(
-            hand_commit(&cluster, position, &leftover, CommitCondition::None),
-            Response::Committed { .. }
-        ));
-    }
+    leave_on(&cluster, &[2, 3], &leftover);
     let deadline = Instant::now() + Duration::from_secs(30);
     while [2, 3]
         .iter()
