@@ -32,6 +32,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub use proto::Staging;
 use proto::{BucketEntry, CommitCondition, CommitOutcome, KeyVersions, ListEntry, ObjectMeta, RepairRecord, VersionId};
 use redb::{Database, ReadableTable, TableDefinition};
 
@@ -49,10 +50,28 @@ const VERSIONS: TableDefinition<'_, &str, u8> = TableDefinition::new("versions")
 /// Versions whose chunks some set positions lack: `version (16 bytes, big-endian)` -> postcard
 /// [`proto::RepairRecord`]. (Format 1 drives had a `repair_queue` table nothing read; it is left.)
 const REPAIR: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("repair");
+/// The repair queue by due time: `not_before_ms (8 bytes, big-endian) version (16 bytes)` -> ()
+/// for every `REPAIR` entry, so a repair round reads the entries that are due, not the whole
+/// queue (issue 37, item 10). Written in the same transaction as `REPAIR`; rebuilt at open if
+/// the two disagree in length (a drive from before the index).
+const REPAIR_DUE: TableDefinition<'_, &[u8], ()> = TableDefinition::new("repair_due");
 /// When a retained version may be deleted (ms since the epoch); keyed like its `OBJECTS` row.
 const RETIRE_AT: TableDefinition<'_, &[u8], u64> = TableDefinition::new("retire_at");
+/// Data files of versions whose rows [`RETAINED_SETTLED_MAX`] dropped early, kept until their
+/// retirement time so that a GET that chose one reads it to the end (issue 37, item 7):
+/// `version (16 bytes, big-endian)` -> when to delete the file (ms since the epoch). Their
+/// `VERSIONS` entries stay until then (the sweep keeps the files). At most
+/// [`RETIRING_FILES_MAX`].
+const RETIRING_FILES: TableDefinition<'_, &[u8], u64> = TableDefinition::new("retiring_files");
 /// `bucket NUL key` -> the newest version of the key known acknowledged (16 bytes, big-endian).
 const FINALIZED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("finalized");
+/// Versions rolled back on this drive: `version (16 bytes, big-endian)` -> when (ms since the
+/// epoch, this drive's clock). A commit of a fenced version is refused ([`Error::RolledBack`]):
+/// a writer that decided its write failed rolls it back on every drive it sent the commit to,
+/// and a commit still queued on a stalled node must not land after that rollback (issue 37;
+/// the model's `Fixes::rollback_fences_unknown`). Kept [`FENCE_KEEP_MS`] after the version's
+/// time and at most [`FENCES_MAX`].
+const FENCES: TableDefinition<'_, &[u8], u64> = TableDefinition::new("fences");
 /// Node settings an admin changed at run time (repair mode and rate): name -> value.
 const SETTINGS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("settings");
 
@@ -62,10 +81,24 @@ pub use proto::RETAINED_PER_KEY_MAX;
 
 /// Retained versions per key past which the oldest *settled* ones go early (before their
 /// grace): those older than the drive's acknowledged floor, which a newer acknowledged version
-/// supersedes. Rows at or above the floor may be the newest acknowledged version (its finalize
+/// supersedes. Their rows go (no new reader chooses them); their data files stay until the
+/// grace ends ([`RETIRING_FILES`]), so a GET that chose one reads it to the end. Rows at or above the floor may be the newest acknowledged version (its finalize
 /// may be late or lost), so they are never dropped to make room: only
 /// [`RETAINED_PER_KEY_MAX`] bounds them, by refusing commits.
 pub const RETAINED_SETTLED_MAX: usize = 8;
+
+/// Most data files a drive keeps past their rows ([`RETIRING_FILES`]); past it the oldest
+/// versions' files go at once (a GET still reading one of them fails; only a drive whose hot
+/// keys are overwritten faster than this many times per retire grace gets there).
+pub const RETIRING_FILES_MAX: u64 = 16_384;
+
+/// How long after a version's time (its id's clock) this drive keeps the fence a rollback of
+/// it left: a commit that a stalled node holds for longer than this lands (and, unreadable,
+/// is collected by the scrubber as a failed write's leftover).
+pub const FENCE_KEEP_MS: u64 = 24 * 3600 * 1000;
+/// Most fences a drive keeps; past it the oldest versions' go first. Only failed writes leave
+/// fences, one per drive each (16 + 8 bytes of key and value).
+pub const FENCES_MAX: u64 = 1 << 20;
 
 /// Name of the file that marks a directory as a Tessera drive.
 pub const DRIVE_MARKER: &str = "tessera-drive";
@@ -102,6 +135,8 @@ pub enum Error {
     StagedChecksumMismatch { version: String, stripe: u64 },
     #[error("version {version}'s data file is being deleted on drive {path}; try again")]
     VersionBusy { path: PathBuf, version: String },
+    #[error("version {version} was rolled back on drive {path} (its write failed); its commit is refused")]
+    RolledBack { path: PathBuf, version: String },
     #[error("{bucket}/{key} has {max} versions on drive {path} that no acknowledged version supersedes yet; try again")]
     TooManyVersions { path: PathBuf, bucket: String, key: String, max: usize },
 }
@@ -354,10 +389,22 @@ impl Drive {
 
     /// Writes `data` at `offset` of `version`'s staging file (created on first write).
     pub fn write_chunk(&self, bucket: &str, version: VersionId, offset: u64, data: &[u8]) -> Result<(), Error> {
+        self.write_staged(Staging::Write, bucket, version, offset, data)
+    }
+
+    /// [`Drive::write_chunk`] into the writer's or a repair's staging file of `version`.
+    pub fn write_staged(
+        &self,
+        staging: Staging,
+        bucket: &str,
+        version: VersionId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), Error> {
         if !self.has_bucket(bucket)? {
             return Err(Error::NoSuchBucket { bucket: bucket.to_owned() });
         }
-        let path = self.staging_path(version);
+        let path = self.staging_path(version, staging);
         // Only the first chunk creates the staging file: a later one whose file is gone (the
         // drive was wiped, or the connection that staged it ended) must not leave a file with
         // a hole of zeros where the earlier chunks were.
@@ -370,9 +417,14 @@ impl Drive {
         })
     }
 
-    /// Drops `version`'s staging file, if any.
+    /// Drops `version`'s staging file (the writer's), if any.
     pub fn abort(&self, version: VersionId) -> Result<(), Error> {
-        let path = self.staging_path(version);
+        self.abort_staged(version, Staging::Write)
+    }
+
+    /// Drops `version`'s staging file of `staging`, if any.
+    pub fn abort_staged(&self, version: VersionId, staging: Staging) -> Result<(), Error> {
+        let path = self.staging_path(version, staging);
         match fs::remove_file(&path) {
             Err(source) if source.kind() != io::ErrorKind::NotFound => Err(self.io_err(&path, source)),
             _ => Ok(()),
@@ -388,7 +440,7 @@ impl Drive {
         missing_positions: &[u32],
         condition: CommitCondition,
     ) -> Result<CommitOutcome, Error> {
-        self.commit_synced(meta, missing_positions, condition, MetaSync::Now)
+        self.commit_synced(meta, missing_positions, condition, MetaSync::Now, Staging::Write)
     }
 
     fn commit_synced(
@@ -397,6 +449,7 @@ impl Drive {
         missing_positions: &[u32],
         condition: CommitCondition,
         sync: MetaSync,
+        staging: Staging,
     ) -> Result<CommitOutcome, Error> {
         let _committing = self.wiping.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !self.has_bucket(&meta.bucket)? {
@@ -408,12 +461,12 @@ impl Drive {
         let held = before.all().any(|m| m.version == meta.version);
         if let Some(current) = before.current {
             if condition == CommitCondition::IfAbsent && !current.deleted && current.version != meta.version {
-                self.abort(meta.version)?;
+                self.abort_staged(meta.version, staging)?;
                 return Err(Error::PreconditionFailed { bucket: meta.bucket.clone(), key: meta.key.clone() });
             }
             if current.version == meta.version {
                 // A retried commit of the version the drive already has.
-                self.abort(meta.version)?;
+                self.abort_staged(meta.version, staging)?;
                 return Ok(CommitOutcome::Applied { replaced_parts: Vec::new() });
             }
         }
@@ -422,7 +475,7 @@ impl Drive {
         // the file is deleted below as this version's, not a later publisher's).
         let publishing = if has_data { Some(self.publishing(meta.version)?) } else { None };
         if has_data {
-            self.publish_staged(meta, sync)?;
+            self.publish_staged(meta, sync, staging)?;
         }
         let replaced = self.commit_meta(meta, has_data, missing_positions, condition, sync);
         drop(publishing);
@@ -449,6 +502,12 @@ impl Drive {
                 }
                 Err(Error::PreconditionFailed { bucket: meta.bucket.clone(), key: meta.key.clone() })
             }
+            ReplaceResult::Fenced => {
+                if has_data && !held {
+                    self.remove_data_file(meta.version);
+                }
+                Err(Error::RolledBack { path: self.root.clone(), version: meta.version.to_hex() })
+            }
             ReplaceResult::Applied { replaced_parts, dropped } => {
                 self.remove_data_files(&dropped);
                 Ok(CommitOutcome::Applied { replaced_parts })
@@ -458,9 +517,12 @@ impl Drive {
 
     /// Undoes the commit of `version` (the PUT that wrote it did not reach its write quorum):
     /// if it is current, the newest retained version becomes current again, exactly as before
-    /// the commit; if it is retained, it is dropped. Its data file is deleted either way.
+    /// the commit; if it is retained, it is dropped. Its data file is deleted either way. The
+    /// version is fenced here: a commit of it that arrives later (queued on a stalled node) is
+    /// refused, so a write its writer gave up cannot land after the rollback.
     pub fn rollback(&self, bucket: &str, key: &str, version: VersionId) -> Result<(), Error> {
         let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
+        self.fence_in(&txn, version)?;
         let removed = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
@@ -495,6 +557,7 @@ impl Drive {
         if removed {
             self.remove_data_file(version);
         }
+        self.abort_staged(version, Staging::Repair)?;
         self.abort(version)
     }
 
@@ -647,8 +710,18 @@ impl Drive {
                 retire.insert(row.as_slice(), retire_at_ms).map_err(|e| self.db_err(e))?;
                 changed = true;
             }
-            let queued = version_bytes(version_of_retained_key(&row));
-            changed |= repair.remove(queued.as_slice()).map_err(|e| self.db_err(e))?.is_some();
+            let queued_version = version_of_retained_key(&row);
+            let queued = version_bytes(queued_version);
+            let removed = repair.remove(queued.as_slice()).map_err(|e| self.db_err(e))?.map(|r| r.value().to_vec());
+            if let Some(record) = removed {
+                changed = true;
+                if let Ok(record) = self.decode_repair(&record) {
+                    let mut index = txn.open_table(REPAIR_DUE).map_err(|e| self.db_err(e))?;
+                    index
+                        .remove(due_key(record.not_before_ms, queued_version).as_slice())
+                        .map_err(|e| self.db_err(e))?;
+                }
+            }
         }
         Ok(changed)
     }
@@ -683,21 +756,23 @@ impl Drive {
         }
         let versions = self.get_versions(&meta.bucket, &meta.key)?;
         if !versions.all().any(|m| m.version == meta.version) {
-            return self.commit_synced(meta, &[], CommitCondition::None, sync).map(|_| ());
+            return self.commit_synced(meta, &[], CommitCondition::None, sync, Staging::Repair).map(|_| ());
         }
         if meta.has_data_file() {
             let _committing = self.wiping.read().unwrap_or_else(std::sync::PoisonError::into_inner);
             let _publishing = self.publishing(meta.version)?;
             // The metadata naming this file is durable already: so must the file be.
-            self.publish_staged(meta, MetaSync::Now)?;
+            self.publish_staged(meta, MetaSync::Now, Staging::Repair)?;
+        } else {
+            self.abort_staged(meta.version, Staging::Repair)?;
         }
         Ok(())
     }
 
     /// Checks every block of `meta`'s staged file against `crcs`.
     fn check_staged(&self, meta: &ObjectMeta, crcs: &[u32]) -> Result<(), Error> {
-        let staging = self.staging_path(meta.version);
-        let file = self.open_staged(meta.version)?;
+        let staging = self.staging_path(meta.version, Staging::Repair);
+        let file = self.open_staged(meta.version, Staging::Repair)?;
         let geometry = meta.geometry();
         let block_bytes = meta.block_bytes as usize;
         let mut expected = crcs.iter();
@@ -734,18 +809,22 @@ impl Drive {
     pub fn repairs(&self, now_ms: u64, max: usize) -> Result<Vec<(VersionId, RepairRecord)>, Error> {
         let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
         let table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+        let index = txn.open_table(REPAIR_DUE).map_err(|e| self.db_err(e))?;
         let mut due = Vec::new();
-        for entry in table.iter().map_err(|e| self.db_err(e))? {
-            let (version, record) = entry.map_err(|e| self.db_err(e))?;
-            if version.value().len() != 16 {
-                continue;
+        let end = due_key(now_ms.saturating_add(1), VersionId { unix_ns: 0, writer: 0 });
+        let range = if now_ms == u64::MAX { index.range::<&[u8]>(..) } else { index.range(..end.as_slice()) };
+        for entry in range.map_err(|e| self.db_err(e))? {
+            if due.len() >= max {
+                break;
             }
+            let (row, _) = entry.map_err(|e| self.db_err(e))?;
+            let version = version_of_bytes(&row.value()[8..]);
+            let Some(record) = table.get(version_bytes(version).as_slice()).map_err(|e| self.db_err(e))? else {
+                continue;
+            };
             let Ok(record) = self.decode_repair(record.value()) else { continue };
             if record.not_before_ms <= now_ms {
-                due.push((version_of_bytes(version.value()), record));
-                if due.len() >= max {
-                    break;
-                }
+                due.push((version, record));
             }
         }
         Ok(due)
@@ -767,6 +846,10 @@ impl Drive {
             for key in &corrupt {
                 table.remove(key.as_slice()).map_err(|e| self.db_err(e))?;
             }
+            drop(table);
+            if !corrupt.is_empty() {
+                self.reindex_repairs_in(&txn)?;
+            }
             corrupt.len()
         };
         txn.commit().map_err(|e| self.db_err(e))?;
@@ -781,6 +864,8 @@ impl Drive {
             let mut table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
             let cleared = redb::ReadableTableMetadata::len(&table).map_err(|e| self.db_err(e))? as usize;
             table.retain(|_, _| false).map_err(|e| self.db_err(e))?;
+            let mut index = txn.open_table(REPAIR_DUE).map_err(|e| self.db_err(e))?;
+            index.retain(|_, ()| false).map_err(|e| self.db_err(e))?;
             cleared
         };
         txn.commit().map_err(|e| self.db_err(e))?;
@@ -807,17 +892,24 @@ impl Drive {
         let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         let woken = {
             let mut table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+            let mut index = txn.open_table(REPAIR_DUE).map_err(|e| self.db_err(e))?;
             let mut due = Vec::new();
             for entry in table.iter().map_err(|e| self.db_err(e))? {
                 let (version, record) = entry.map_err(|e| self.db_err(e))?;
+                if version.value().len() != 16 {
+                    continue;
+                }
                 let Ok(mut record) = self.decode_repair(record.value()) else { continue };
                 if record.attempts > 0 && record.not_before_ms > 0 {
+                    let was = record.not_before_ms;
                     record.not_before_ms = 0;
-                    due.push((version.value().to_vec(), proto::encode_body(&record)));
+                    due.push((version_of_bytes(version.value()), was, proto::encode_body(&record)));
                 }
             }
-            for (version, record) in &due {
-                table.insert(version.as_slice(), record.as_slice()).map_err(|e| self.db_err(e))?;
+            for (version, was, record) in &due {
+                table.insert(version_bytes(*version).as_slice(), record.as_slice()).map_err(|e| self.db_err(e))?;
+                index.remove(due_key(*was, *version).as_slice()).map_err(|e| self.db_err(e))?;
+                index.insert(due_key(0, *version).as_slice(), ()).map_err(|e| self.db_err(e))?;
             }
             due.len()
         };
@@ -860,8 +952,10 @@ impl Drive {
         txn.delete_table(OBJECTS).map_err(|e| self.db_err(e))?;
         txn.delete_table(VERSIONS).map_err(|e| self.db_err(e))?;
         txn.delete_table(REPAIR).map_err(|e| self.db_err(e))?;
+        txn.delete_table(REPAIR_DUE).map_err(|e| self.db_err(e))?;
         txn.delete_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
         txn.delete_table(FINALIZED).map_err(|e| self.db_err(e))?;
+        txn.delete_table(RETIRING_FILES).map_err(|e| self.db_err(e))?;
         txn.commit().map_err(|e| self.db_err(e))?;
         self.create_tables()?;
         // No version is referenced any more: the sweep removes every data and staging file.
@@ -882,15 +976,18 @@ impl Drive {
     ) -> Result<(), Error> {
         {
             let mut table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+            let mut index = txn.open_table(REPAIR_DUE).map_err(|e| self.db_err(e))?;
             let key = version_bytes(version);
             let record = table.get(key.as_slice()).map_err(|e| self.db_err(e))?.map(|v| v.value().to_vec());
             if let Some(bytes) = record {
                 let mut record = self.decode_repair(&bytes)?;
+                index.remove(due_key(record.not_before_ms, version).as_slice()).map_err(|e| self.db_err(e))?;
                 change(&mut record);
                 if record.positions.is_empty() {
                     table.remove(key.as_slice()).map_err(|e| self.db_err(e))?;
                 } else {
                     table.insert(key.as_slice(), proto::encode_body(&record).as_slice()).map_err(|e| self.db_err(e))?;
+                    index.insert(due_key(record.not_before_ms, version).as_slice(), ()).map_err(|e| self.db_err(e))?;
                 }
             }
         }
@@ -906,10 +1003,15 @@ impl Drive {
         positions: &[u32],
     ) -> Result<(), Error> {
         let mut table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+        let mut index = txn.open_table(REPAIR_DUE).map_err(|e| self.db_err(e))?;
         let row = version_bytes(version);
         let existing = table.get(row.as_slice()).map_err(|e| self.db_err(e))?.map(|v| v.value().to_vec());
         let mut record = match existing {
-            Some(bytes) => self.decode_repair(&bytes)?,
+            Some(bytes) => {
+                let record = self.decode_repair(&bytes)?;
+                index.remove(due_key(record.not_before_ms, version).as_slice()).map_err(|e| self.db_err(e))?;
+                record
+            }
             None => RepairRecord {
                 bucket: bucket.to_owned(),
                 key: key.to_owned(),
@@ -923,6 +1025,7 @@ impl Drive {
         // New knowledge: try at once.
         record.not_before_ms = 0;
         table.insert(row.as_slice(), proto::encode_body(&record).as_slice()).map_err(|e| self.db_err(e))?;
+        index.insert(due_key(0, version).as_slice(), ()).map_err(|e| self.db_err(e))?;
         Ok(())
     }
 
@@ -992,11 +1095,30 @@ impl Drive {
         self.deferred_losses.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Deletes up to `max` retained versions whose retirement time is before `now_ms`; returns
-    /// how many went.
+    /// Deletes up to `max` retained versions whose retirement time is before `now_ms` (and the
+    /// data files of rows dropped early whose time has come); returns how many went.
     pub fn retire_expired(&self, now_ms: u64, max: usize) -> Result<usize, Error> {
         let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         let mut gone = Vec::new();
+        {
+            let mut files = txn.open_table(RETIRING_FILES).map_err(|e| self.db_err(e))?;
+            let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
+            let mut due = Vec::new();
+            for entry in files.iter().map_err(|e| self.db_err(e))? {
+                let (k, at) = entry.map_err(|e| self.db_err(e))?;
+                if at.value() <= now_ms {
+                    due.push(version_of_bytes(k.value()));
+                    if due.len() >= max {
+                        break;
+                    }
+                }
+            }
+            for version in due {
+                files.remove(version_bytes(version).as_slice()).map_err(|e| self.db_err(e))?;
+                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                gone.push(version);
+            }
+        }
         {
             let mut retained = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
@@ -1180,19 +1302,77 @@ enum ReplaceResult {
     ConditionFailed,
     /// The key would keep more than [`RETAINED_PER_KEY_MAX`] retained versions: nothing changed.
     TooMany,
+    /// A rollback fenced the version: nothing changed.
+    Fenced,
 }
 
 impl Drive {
+    /// Records `version`'s fence in `txn`, and drops fences past [`FENCE_KEEP_MS`] or
+    /// [`FENCES_MAX`] (oldest versions first).
+    fn fence_in(&self, txn: &redb::WriteTransaction, version: VersionId) -> Result<(), Error> {
+        use redb::ReadableTableMetadata as _;
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        let mut fences = txn.open_table(FENCES).map_err(|e| self.db_err(e))?;
+        fences.insert(version_bytes(version).as_slice(), now_ms).map_err(|e| self.db_err(e))?;
+        let keep_from_ns = now_ms.saturating_sub(FENCE_KEEP_MS).saturating_mul(1_000_000);
+        loop {
+            let oldest = fences.first().map_err(|e| self.db_err(e))?.map(|(v, _)| version_of_bytes(v.value()));
+            let Some(oldest) = oldest else { break };
+            let over = fences.len().map_err(|e| self.db_err(e))? > FENCES_MAX;
+            if oldest == version || (oldest.unix_ns >= keep_from_ns && !over) {
+                break;
+            }
+            fences.pop_first().map_err(|e| self.db_err(e))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a rollback of `version` fenced it on this drive (a commit of it is refused).
+    pub fn is_fenced(&self, version: VersionId) -> Result<bool, Error> {
+        let txn = self.db()?.begin_read().map_err(|e| self.db_err(e))?;
+        let fences = txn.open_table(FENCES).map_err(|e| self.db_err(e))?;
+        Ok(fences.get(version_bytes(version).as_slice()).map_err(|e| self.db_err(e))?.is_some())
+    }
+
     fn create_tables(&self) -> Result<(), Error> {
         let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         txn.open_table(BUCKETS).map_err(|e| self.db_err(e))?;
         txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
+        txn.open_table(FENCES).map_err(|e| self.db_err(e))?;
+        txn.open_table(RETIRING_FILES).map_err(|e| self.db_err(e))?;
         txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
         txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
         txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
         txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
         txn.open_table(SETTINGS).map_err(|e| self.db_err(e))?;
+        let (queued, indexed) = {
+            use redb::ReadableTableMetadata as _;
+            let queue = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+            let index = txn.open_table(REPAIR_DUE).map_err(|e| self.db_err(e))?;
+            (queue.len().map_err(|e| self.db_err(e))?, index.len().map_err(|e| self.db_err(e))?)
+        };
+        if queued != indexed {
+            self.reindex_repairs_in(&txn)?;
+        }
         txn.commit().map_err(|e| self.db_err(e))
+    }
+
+    /// Rebuilds `REPAIR_DUE` from `REPAIR` (entries that cannot be decoded are left out; the
+    /// repair thread drops them).
+    fn reindex_repairs_in(&self, txn: &redb::WriteTransaction) -> Result<(), Error> {
+        let table = txn.open_table(REPAIR).map_err(|e| self.db_err(e))?;
+        let mut index = txn.open_table(REPAIR_DUE).map_err(|e| self.db_err(e))?;
+        index.retain(|_, ()| false).map_err(|e| self.db_err(e))?;
+        for entry in table.iter().map_err(|e| self.db_err(e))? {
+            let (version, record) = entry.map_err(|e| self.db_err(e))?;
+            if version.value().len() != 16 {
+                continue;
+            }
+            let Ok(record) = self.decode_repair(record.value()) else { continue };
+            let key = due_key(record.not_before_ms, version_of_bytes(version.value()));
+            index.insert(key.as_slice(), ()).map_err(|e| self.db_err(e))?;
+        }
+        Ok(())
     }
 
     /// Deletes every staging file (no PUT survives a restart) and every data file that no
@@ -1225,8 +1405,8 @@ impl Drive {
     }
 
     /// The staging file of `version`; `NoStagedData` if nothing was staged.
-    fn open_staged(&self, version: VersionId) -> Result<File, Error> {
-        let staging = self.staging_path(version);
+    fn open_staged(&self, version: VersionId, staging_kind: Staging) -> Result<File, Error> {
+        let staging = self.staging_path(version, staging_kind);
         match File::open(&staging) {
             Ok(file) => Ok(file),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Err(Error::NoStagedData { version: version.to_hex() }),
@@ -1236,9 +1416,9 @@ impl Drive {
 
     /// Steps (1)-(3) of a commit: fsync the staging file, rename it into place, fsync the dir.
     /// Deferred, neither fsync happens here: [`Drive::sync_deferred`] syncs the file system.
-    fn publish_staged(&self, meta: &ObjectMeta, sync: MetaSync) -> Result<(), Error> {
-        let staging = self.staging_path(meta.version);
-        let file = self.open_staged(meta.version)?;
+    fn publish_staged(&self, meta: &ObjectMeta, sync: MetaSync, staging_kind: Staging) -> Result<(), Error> {
+        let staging = self.staging_path(meta.version, staging_kind);
+        let file = self.open_staged(meta.version, staging_kind)?;
         let found = file.metadata().map_err(|e| self.io_err(&staging, e))?.len();
         let geometry = meta.geometry();
         let last = geometry.stripes - 1;
@@ -1288,6 +1468,11 @@ impl Drive {
             self.unsynced.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         let result = {
+            let fences = txn.open_table(FENCES).map_err(|e| self.db_err(e))?;
+            if fences.get(version_bytes(meta.version).as_slice()).map_err(|e| self.db_err(e))?.is_some() {
+                return Ok(ReplaceResult::Fenced);
+            }
+            drop(fences);
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let object_key = object_key(&meta.bucket, &meta.key);
             let current = self.current_row(&objects, &object_key)?;
@@ -1301,6 +1486,9 @@ impl Drive {
             let mut versions = txn.open_table(VERSIONS).map_err(|e| self.db_err(e))?;
             if has_data {
                 versions.insert(meta.version.to_hex().as_str(), 1).map_err(|e| self.db_err(e))?;
+                // A row names the file again: it is no longer only waiting for its readers.
+                let mut files = txn.open_table(RETIRING_FILES).map_err(|e| self.db_err(e))?;
+                files.remove(version_bytes(meta.version).as_slice()).map_err(|e| self.db_err(e))?;
             }
             let encoded = proto::encode_body(meta);
             // With no current row, the key's acknowledged floor still orders it: a collected
@@ -1434,8 +1622,10 @@ impl Drive {
 
     /// Bounds a key's retained versions without dropping one that may be the newest
     /// acknowledged: past [`RETAINED_SETTLED_MAX`] rows, the oldest rows older than the drive's
-    /// acknowledged floor go (their data files are deleted by the caller after the
-    /// transaction). `None` when more than [`RETAINED_PER_KEY_MAX`] rows would still be kept:
+    /// acknowledged floor go. A row with a retirement time leaves its data file to
+    /// [`RETIRING_FILES`] until then (readers that chose it finish); the others' files (and
+    /// those past [`RETIRING_FILES_MAX`]) are returned, for the caller to delete after the
+    /// transaction. `None` when more than [`RETAINED_PER_KEY_MAX`] rows would still be kept:
     /// the caller refuses its change (a late commit of an old version, or a key with many
     /// unacknowledged writes), so no acknowledged version is ever dropped to make room.
     fn bound_retained(
@@ -1451,6 +1641,7 @@ impl Drive {
             keys.push(entry.map_err(|e| self.db_err(e))?.0.value().to_vec());
         }
         let mut dropped = Vec::new();
+        let mut rows_dropped = 0;
         if keys.len() > RETAINED_SETTLED_MAX {
             let floor = {
                 let finalized = txn.open_table(FINALIZED).map_err(|e| self.db_err(e))?;
@@ -1461,11 +1652,32 @@ impl Drive {
             let settled = keys.iter().take_while(|k| floor.is_some_and(|f| version_of_retained_key(k) < f));
             let excess = keys.len() - RETAINED_SETTLED_MAX;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
+            let mut files = txn.open_table(RETIRING_FILES).map_err(|e| self.db_err(e))?;
             for k in settled.take(excess) {
-                dropped.push(self.drop_retained_row(retained, &mut retire, versions, k)?);
+                rows_dropped += 1;
+                let retire_at = retire.get(k.as_slice()).map_err(|e| self.db_err(e))?.map(|at| at.value());
+                match retire_at {
+                    // A reader may have chosen it before the floor passed it: the row goes (no
+                    // new reader finds it), the file stays until its retirement time.
+                    Some(at) => {
+                        retained.remove(k.as_slice()).map_err(|e| self.db_err(e))?;
+                        retire.remove(k.as_slice()).map_err(|e| self.db_err(e))?;
+                        let version = version_of_retained_key(k);
+                        files.insert(version_bytes(version).as_slice(), at).map_err(|e| self.db_err(e))?;
+                    }
+                    // Committed below the floor (late): no reader could choose it.
+                    None => dropped.push(self.drop_retained_row(retained, &mut retire, versions, k)?),
+                }
+            }
+            use redb::ReadableTableMetadata as _;
+            while files.len().map_err(|e| self.db_err(e))? > RETIRING_FILES_MAX {
+                let Some((oldest, _)) = files.pop_first().map_err(|e| self.db_err(e))? else { break };
+                let version = version_of_bytes(oldest.value());
+                versions.remove(version.to_hex().as_str()).map_err(|e| self.db_err(e))?;
+                dropped.push(version);
             }
         }
-        if keys.len() - dropped.len() > RETAINED_PER_KEY_MAX {
+        if keys.len() - rows_dropped > RETAINED_PER_KEY_MAX {
             tracing::warn!(drive = %self.root.display(), "a key has more than {RETAINED_PER_KEY_MAX} versions no acknowledged version supersedes; a commit of it is refused");
             return Ok(None);
         }
@@ -1551,8 +1763,12 @@ impl Drive {
         Ok(Publishing { drive: self, version })
     }
 
-    fn staging_path(&self, version: VersionId) -> PathBuf {
-        self.root.join("tmp").join(version.to_hex())
+    fn staging_path(&self, version: VersionId, staging: Staging) -> PathBuf {
+        let tmp = self.root.join("tmp");
+        match staging {
+            Staging::Write => tmp.join(version.to_hex()),
+            Staging::Repair => tmp.join(format!("{}.repair", version.to_hex())),
+        }
     }
 
     fn data_path(&self, version: VersionId) -> PathBuf {
@@ -1663,6 +1879,14 @@ fn retained_bounds(object_key: &[u8]) -> (Vec<u8>, Vec<u8>) {
 fn version_of_retained_key(key: &[u8]) -> VersionId {
     assert!(key.len() >= 17, "retained keys end in NUL and 16 version bytes");
     version_of_bytes(&key[key.len() - 16..])
+}
+
+/// A [`REPAIR_DUE`] row: due time, then version, big-endian (byte order is due order).
+fn due_key(not_before_ms: u64, version: VersionId) -> [u8; 24] {
+    let mut bytes = [0u8; 24];
+    bytes[..8].copy_from_slice(&not_before_ms.to_be_bytes());
+    bytes[8..].copy_from_slice(&version_bytes(version));
+    bytes
 }
 
 /// A version as 16 big-endian bytes (so byte order is version order).

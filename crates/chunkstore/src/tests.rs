@@ -151,7 +151,7 @@ fn finalize_queues_the_positions_that_missed_the_version() {
 
 #[test]
 fn settled_retained_versions_are_bounded_per_key() {
-    let (_dir, drive) = drive();
+    let (dir, drive) = drive();
     let last = RETAINED_SETTLED_MAX as u64 + 3;
     for v in 1..=last {
         put(&drive, "a", version(v), 100);
@@ -159,9 +159,35 @@ fn settled_retained_versions_are_bounded_per_key() {
     }
     let versions = drive.get_versions("bkt", "a").unwrap();
     assert_eq!(versions.retained.len(), RETAINED_SETTLED_MAX);
-    assert!(drive.open_version(version(1)).unwrap().is_none(), "the oldest went first");
-    assert!(drive.open_version(version(2)).unwrap().is_none());
-    assert!(drive.open_version(version(3)).unwrap().is_some());
+    assert!(versions.retained.iter().all(|m| m.version > version(2)), "the oldest rows went first");
+    // A GET that chose version 1 or 2 before its row went reads it to the end: the files stay
+    // until their retirement time, and survive a reopen (the sweep keeps them).
+    assert!(drive.open_version(version(1)).unwrap().is_some());
+    drop(drive);
+    let drive = Drive::open(dir.path()).unwrap();
+    assert!(drive.open_version(version(2)).unwrap().is_some());
+    assert_eq!(drive.version_count().unwrap(), last);
+    // Finalized with a retirement time of u64::MAX: only then do they go.
+    drive.retire_expired(u64::MAX - 1, usize::MAX).unwrap();
+    assert!(drive.open_version(version(1)).unwrap().is_some() && drive.open_version(version(2)).unwrap().is_some());
+    drive.retire_expired(u64::MAX, usize::MAX).unwrap();
+    assert!(drive.open_version(version(1)).unwrap().is_none() && drive.open_version(version(2)).unwrap().is_none());
+    assert!(drive.open_version(version(last)).unwrap().is_some());
+}
+
+#[test]
+fn a_file_kept_for_its_readers_is_not_deleted_when_its_version_is_committed_again() {
+    let (_dir, drive) = drive();
+    for v in 1..=RETAINED_SETTLED_MAX as u64 + 2 {
+        put(&drive, "a", version(v), 100);
+        drive.finalize("bkt", "a", version(v), &[], 1_000).unwrap();
+    }
+    assert!(drive.get_versions("bkt", "a").unwrap().all().all(|m| m.version != version(1)));
+    // Version 1 comes back as another key's data (a pool move brings a version back): its row
+    // names the file again, so its time in the retiring table must not delete it.
+    put(&drive, "b", version(1), 100);
+    drive.retire_expired(2_000, usize::MAX).unwrap();
+    assert!(drive.open_version(version(1)).unwrap().is_some());
 }
 
 #[test]
@@ -256,6 +282,66 @@ fn rollback_removes_only_the_named_version_and_restores_the_one_it_replaced() {
     drive.rollback("bkt", "a", version(1)).unwrap();
     assert!(drive.get_meta("bkt", "a").unwrap().is_none());
     assert!(drive.open_version(version(1)).unwrap().is_none());
+}
+
+/// A version id of now (fences are kept by version age, so tiny ids would be pruned at once).
+fn fresh_version(writer: u64) -> VersionId {
+    let unix_ns = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+    VersionId { unix_ns, writer }
+}
+
+#[test]
+fn rollback_fences_a_commit_that_arrives_after_it() {
+    let (dir, drive) = drive();
+    put(&drive, "a", version(1), 100);
+    // The writer's data landed, its commit is still queued (a stalled node), the writer gave up
+    // and rolled back here: the late commit must not make the failed write current.
+    let late = fresh_version(1);
+    let meta_late = meta("a", late, 100);
+    let geometry = meta_late.geometry();
+    for stripe in 0..geometry.stripes {
+        drive.write_chunk("bkt", late, geometry.file_offset(stripe), &vec![1; geometry.chunk_len(stripe)]).unwrap();
+    }
+    drive.rollback("bkt", "a", late).unwrap();
+    assert!(drive.is_fenced(late).unwrap());
+    for stripe in 0..geometry.stripes {
+        drive.write_chunk("bkt", late, geometry.file_offset(stripe), &vec![1; geometry.chunk_len(stripe)]).unwrap();
+    }
+    let refused = drive.commit(&meta_late, &[], CommitCondition::None);
+    assert!(matches!(refused, Err(Error::RolledBack { .. })), "{refused:?}");
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1), "nothing changed");
+    assert!(drive.open_version(late).unwrap().is_none(), "the published file is deleted");
+    // A delete marker (no data file, nothing staged to lose) is refused the same way.
+    let marker_version = fresh_version(2);
+    drive.rollback("bkt", "a", marker_version).unwrap();
+    let mut marker = meta("a", marker_version, 0);
+    marker.deleted = true;
+    marker.crcs.clear();
+    assert!(matches!(drive.commit(&marker, &[], CommitCondition::None), Err(Error::RolledBack { .. })));
+    assert!(!drive.get_meta("bkt", "a").unwrap().unwrap().deleted, "the key stays live");
+    // A version that was committed, then rolled back, cannot come back by a retried commit.
+    let undone = fresh_version(3);
+    put(&drive, "a", undone, 100);
+    drive.rollback("bkt", "a", undone).unwrap();
+    assert!(matches!(put_if(&drive, "a", undone, 100, CommitCondition::None), Err(Error::RolledBack { .. })));
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1));
+    // Fences outlive a restart.
+    drop(drive);
+    let drive = Drive::open(dir.path()).unwrap();
+    assert!(drive.is_fenced(late).unwrap() && drive.is_fenced(undone).unwrap());
+    assert!(!drive.is_fenced(fresh_version(4)).unwrap());
+}
+
+#[test]
+fn fences_of_versions_older_than_the_keep_time_are_dropped() {
+    let (_dir, drive) = drive();
+    let old = VersionId { unix_ns: 1_000_000, writer: 1 };
+    drive.rollback("bkt", "a", old).unwrap();
+    assert!(drive.is_fenced(old).unwrap(), "the newest fence stays, however old its version");
+    let young = fresh_version(1);
+    drive.rollback("bkt", "a", young).unwrap();
+    assert!(!drive.is_fenced(old).unwrap(), "pruned by the next rollback");
+    assert!(drive.is_fenced(young).unwrap());
 }
 
 #[test]
@@ -357,22 +443,103 @@ fn a_repair_commit_refuses_a_staged_file_with_holes_and_replaces_a_damaged_one()
     // Another repair published the staging file: a later chunk cannot start a new one with a
     // hole where the first was.
     let last = geometry.stripes - 1;
-    let err = drive.write_chunk("bkt", version(1), geometry.file_offset(last), &good[last as usize]).unwrap_err();
+    let err = drive
+        .write_staged(Staging::Repair, "bkt", version(1), geometry.file_offset(last), &good[last as usize])
+        .unwrap_err();
     assert!(matches!(err, Error::NoStagedData { .. }), "{err}");
     // Only the first stripe staged: short, refused.
-    drive.write_chunk("bkt", version(1), 0, &good[0]).unwrap();
+    drive.write_staged(Staging::Repair, "bkt", version(1), 0, &good[0]).unwrap();
     assert!(matches!(
         drive.commit_repair(&meta, &crcs, MetaSync::Now),
         Err(Error::StagedChecksumMismatch { stripe: 1, .. })
     ));
     // Fully staged: the damaged data file is replaced, the metadata left alone.
     for stripe in 0..geometry.stripes {
-        drive.write_chunk("bkt", version(1), geometry.file_offset(stripe), &good[stripe as usize]).unwrap();
+        let offset = geometry.file_offset(stripe);
+        drive.write_staged(Staging::Repair, "bkt", version(1), offset, &good[stripe as usize]).unwrap();
     }
     drive.commit_repair(&meta, &crcs, MetaSync::Now).unwrap();
     let data = fs::read(dir.path().join("data").join(&version(1).to_hex()[30..]).join(version(1).to_hex())).unwrap();
     assert_eq!(data, good.concat());
     assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1));
+}
+
+#[test]
+fn a_repair_and_a_writer_of_one_version_stage_separate_files() {
+    // A reader's hint queues a repair of a version whose PUT is still staging on this drive
+    // (issue 37, item 5): the repair must neither publish nor abort the writer's file.
+    let (dir, drive) = drive();
+    let meta = meta("a", version(1), 10_000);
+    let geometry = meta.geometry();
+    let chunks: Vec<Vec<u8>> = (0..geometry.stripes).map(|s| vec![3u8 + s as u8; geometry.chunk_len(s)]).collect();
+    let crcs: Vec<u32> = chunks.iter().flat_map(|c| c.chunks(4096).map(crc32c::crc32c).collect::<Vec<_>>()).collect();
+    drive.write_chunk("bkt", version(1), 0, &chunks[0]).unwrap();
+    for stripe in 0..geometry.stripes {
+        let offset = geometry.file_offset(stripe);
+        drive.write_staged(Staging::Repair, "bkt", version(1), offset, &chunks[stripe as usize]).unwrap();
+    }
+    drive.commit_repair(&meta, &crcs, MetaSync::Now).unwrap();
+    drive.abort_staged(version(1), Staging::Repair).unwrap();
+    // The writer goes on staging its own file and commits: the version is there already.
+    for stripe in 1..geometry.stripes {
+        drive.write_chunk("bkt", version(1), geometry.file_offset(stripe), &chunks[stripe as usize]).unwrap();
+    }
+    assert!(matches!(drive.commit(&meta, &[], CommitCondition::None), Ok(CommitOutcome::Applied { .. })));
+    assert_eq!(drive.read_chunk(version(1), 0, chunks[0].len()).unwrap().unwrap(), chunks[0]);
+    assert!(!dir.path().join("tmp").join(version(1).to_hex()).exists(), "the writer's file is gone with its commit");
+}
+
+#[test]
+fn the_repair_queue_answers_by_due_time_from_its_index() {
+    let (dir, drive) = drive();
+    // What the queue should hold: version -> not before (ms).
+    let mut expected = std::collections::BTreeMap::new();
+    for v in 1..=40u64 {
+        drive.queue_repair("bkt", "a", version(v), &[1], proto::RepairKind::Missing).unwrap();
+        expected.insert(version(v), 0u64);
+    }
+    for v in (1..=40u64).filter(|v| v % 3 == 0) {
+        drive.repair_later(version(v), 1_000 + v).unwrap();
+        expected.insert(version(v), 1_000 + v);
+    }
+    for v in (1..=40u64).filter(|v| v % 5 == 0) {
+        drive.repair_defer(version(v), 5_000).unwrap();
+        expected.insert(version(v), 5_000);
+    }
+    drive.repair_done(version(7), &[1]).unwrap();
+    expected.remove(&version(7));
+    // A merge makes an entry due again (new knowledge).
+    drive.queue_repair("bkt", "a", version(9), &[2], proto::RepairKind::Missing).unwrap();
+    expected.insert(version(9), 0);
+    let check = |drive: &Drive, expected: &std::collections::BTreeMap<VersionId, u64>| {
+        for now in [0, 1_010, 1_030, 4_999, 5_000, u64::MAX] {
+            let mut due: Vec<VersionId> = drive.repairs(now, usize::MAX).unwrap().into_iter().map(|(v, _)| v).collect();
+            due.sort();
+            let want: Vec<VersionId> = expected.iter().filter(|(_, at)| **at <= now).map(|(v, _)| *v).collect();
+            assert_eq!(due, want, "due at {now}");
+        }
+        assert_eq!(drive.repairs(u64::MAX, 3).unwrap().len(), 3, "bounded by max");
+    };
+    check(&drive, &expected);
+    // Entries backed off after failures are woken; those only deferred (no failure) are not.
+    drive.repair_retry_now().unwrap();
+    for (v, at) in expected.iter_mut() {
+        if v.unix_ns % 3 == 0 {
+            *at = 0;
+        }
+    }
+    check(&drive, &expected);
+    // A drive from before the index (its table gone) rebuilds it at open.
+    {
+        let txn = drive.db().unwrap().begin_write().unwrap();
+        txn.delete_table(REPAIR_DUE).unwrap();
+        txn.commit().unwrap();
+    }
+    drop(drive);
+    let drive = Drive::open(dir.path()).unwrap();
+    check(&drive, &expected);
+    drive.clear_repairs().unwrap();
+    assert!(drive.repairs(u64::MAX, usize::MAX).unwrap().is_empty());
 }
 
 #[test]

@@ -71,6 +71,7 @@ async fn send_chunk(
         len: chunk.len() as u32,
         block_bytes: target.block_bytes,
         crcs: crcs.to_vec(),
+        staging: proto::Staging::Write,
     };
     let node = c.node.clone();
     let exchange = async {
@@ -1113,37 +1114,56 @@ impl<'a> Fanout<'a> {
             missing_positions: missing.clone(),
             condition,
         };
-        // A conditional commit goes first to one drive, the lowest live position: of concurrent
-        // creators only the first there proceeds, and the others stop before applying anywhere
-        // (committed all at once, they could split the drives so that nobody reaches W).
-        let arbiter = match condition {
-            CommitCondition::IfAbsent => self.conns.iter().position(Option::is_some),
-            CommitCondition::None => None,
-        };
-        let mut arbiter_result = None;
-        if let Some(position) = arbiter {
-            let request = request_for(&self.drives[position]);
-            let result = send_commit(&mut self.conns[position], &request, timeout).await;
-            if let Some(Err(e)) = result {
-                let refused = matches!(e, Error::Node { kind: proto::ErrorKind::PreconditionFailed, .. });
-                self.failures.push(e);
-                self.conns[position] = None;
+        // A conditional commit goes first, one drive at a time in position order, to the first
+        // m + 1 live positions (the *ordered prefix*), then to the others at once. Of concurrent
+        // creators, the first position both try is won by exactly one (the drive refuses the
+        // second), and the loser stops there, having applied only positions the winner took for
+        // down, so the winner's view decides and there is one winner (issue 37, item 8). Two
+        // prefixes of m + 1 positions, each within the first 2m + 1 (a writer that sees more
+        // than m drives down fails before), always share a position.
+        let n = self.drives.len();
+        let mut results: Vec<Option<Result<CommitOutcome, Error>>> = (0..n).map(|_| None).collect();
+        let mut ordered = Vec::new();
+        if condition == CommitCondition::IfAbsent {
+            let prefix: Vec<usize> = (0..n).filter(|&p| self.conns[p].is_some()).take(self.erasure.m + 1).collect();
+            for position in prefix {
+                let request = request_for(&self.drives[position]);
+                let result = send_commit(&mut self.conns[position], &request, timeout).await;
+                let refused =
+                    matches!(&result, Some(Err(Error::Node { kind: proto::ErrorKind::PreconditionFailed, .. })));
+                results[position] = result;
+                ordered.push(position);
                 if refused {
+                    // Another creator holds this position: undo what this one applied before it
+                    // (and fence what may have applied unanswered).
+                    let applied: Vec<usize> =
+                        ordered.iter().copied().filter(|&p| matches!(results[p], Some(Ok(_)))).collect();
+                    let unanswered: Vec<usize> = ordered
+                        .iter()
+                        .copied()
+                        .filter(|&p| matches!(&results[p], Some(Err(e)) if outcome_unknown(e)))
+                        .collect();
+                    for result in results.iter_mut() {
+                        if let Some(Err(e)) = result.take() {
+                            self.failures.push(e);
+                        }
+                    }
+                    self.rollback(&applied).await;
+                    self.rollback_unanswered(&unanswered).await;
                     return Err(self.quorum_error(0));
                 }
-                arbiter_result = Some(None);
-            } else {
-                arbiter_result = Some(result);
             }
         }
         let commits = self.conns.iter_mut().zip(&self.drives).enumerate().map(|(position, (conn, drive))| {
             let request = request_for(drive);
-            let skip = Some(position) == arbiter;
+            let skip = ordered.contains(&position);
             async move { if skip { None } else { send_commit(conn, &request, timeout).await } }
         });
-        let mut results: Vec<Option<Result<CommitOutcome, Error>>> = futures_util::future::join_all(commits).await;
-        if let (Some(position), Some(result)) = (arbiter, arbiter_result) {
-            results[position] = result;
+        let parallel: Vec<Option<Result<CommitOutcome, Error>>> = futures_util::future::join_all(commits).await;
+        for (position, result) in parallel.into_iter().enumerate() {
+            if !ordered.contains(&position) {
+                results[position] = result;
+            }
         }
         // A data-less version (empty object, marker) meets a drive that missed the bucket here.
         let no_bucket: Vec<usize> = (0..results.len())
@@ -1208,8 +1228,8 @@ impl<'a> Fanout<'a> {
         let error = self.quorum_error(applied.len());
         self.rollback(&applied).await;
         // A drive that did not answer may have applied the commit since: roll it back there too
-        // (on a fresh connection). A commit that lands after this rollback stays as a leftover
-        // for the scrubber (see ARCHITECTURE.md, known gap: rollback fences).
+        // (on a fresh connection). A rollback fences the version on its drive, so a commit still
+        // queued there (a stalled node) is refused when it comes (`chunkstore::Drive::rollback`).
         self.rollback_unanswered(&unknown).await;
         Err(error)
     }

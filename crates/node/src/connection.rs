@@ -78,8 +78,8 @@ pub(crate) fn serve(stream: TcpStream, state: &Arc<State>, handshake_done: impl 
     };
     let mut staged = HashSet::new();
     let result = serve_requests(&mut session, state, &mut staged);
-    for (drive, version) in staged {
-        if let Err(e) = state.drives[drive].abort(version) {
+    for (drive, version, staging) in staged {
+        if let Err(e) = state.drives[drive].abort_staged(version, staging) {
             tracing::warn!(error = %e, "could not drop the staging file of an unfinished PUT");
         }
     }
@@ -234,11 +234,7 @@ impl Session {
     }
 }
 
-fn serve_requests(
-    session: &mut Session,
-    state: &Arc<State>,
-    staged: &mut HashSet<(usize, VersionId)>,
-) -> Result<(), ConnError> {
+fn serve_requests(session: &mut Session, state: &Arc<State>, staged: &mut HashSet<Staged>) -> Result<(), ConnError> {
     let mut chunk_buffer = Vec::new();
     while let Some(body) = session.read_request()? {
         let request = proto::decode_request(&body)?;
@@ -280,7 +276,7 @@ fn serve_requests(
                 aggregate.as_ref(),
                 crate::query::Target::Records { format, schema, objects },
             )?,
-            Request::ChunkWrite { drive, bucket, version, offset, len, block_bytes, crcs } => {
+            Request::ChunkWrite { drive, bucket, version, offset, len, block_bytes, crcs, staging } => {
                 // `len` was checked against CHUNK_BYTES_MAX by decode_request, and `crcs`
                 // against `len` and `block_bytes`.
                 chunk_buffer.resize(len as usize, 0);
@@ -293,8 +289,8 @@ fn serve_requests(
                     }
                 } else {
                     with_drive(state, drive, |d| {
-                        staged.insert((drive as usize, version));
-                        d.write_chunk(&bucket, version, offset, &chunk_buffer).map(|()| Response::Ok)
+                        staged.insert((drive as usize, version, staging));
+                        d.write_staged(staging, &bucket, version, offset, &chunk_buffer).map(|()| Response::Ok)
                     })
                 };
                 match response {
@@ -335,7 +331,10 @@ fn first_bad_block(data: &[u8], block_bytes: u32, crcs: &[u32]) -> Option<usize>
     data.chunks(block_bytes as usize).zip(crcs).position(|(block, crc)| crc32c::crc32c(block) != *crc)
 }
 
-fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, VersionId)>) -> Response {
+/// A staging file written on a connection: drive, version, whose.
+type Staged = (usize, VersionId, proto::Staging);
+
+fn handle_control(state: &State, request: Request, staged: &mut HashSet<Staged>) -> Response {
     match request {
         Request::GetMap => Response::Map { toml: state.map.text().to_string() },
         Request::MapPut { expected_version, toml } => match state.map.put(expected_version, &toml) {
@@ -383,11 +382,11 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
             Ok(Response::Ok)
         }),
         Request::Commit { drive, meta, missing_positions, condition } => with_drive(state, drive, |d| {
-            staged.remove(&(drive as usize, meta.version));
+            staged.remove(&(drive as usize, meta.version, proto::Staging::Write));
             d.commit(&meta, &missing_positions, condition).map(|outcome| Response::Committed { outcome })
         }),
         Request::Abort { drive, version } => with_drive(state, drive, |d| {
-            staged.remove(&(drive as usize, version));
+            staged.remove(&(drive as usize, version, proto::Staging::Write));
             d.abort(version).map(|()| Response::Ok)
         }),
         Request::Rollback { drive, bucket, key, version } => {
@@ -417,11 +416,11 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<(usize, 
             refuse(format!("drive {} is not in the erasure set of {}/{}", drive + 1, meta.bucket, meta.key))
         }
         Request::RepairCommit { drive, meta, crcs } => with_drive(state, drive, |d| {
-            staged.remove(&(drive as usize, meta.version));
+            staged.remove(&(drive as usize, meta.version, proto::Staging::Repair));
             let result = d.commit_repair(&meta, &crcs, chunkstore::MetaSync::Now);
             if result.is_err() {
                 // Nothing half-repaired stays behind; the repairer tries again.
-                let _ = d.abort(meta.version); // best effort: the sweep at the next start removes it too
+                let _ = d.abort_staged(meta.version, proto::Staging::Repair); // best effort: the sweep at the next start removes it too
             }
             result.map(|()| Response::Ok)
         }),
@@ -602,6 +601,9 @@ fn error_response(error: &chunkstore::Error) -> Response {
         // This drive misses the write (the writer counts it failed; repair or a later write
         // brings the key back in line).
         E::VersionBusy { .. } | E::TooManyVersions { .. } => ErrorKind::Io,
+        // The writer rolled this version back here before its commit arrived (it counts the
+        // drive failed, as it already decided).
+        E::RolledBack { .. } => ErrorKind::Io,
         E::PreconditionFailed { .. } => ErrorKind::PreconditionFailed,
         E::DriveMissing { .. } | E::DriveUnusable { .. } | E::Io { .. } | E::Db { .. } | E::CorruptMeta { .. } => {
             // A drive that fails or holds corrupt metadata needs a human; clients read around it.

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use chunkstore::{Drive, MetaSync};
+use chunkstore::{Drive, MetaSync, Staging};
 use cluster::{DriveRef, Placement};
 use proto::{ObjectMeta, ReadItem, RepairRecord, Request, Response, VersionId};
 
@@ -744,7 +744,7 @@ fn write_target(
         if offset == 0 {
             drive.create_bucket(&meta.bucket)?;
         }
-        drive.write_chunk(&meta.bucket, meta.version, offset, chunk)?;
+        drive.write_staged(Staging::Repair, &meta.bucket, meta.version, offset, chunk)?;
         return Ok(());
     }
     let request = Request::ChunkWrite {
@@ -755,6 +755,7 @@ fn write_target(
         len: chunk.len() as u32,
         block_bytes: meta.block_bytes,
         crcs,
+        staging: Staging::Repair,
     };
     if offset == 0 {
         ensure_bucket(peers, target, meta)?;

@@ -52,10 +52,11 @@ use sha2::Sha256;
 /// map updates; version 5 drive space (`Request::Space`); version 6 moving keys off a pool
 /// (`Request::Evict`); version 7 the aligned layout (`ObjectMeta::pads`, metadata format 2);
 /// version 8 `CsvFormat::empty_is_null` in `Request::RecordQuery`; version 9 brief metadata
-/// reads (`MetaDetail::VersionsBrief`, `KeyVersions::checksums_left_out`) and 32 MiB frames.
+/// reads (`MetaDetail::VersionsBrief`, `KeyVersions::checksums_left_out`) and 32 MiB frames;
+/// version 10 `Request::ChunkWrite::staging` (a repair's staging file is not a writer's).
 /// postcard encodes enum
 /// variants by index and structs by position: any change to a message bumps this.
-pub const PROTOCOL_VERSION: u16 = 9;
+pub const PROTOCOL_VERSION: u16 = 10;
 /// First four bytes of every frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"TSR1";
 /// Bytes of a frame header.
@@ -399,6 +400,17 @@ pub fn validate_secret(secret: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Whose staging file a chunk goes to. A writer and a repair of the same version on one drive
+/// (a reader's hint arrives while the PUT is still committing) each stage their own file, so
+/// neither renames or aborts the other's (issue 37, item 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Staging {
+    /// A PUT's (`tmp/<version>`), published by [`Request::Commit`].
+    Write,
+    /// A repair's (`tmp/<version>.repair`), published by [`Request::RepairCommit`].
+    Repair,
+}
+
 /// Identifies one object version: nanoseconds since the epoch, then a writer id. Ordered by
 /// time, ties broken by writer, so every reader picks the same winner among concurrent PUTs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -608,6 +620,9 @@ pub enum Request {
         len: u32,
         block_bytes: u32,
         crcs: Vec<u32>,
+        /// Whose staging file: a writer's ([`Request::Commit`]) or a repair's
+        /// ([`Request::RepairCommit`]).
+        staging: Staging,
     },
     /// Make `meta` durable and current on `drive` if it is newer than what the drive has and
     /// `condition` holds. `missing_positions` lists set positions that did not get their chunks

@@ -52,6 +52,7 @@ fn requests_round_trip() {
         len: 100_000,
         block_bytes: 65536,
         crcs: vec![1, 2],
+        staging: Staging::Repair,
     });
     check_request_round_trip(Request::Read {
         items: vec![ReadItem { drive: 1, version: VersionId { unix_ns: 1, writer: 2 }, offset: 3, len: 4 }],
@@ -154,6 +155,7 @@ fn limits_are_enforced_at_limit_plus_one() {
         len: CHUNK_BYTES_MAX as u32 + 1,
         block_bytes: 65536,
         crcs: vec![0; (CHUNK_BYTES_MAX + 1).div_ceil(65536)],
+        staging: Staging::Write,
     };
     assert!(decode_request(&encode_body(&big)).is_err());
     let wrong_checksums = Request::ChunkWrite {
@@ -164,6 +166,7 @@ fn limits_are_enforced_at_limit_plus_one() {
         len: 65537,
         block_bytes: 65536,
         crcs: vec![0],
+        staging: Staging::Write,
     };
     assert!(matches!(decode_request(&encode_body(&wrong_checksums)), Err(Error::Invalid { .. })));
     assert!(FrameHeader::new(FrameKind::Request, CONTROL_BODY_BYTES_MAX).is_ok());

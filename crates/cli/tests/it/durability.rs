@@ -111,6 +111,7 @@ fn hand_stage(session: &mut RawSession, drive_idx: usize, meta: &ObjectMeta) {
             len: chunk.len() as u32,
             block_bytes: meta.block_bytes,
             crcs,
+            staging: proto::Staging::Write,
         };
         assert_eq!(session.call_with_data(&write, &chunk), Response::Ok);
     }

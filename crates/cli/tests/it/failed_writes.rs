@@ -402,3 +402,205 @@ fn a_target_back_after_the_designated_wait_is_repaired_by_one_holder() {
         .sum();
     assert_eq!(repairs, 1, "exactly one holder repaired position 5");
 }
+
+/// A commit a [`CommitGate`] holds: whose, at which set position, how to let it go, and
+/// whether the node's answer to it has passed back.
+struct HeldCommit {
+    writer: usize,
+    position: usize,
+    release: std::sync::mpsc::Sender<()>,
+    answered: Arc<AtomicBool>,
+}
+
+/// A TCP relay in front of one node for one writer that holds every `Commit` toward the node
+/// until the test releases it: the test chooses the order in which two writers' commits reach
+/// each drive.
+struct CommitGate {
+    addr: SocketAddr,
+}
+
+impl CommitGate {
+    fn new(target: SocketAddr, writer: usize, position: usize, held: Arc<std::sync::Mutex<Vec<HeldCommit>>>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(node) = TcpStream::connect(target) else { continue };
+                let awaiting: Arc<std::sync::Mutex<Option<Arc<AtomicBool>>>> = Arc::default();
+                let (mut from_client, mut to_node) = (client.try_clone().unwrap(), node.try_clone().unwrap());
+                let (held, awaiting_) = (Arc::clone(&held), Arc::clone(&awaiting));
+                std::thread::spawn(move || {
+                    while let Some(frame) = read_frame_toward_node(&mut from_client) {
+                        if frame.commit {
+                            let (release, released) = std::sync::mpsc::channel();
+                            let answered = Arc::new(AtomicBool::new(false));
+                            *awaiting_.lock().unwrap() = Some(Arc::clone(&answered));
+                            held.lock().unwrap().push(HeldCommit { writer, position, release, answered });
+                            if released.recv().is_err() {
+                                break;
+                            }
+                        }
+                        if to_node.write_all(&frame.bytes).is_err() {
+                            break;
+                        }
+                        if let Some(len) = frame.data_len {
+                            let mut data = vec![0u8; len];
+                            if from_client.read_exact(&mut data).is_err() || to_node.write_all(&data).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    let _ = to_node.shutdown(std::net::Shutdown::Both);
+                });
+                let (mut from_node, mut to_client) = (node, client);
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    while let Ok(read @ 1..) = from_node.read(&mut buf) {
+                        if to_client.write_all(&buf[..read]).is_err() {
+                            break;
+                        }
+                        // The connection carries one request at a time: these bytes answer
+                        // the commit it last passed.
+                        if let Some(answered) = awaiting.lock().unwrap().take() {
+                            answered.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    let _ = to_client.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        Self { addr }
+    }
+}
+
+#[test]
+fn two_creators_that_disagree_about_a_drive_give_exactly_one_winner() {
+    // Two PUTs with If-None-Match: * of one new key. Writer A takes the set's first drive for
+    // down (its address leads nowhere), writer B reaches all six. Their commits are held at
+    // every drive and let through in the order that splits the set between them: at positions
+    // 2 and 3 A's first, everywhere else B's first. On 2862b84 each won its own arbiter (A
+    // position 1, B position 0) and then half of the rest: both failed with 412 and no object
+    // existed. Now exactly one of them wins, whatever the order.
+    let cluster = Cluster::start(Shape::default());
+    block_on(cluster.client().make_bucket("bkt")).unwrap();
+    let text = std::fs::read_to_string(&cluster.config).unwrap();
+    let base = cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap();
+    let set = base.sets[base.placement_in(0, "bkt", "K").set_idx].drives.clone();
+    let held: Arc<std::sync::Mutex<Vec<HeldCommit>>> = Arc::default();
+    let mut gates = Vec::new();
+    let writers: Vec<client::Client> = (0..2)
+        .map(|writer| {
+            let mut map = base.clone();
+            for (position, drive) in set.iter().enumerate() {
+                let node = &mut map.nodes[drive.node_idx];
+                if writer == 0 && position == 0 {
+                    let nowhere = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+                    node.addr = nowhere; // closed when the listener drops: connections refused
+                    continue;
+                }
+                let gate = CommitGate::new(node.addr, writer, position, Arc::clone(&held));
+                node.addr = gate.addr;
+                gates.push(gate);
+            }
+            let options = client::ClientOptions {
+                connect_timeout: Duration::from_secs(1),
+                request_timeout: Duration::from_secs(20),
+                ..client::ClientOptions::default()
+            };
+            client::Client::new(map, options).unwrap()
+        })
+        .collect();
+    let bodies = [payload(100_000, 1), payload(100_000, 2)];
+    let options = client::PutOptions { condition: CommitCondition::IfAbsent, ..Default::default() };
+    let answers: Vec<Result<client::ObjectInfo, client::Error>> = std::thread::scope(|scope| {
+        let puts: Vec<_> = writers
+            .iter()
+            .zip(&bodies)
+            .map(|(writer, body)| scope.spawn(|| block_on(writer.put_bytes("bkt", "K", body, &options))))
+            .collect();
+        // The scheduler: once no new commit has arrived for a while, let the held ones go,
+        // per position in the splitting order, the second writer's only after the drive
+        // answered the first's.
+        let mut seen = 0;
+        let mut quiet_since = Instant::now();
+        let mut rounds = 0;
+        while puts.iter().any(|put| !put.is_finished()) {
+            std::thread::sleep(Duration::from_millis(50));
+            let pending = held.lock().unwrap().len();
+            if pending != seen {
+                (seen, quiet_since) = (pending, Instant::now());
+                continue;
+            }
+            if pending == 0 || quiet_since.elapsed() < Duration::from_millis(500) {
+                continue;
+            }
+            rounds += 1;
+            assert!(rounds < 50, "the writers keep committing");
+            let mut batch: Vec<HeldCommit> = std::mem::take(&mut *held.lock().unwrap());
+            seen = 0;
+            let first = |c: &HeldCommit| if matches!(c.position, 2 | 3) { c.writer == 0 } else { c.writer == 1 };
+            batch.sort_by_key(|c| !first(c));
+            let (firsts, seconds): (Vec<HeldCommit>, Vec<HeldCommit>) = {
+                let mut positions_first = std::collections::HashSet::new();
+                batch.into_iter().partition(|c| positions_first.insert(c.position))
+            };
+            for commit in &firsts {
+                let _ = commit.release.send(());
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !firsts.iter().all(|c| c.answered.load(Ordering::SeqCst)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            for commit in &seconds {
+                let _ = commit.release.send(());
+            }
+        }
+        puts.into_iter().map(|put| put.join().unwrap()).collect()
+    });
+    let won: Vec<usize> = (0..2).filter(|&w| answers[w].is_ok()).collect();
+    assert_eq!(
+        won.len(),
+        1,
+        "exactly one creator wins: {:?}",
+        answers.iter().map(|a| a.as_ref().err().map(ToString::to_string)).collect::<Vec<_>>()
+    );
+    let loser = 1 - won[0];
+    assert!(
+        matches!(answers[loser], Err(client::Error::PreconditionFailed { .. })),
+        "the other is told the key exists: {:?}",
+        answers[loser].as_ref().err().map(ToString::to_string)
+    );
+    assert!(block_on(cluster.client().get("bkt", "K")).unwrap() == bodies[won[0]], "the winner's object is there");
+    assert_eq!(listed_keys(&cluster), [("K".to_owned(), 100_000)]);
+}
+
+#[test]
+fn a_version_a_get_chose_stays_readable_while_a_hot_key_is_overwritten() {
+    // A GET chooses `first` (its metadata round) and reads its chunks a moment later; in
+    // between the key is overwritten and acknowledged ten times. Past 8 settled versions a
+    // drive drops the oldest rows early; on 2862b84 their data files went with them and the
+    // GET's chunk reads found every drive Missing (issue 37, item 7). The rows still go (no new
+    // reader chooses them), the files stay until the retire grace (10 minutes here) ends.
+    let cluster = Cluster::start(Shape::default());
+    let (_, first) = acknowledged_object(&cluster, 100_000);
+    let client = cluster.client();
+    for i in 0..10 {
+        block_on(client.put_bytes("bkt", "K", &payload(100_000, 10 + i), &Default::default())).unwrap();
+    }
+    let map = client.map().clone();
+    let set = map.sets[map.placement_in(0, "bkt", "K").set_idx].drives.clone();
+    let meta = hand_meta(&map, "bkt", "K", first, 100_000);
+    let rows_gone = (0..6).filter(|&p| drive_versions(&cluster, p, &meta).all().all(|m| m.version != first)).count();
+    assert!(rows_gone >= 4, "the per-key bound dropped the first version's rows early ({rows_gone} of 6 drives)");
+    for (position, drive) in set.iter().enumerate() {
+        let mut session = RawSession::open(cluster.addrs[drive.node_idx], &secret_of(&cluster));
+        let item = proto::ReadItem { drive: drive.drive_idx as u32, version: first, offset: 0, len: 1 };
+        let answer = session.call(&Request::Read { items: vec![item] });
+        assert_eq!(
+            answer,
+            Response::Read { statuses: vec![proto::ItemStatus::Ok] },
+            "position {position}: the chosen version's chunk is still there for the GET reading it"
+        );
+    }
+}

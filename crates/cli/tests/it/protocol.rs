@@ -148,6 +148,7 @@ fn chunk_damaged_in_transit_is_refused_not_committed() {
         len: chunk.len() as u32,
         block_bytes,
         crcs,
+        staging: proto::Staging::Write,
     };
     // The bytes arrive with one bit flipped in their second block.
     let mut damaged = chunk.clone();
