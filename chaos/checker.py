@@ -192,6 +192,13 @@ class Topology:
             run("ip", "netns", "exec", self.ns(i), "nft", "add", "rule", "inet", "chaos", hook,
                 "numgen", "random", "mod", "100", "<", str(percent), "drop")
 
+    def drop_replies(self, i: int) -> None:
+        """Drops what node i sends from its node port (answers to clients and peers); what is
+        sent to it, and its own connections to peers, still get through."""
+        self.clear_loss(i)
+        run("ip", "netns", "exec", self.ns(i), "nft", "add", "rule", "inet", "chaos", "output",
+            "tcp", "sport", str(NODE_PORT), "drop")
+
     def cut_peer(self, i: int, peer: int) -> None:
         """Drops traffic between node i and node `peer` only (clients still reach both)."""
         for hook, field in (("input", "saddr"), ("output", "daddr")):
@@ -586,11 +593,21 @@ class Faults:
     # With --readdress: how often a single fault is a move to a new address instead.
     READDRESS_CHANCE = 0.5
 
+    # With --aimed (issue 37): faults aimed between a commit, its replies and its rollback.
+    # `reply-drop`: the node's answers are dropped (nftables, output, from its port) while what
+    # is sent to it still arrives: commits apply and their replies are lost, so writers decide
+    # without them (and a failed write's rollback may be lost too). Aimed pairs strike two
+    # nodes at one instant: two lost replies (W - 1 answers: the writer must ask before it
+    # rolls back), or one node stalled in its commit (SIGSTOP) while another loses its reply.
+    AIMED_KINDS = ("reply-drop",)
+    AIMED_PAIRS = (("reply-drop", "reply-drop"), ("stop", "reply-drop"), ("kill", "reply-drop"))
+
     def __init__(self, cluster: Cluster, topo: Topology, seed: int, deadline: float, start: float,
-                 readdress: bool = False):
+                 readdress: bool = False, aimed: bool = False):
         self.cluster = cluster
         self.topo = topo
         self.readdress = readdress
+        self.aimed = aimed
         self.readdressed = 0  # moves the cluster took (map pushed)
         self.rng = random.Random(seed)
         self.deadline = deadline
@@ -607,6 +624,9 @@ class Faults:
         self.corrupted: dict[int, tuple[Path, bytes]] = {}
         self.lock = threading.Lock()  # heal_all runs from the fault thread and the main thread
         self.kinds = self.KINDS + (self.HEALING_KINDS if cluster.heals() else ())
+        if aimed:
+            # Weighted: about a third of the single faults are aimed ones.
+            self.kinds += self.AIMED_KINDS * (len(self.kinds) // 2)
 
     def log(self, text: str) -> None:
         line = f"{time.monotonic() - self.start:7.2f}s {text}"
@@ -676,6 +696,8 @@ class Faults:
             self.topo.loss(node, self.rng.choice((20, 40, 70)))
         elif kind == "slow":
             self.topo.slow(node, self.rng.choice((2, 8, 30)))
+        elif kind == "reply-drop":
+            self.topo.drop_replies(node)
         elif kind == "peer-cut":
             # Node-to-node only: repair traffic between this node and the others is dropped.
             for peer in range(1, NODES + 1):
@@ -707,7 +729,7 @@ class Faults:
             self.cluster.signal(node, signal.SIGCONT)
         elif kind == "partition":
             self.topo.link(node, up=True)
-        elif kind in ("loss", "peer-cut"):
+        elif kind in ("loss", "peer-cut", "reply-drop"):
             self.topo.clear_loss(node)
         elif kind == "slow":
             self.topo.clear_slow(node)
@@ -743,17 +765,24 @@ class Faults:
                 self.pair_due = False
                 nodes = sorted(self.rng.sample(candidates, 2))
                 kind = self.rng.choice(self.PAIR_KINDS)
+                kinds = [kind, kind]
+                if self.aimed and self.rng.random() < 0.5:
+                    kinds = list(self.rng.choice(self.AIMED_PAIRS))
             else:
                 nodes = [self.rng.choice(candidates)]
                 kind = self.rng.choice(self.kinds)
                 if self.readdress and self.rng.random() < self.READDRESS_CHANCE:
                     kind = "readdress"
+                kinds = [kind]
             until = now + self.rng.uniform(1.0, 5.0)
-            for node in nodes:
+            for node, kind in zip(nodes, kinds):
                 self.struck_at[node] = time.monotonic()
                 self.inject(node, kind)
                 self.active[node] = (kind, until)
-            self.log(f"inject {kind} " + " ".join(f"n{node}" for node in nodes))
+            if len(set(kinds)) == 1:
+                self.log(f"inject {kinds[0]} " + " ".join(f"n{node}" for node in nodes))
+            else:
+                self.log("inject " + " ".join(f"{kind} n{node}" for node, kind in zip(nodes, kinds)))
 
     def heal_all(self) -> None:
         """Heals what the checker can heal; wipes and corruptions are left to repair (the
@@ -1227,14 +1256,15 @@ class Report:
 
 def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, faults_on: bool = True,
                 readdress: bool = False, grow: bool = False, decommission: bool = False,
-                list_checks: bool = True) -> Report:
+                list_checks: bool = True, aimed: bool = False) -> Report:
     """One seeded run. Without faults (`faults_on=False`) the workload races reads against
     overwrites on a healthy cluster: every read must then succeed. With `readdress`, nodes move
     to new addresses too, and one client plans with the start's map throughout. With `grow`, a
     second pool joins a third of the way in (and one client keeps the start's map); with
     `decommission` too, the first pool is decommissioned from two thirds of the way in, and
     its nodes are down for the final reads. With `list_checks`, a tenth of the operations are
-    listings (and one more follows the final reads), checked against the history."""
+    listings (and one more follows the final reads), checked against the history. With
+    `aimed`, the faults also include those aimed at commits (`Faults.AIMED_KINDS`)."""
     grow = grow or decommission
     rng = random.Random(seed)
     full_drive = faults_on and rng.random() < 0.3
@@ -1242,7 +1272,7 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
     work = Path(tempfile.mkdtemp(prefix=f"tessera-chaos-{seed}-"))
     cluster = Cluster(tessera, topo, work, full_drive)
     print(f"checker: seed {seed}, {duration:.0f} s, faults: {faults_on}, full drive on n{NODES}: {full_drive}, "
-          f"clock skew: {skew}, work dir {work}", flush=True)
+          f"clock skew: {skew}, aimed faults: {aimed}, work dir {work}", flush=True)
     try:
         topo.create()
         cluster.init()
@@ -1257,7 +1287,7 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
         skews = CLIENT_SKEWS_S if skew else [0] * CLIENTS
         workload = Workload(cluster, seed, deadline, ranged, skews, stale_client=readdress or grow,
                             list_checks=list_checks)
-        faults = Faults(cluster, topo, seed, deadline, start, readdress=readdress)
+        faults = Faults(cluster, topo, seed, deadline, start, readdress=readdress, aimed=aimed)
         threads = [threading.Thread(target=workload.client_loop, args=(c,), daemon=True) for c in range(CLIENTS)]
         growth = None
         if grow:
@@ -1365,6 +1395,9 @@ def main() -> int:
     parser.add_argument("--list-checks", action=argparse.BooleanOptionalAction, default=True,
                         help="a tenth of the operations are listings (`tessera ls`), checked against the history "
                              "(default: on; --no-list-checks replays the workload without them)")
+    parser.add_argument("--aimed", action=argparse.BooleanOptionalAction, default=False,
+                        help="faults aimed at commits too: replies dropped (nftables, reply direction only), "
+                             "alone or with a node stalled or killed at the same instant")
     args = parser.parse_args()
     seeds = args.seed or [random.SystemRandom().randrange(1, 1 << 31)]
     failed = 0
@@ -1373,7 +1406,8 @@ def main() -> int:
         try:
             report = run_checker(seed, args.duration, args.tessera, skew=not args.no_skew,
                                  faults_on=not args.no_faults, readdress=args.readdress, grow=args.grow,
-                                 decommission=args.decommission, list_checks=args.list_checks)
+                                 decommission=args.decommission, list_checks=args.list_checks,
+                                 aimed=args.aimed)
         except CheckerError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -9,7 +9,8 @@ cd "$repo"
 if [ "${1:-}" = "--long" ]; then
     duration="${2:?usage: chaos/run.sh --long SECONDS [SEED...]}"
     shift 2
-    args=(--duration "$duration")
+    # The long run adds the faults aimed at commits (lost replies, stalls beside them).
+    args=(--duration "$duration" --aimed)
     for seed in "$@"; do args+=(--seed "$seed"); done
     if [ $# -eq 0 ]; then
         # A long run goes through several fresh seeds, each for the whole duration.

@@ -46,6 +46,9 @@ DECOMMISSION_SEEDS = [4, 7]
 # Reads racing overwrites on a healthy cluster: on 7960c51 they failed (the old data file was
 # unlinked under them); every read must succeed.
 RACING_SEED = 21
+# Faults aimed at commits (issue 37): replies dropped by nftables while requests still arrive,
+# alone and in pairs with a stall or a kill at the same instant (`--aimed`).
+AIMED_SEED = 32
 DURATION_S = float(os.environ.get("TESSERA_CHAOS_SECONDS", "25"))
 TESSERA = Path(os.environ.get("TESSERA_BIN", checker.REPO / "target" / "release" / "tessera"))
 
@@ -106,4 +109,12 @@ def test_a_pool_decommissioned_under_faults_loses_nothing(seed: int) -> None:
     assert report.removed_at is not None, "the first pool must be removed:\n" + report.text()
     assert report.counts.get("put:ok", 0) > 50, "the workload must write under faults"
     assert report.stale_client_done > 50, report.text()
+    assert not report.anomalies, report.text()
+
+
+def test_faults_aimed_at_commits_lose_nothing_and_leave_no_failed_write_visible() -> None:
+    report = run(AIMED_SEED, aimed=True)
+    assert report.counts.get("put:ok", 0) > 50, "the workload must write under faults"
+    assert any("reply-drop" in line for line in report.schedule), "replies must be dropped:\n" + report.text()
+    assert report.verified_listings > 10, report.text()
     assert not report.anomalies, report.text()
