@@ -65,8 +65,8 @@ const RETIRE_AT: TableDefinition<'_, &[u8], u64> = TableDefinition::new("retire_
 const RETIRING_FILES: TableDefinition<'_, &[u8], u64> = TableDefinition::new("retiring_files");
 /// `bucket NUL key` -> the newest version of the key known acknowledged (16 bytes, big-endian).
 const FINALIZED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("finalized");
-/// Versions rolled back on this drive: `version (16 bytes, big-endian)` -> when (ms since the
-/// epoch, this drive's clock). A commit of a fenced version is refused ([`Error::RolledBack`]):
+/// Versions rolled back on this drive before it held them: `version (16 bytes, big-endian)` ->
+/// when (ms since the epoch, this drive's clock). A commit of a fenced version is refused ([`Error::RolledBack`]):
 /// a writer that decided its write failed rolls it back on every drive it sent the commit to,
 /// and a commit still queued on a stalled node must not land after that rollback (issue 37;
 /// the model's `Fixes::rollback_fences_unknown`). Kept [`FENCE_KEEP_MS`] after the version's
@@ -517,12 +517,12 @@ impl Drive {
 
     /// Undoes the commit of `version` (the PUT that wrote it did not reach its write quorum):
     /// if it is current, the newest retained version becomes current again, exactly as before
-    /// the commit; if it is retained, it is dropped. Its data file is deleted either way. The
-    /// version is fenced here: a commit of it that arrives later (queued on a stalled node) is
-    /// refused, so a write its writer gave up cannot land after the rollback.
+    /// the commit; if it is retained, it is dropped. Its data file is deleted either way. A
+    /// version the drive does not hold is fenced here: its commit, still to come (queued on a
+    /// stalled node, or racing this rollback), is refused, so a write its writer gave up cannot
+    /// land after the rollback. (A drive that held it has had its one commit.)
     pub fn rollback(&self, bucket: &str, key: &str, version: VersionId) -> Result<(), Error> {
         let txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
-        self.fence_in(&txn, version)?;
         let removed = {
             let mut objects = txn.open_table(OBJECTS).map_err(|e| self.db_err(e))?;
             let mut retire = txn.open_table(RETIRE_AT).map_err(|e| self.db_err(e))?;
@@ -553,6 +553,9 @@ impl Drive {
                 false
             }
         };
+        if !removed {
+            self.fence_in(&txn, version)?;
+        }
         txn.commit().map_err(|e| self.db_err(e))?;
         if removed {
             self.remove_data_file(version);

@@ -319,16 +319,17 @@ fn rollback_fences_a_commit_that_arrives_after_it() {
     marker.crcs.clear();
     assert!(matches!(drive.commit(&marker, &[], CommitCondition::None), Err(Error::RolledBack { .. })));
     assert!(!drive.get_meta("bkt", "a").unwrap().unwrap().deleted, "the key stays live");
-    // A version that was committed, then rolled back, cannot come back by a retried commit.
+    // A drive that held the version has had its one commit: no fence (a re-layout, which
+    // writes a fixed version id, may be tried again there).
     let undone = fresh_version(3);
     put(&drive, "a", undone, 100);
     drive.rollback("bkt", "a", undone).unwrap();
-    assert!(matches!(put_if(&drive, "a", undone, 100, CommitCondition::None), Err(Error::RolledBack { .. })));
+    assert!(!drive.is_fenced(undone).unwrap());
     assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(1));
     // Fences outlive a restart.
     drop(drive);
     let drive = Drive::open(dir.path()).unwrap();
-    assert!(drive.is_fenced(late).unwrap() && drive.is_fenced(undone).unwrap());
+    assert!(drive.is_fenced(late).unwrap() && drive.is_fenced(marker_version).unwrap());
     assert!(!drive.is_fenced(fresh_version(4)).unwrap());
 }
 

@@ -82,9 +82,9 @@ pub struct Fixes {
     /// object. Off: when the newest current version any drive reports is not a delete marker.
     pub list_answers_as_reads: bool,
     /// A definite failure rolls back the drives that never answered too, and
-    /// `chunkstore::Drive::rollback` fences the version (whether the drive holds it or not): a
-    /// commit of it arriving later is refused. Off: only the drives that applied are rolled
-    /// back, and nothing is fenced.
+    /// `chunkstore::Drive::rollback` of a version the drive does not hold fences it: a commit
+    /// of it arriving later is refused. Off: only the drives that applied are rolled back, and
+    /// nothing is fenced.
     pub rollback_fences_unknown: bool,
 }
 

@@ -109,10 +109,11 @@ impl WriteModel {
                 let fence = self.config.fixes.rollback_fences_unknown;
                 write_mut(state, writer).net.rollback &= !(1 << drive);
                 let d = &mut state.drives[usize::from(drive)];
-                d.held &= !(1 << writer);
-                if fence {
+                // A drive that held the version has had its one commit: only the others fence.
+                if fence && d.held & (1 << writer) == 0 {
                     d.fenced |= 1 << writer;
                 }
+                d.held &= !(1 << writer);
             }
             Action::DriveFinalize { writer, drive } => self.drive_finalize(state, writer, drive),
             Action::PlanAndRepair { source, version, target } => self.plan_and_repair(state, source, version, target),
