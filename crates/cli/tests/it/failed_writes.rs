@@ -188,8 +188,8 @@ impl CommitReplyDropper {
                 let (armed, cut, conn_silent, node_wide) =
                     (Arc::clone(&armed_), Arc::clone(&cut_), Arc::clone(&silent), Arc::clone(&node_silent));
                 std::thread::spawn(move || {
-                    while let Some(frame) = read_frame_toward_node(&mut from_client) {
-                        if frame.commit && armed.load(Ordering::SeqCst) {
+                    pass_toward_node(&mut from_client, &mut to_node, || {
+                        if armed.load(Ordering::SeqCst) {
                             // Before the commit goes on: its reply must not slip through.
                             conn_silent.store(true, Ordering::SeqCst);
                             if dropping == Dropping::Node {
@@ -197,17 +197,8 @@ impl CommitReplyDropper {
                             }
                             cut.fetch_add(1, Ordering::SeqCst);
                         }
-                        if to_node.write_all(&frame.bytes).is_err() {
-                            break;
-                        }
-                        if let Some(len) = frame.data_len {
-                            let mut data = vec![0u8; len];
-                            if from_client.read_exact(&mut data).is_err() || to_node.write_all(&data).is_err() {
-                                break;
-                            }
-                        }
-                    }
-                    let _ = to_node.shutdown(std::net::Shutdown::Both);
+                        true
+                    });
                 });
                 let (mut from_node, mut to_client) = (node, client);
                 let node_wide = Arc::clone(&node_silent);
@@ -227,6 +218,27 @@ impl CommitReplyDropper {
         });
         Self { addr, armed, commits_cut }
     }
+}
+
+/// Passes a client's frames (and the raw bytes after a `ChunkWrite`) on to its node until either
+/// side ends; before each `Commit` it calls `on_commit`, which may hold it, and which stops the
+/// relay by answering false. Then shuts the node's side down.
+fn pass_toward_node(from_client: &mut TcpStream, to_node: &mut TcpStream, mut on_commit: impl FnMut() -> bool) {
+    while let Some(frame) = read_frame_toward_node(from_client) {
+        if frame.commit && !on_commit() {
+            break;
+        }
+        if to_node.write_all(&frame.bytes).is_err() {
+            break;
+        }
+        if let Some(len) = frame.data_len {
+            let mut data = vec![0u8; len];
+            if from_client.read_exact(&mut data).is_err() || to_node.write_all(&data).is_err() {
+                break;
+            }
+        }
+    }
+    let _ = to_node.shutdown(std::net::Shutdown::Both);
 }
 
 /// A frame a client sent toward a node.
@@ -431,27 +443,13 @@ impl CommitGate {
                 let (mut from_client, mut to_node) = (client.try_clone().unwrap(), node.try_clone().unwrap());
                 let (held, awaiting_) = (Arc::clone(&held), Arc::clone(&awaiting));
                 std::thread::spawn(move || {
-                    while let Some(frame) = read_frame_toward_node(&mut from_client) {
-                        if frame.commit {
-                            let (release, released) = std::sync::mpsc::channel();
-                            let answered = Arc::new(AtomicBool::new(false));
-                            *awaiting_.lock().unwrap() = Some(Arc::clone(&answered));
-                            held.lock().unwrap().push(HeldCommit { writer, position, release, answered });
-                            if released.recv().is_err() {
-                                break;
-                            }
-                        }
-                        if to_node.write_all(&frame.bytes).is_err() {
-                            break;
-                        }
-                        if let Some(len) = frame.data_len {
-                            let mut data = vec![0u8; len];
-                            if from_client.read_exact(&mut data).is_err() || to_node.write_all(&data).is_err() {
-                                break;
-                            }
-                        }
-                    }
-                    let _ = to_node.shutdown(std::net::Shutdown::Both);
+                    pass_toward_node(&mut from_client, &mut to_node, || {
+                        let (release, released) = std::sync::mpsc::channel();
+                        let answered = Arc::new(AtomicBool::new(false));
+                        *awaiting_.lock().unwrap() = Some(Arc::clone(&answered));
+                        held.lock().unwrap().push(HeldCommit { writer, position, release, answered });
+                        released.recv().is_ok()
+                    });
                 });
                 let (mut from_node, mut to_client) = (node, client);
                 std::thread::spawn(move || {
