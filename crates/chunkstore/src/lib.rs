@@ -477,7 +477,11 @@ impl Drive {
         if has_data {
             self.publish_staged(meta, sync, staging)?;
         }
-        let replaced = self.commit_meta(meta, has_data, missing_positions, condition, sync);
+        // A repair spreads only a version known acknowledged, which no rollback undoes: a fence
+        // here (a rollback that missed the version, of a write whose outcome was then completed
+        // as unknown) refuses its writer's late commit, never the repair.
+        let fenced_ok = staging == Staging::Repair;
+        let replaced = self.commit_meta(meta, has_data, missing_positions, condition, sync, fenced_ok);
         drop(publishing);
         match replaced? {
             ReplaceResult::TooMany => {
@@ -1461,6 +1465,7 @@ impl Drive {
         missing_positions: &[u32],
         condition: CommitCondition,
         sync: MetaSync,
+        fenced_ok: bool,
     ) -> Result<ReplaceResult, Error> {
         let mut txn = self.db()?.begin_write().map_err(|e| self.db_err(e))?;
         // Deferred commits come from callers that redo their work, never from writers whose
@@ -1472,7 +1477,7 @@ impl Drive {
         }
         let result = {
             let fences = txn.open_table(FENCES).map_err(|e| self.db_err(e))?;
-            if fences.get(version_bytes(meta.version).as_slice()).map_err(|e| self.db_err(e))?.is_some() {
+            if !fenced_ok && fences.get(version_bytes(meta.version).as_slice()).map_err(|e| self.db_err(e))?.is_some() {
                 return Ok(ReplaceResult::Fenced);
             }
             drop(fences);

@@ -466,6 +466,34 @@ fn a_repair_commit_refuses_a_staged_file_with_holes_and_replaces_a_damaged_one()
 }
 
 #[test]
+fn a_repair_commit_applies_a_version_whose_writer_was_fenced() {
+    // The writer's rollback fenced the version here; its outcome was then left unknown and the
+    // scrubber completed it (node::scrub): the repair must land, or the version stays at k.
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(1), 100);
+    let completed = fresh_version(1);
+    drive.rollback("bkt", "a", completed).unwrap();
+    assert!(drive.is_fenced(completed).unwrap());
+    let meta = meta("a", completed, 10_000);
+    let geometry = meta.geometry();
+    let chunks: Vec<Vec<u8>> = (0..geometry.stripes).map(|s| vec![3u8; geometry.chunk_len(s)]).collect();
+    let crcs: Vec<u32> = chunks.iter().flat_map(|c| c.chunks(4096).map(crc32c::crc32c).collect::<Vec<_>>()).collect();
+    for stripe in 0..geometry.stripes {
+        drive
+            .write_staged(Staging::Repair, "bkt", completed, geometry.file_offset(stripe), &chunks[stripe as usize])
+            .unwrap();
+    }
+    drive.commit_repair(&meta, &crcs, MetaSync::Now).unwrap();
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, completed);
+    // The writer's own late commit is still refused (it is not the repair's).
+    let late = fresh_version(2);
+    drive.rollback("bkt", "a", late).unwrap();
+    let refused = put_if(&drive, "a", late, 100, CommitCondition::None);
+    assert!(matches!(refused, Err(Error::RolledBack { .. })), "{refused:?}");
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, completed);
+}
+
+#[test]
 fn a_repair_and_a_writer_of_one_version_stage_separate_files() {
     // A reader's hint queues a repair of a version whose PUT is still staging on this drive
     // (issue 37, item 5): the repair must neither publish nor abort the writer's file.

@@ -212,9 +212,10 @@ pub enum Error {
         unreachable: Vec<FailedNode>,
     },
     /// Fewer than W drives accepted a write. With `unanswered` 0 it was rolled back: nothing
-    /// changed. Otherwise `unanswered` drives were sent the commit and did not answer, enough
-    /// that W may hold the version: it was not rolled back and may still take effect (the
-    /// outcome is unknown, as after a lost reply; retry the write to be sure).
+    /// changed. Otherwise `unanswered` drives did not answer, enough that the version may still
+    /// take effect: sent the commit, enough that W may hold it (so it was not rolled back), or
+    /// sent the rollback, enough that a read may still take it (and the scrubber then completes
+    /// it). The outcome is unknown, as after a lost reply; retry the write to be sure.
     #[error("cannot write {bucket}/{key}: {acked} of {total} drives accepted it, {needed} needed{} ({reasons})", unanswered_note(*.unanswered))]
     WriteQuorum {
         bucket: String,

@@ -1023,14 +1023,20 @@ impl<'a> Fanout<'a> {
         Err(self.quorum_error(self.alive()))
     }
 
-    /// The error of a write that fewer than W drives accepted while enough did not answer that
-    /// W may hold it: not rolled back, its outcome unknown.
-    fn quorum_error_unknown(&self, acked: usize, unknown: usize) -> Error {
-        match self.quorum_error(acked) {
-            Error::WriteQuorum { bucket, key, acked, total, needed, reasons, .. } => {
-                Error::WriteQuorum { bucket, key, acked, total, needed, reasons, unanswered: unknown }
-            }
-            other => other,
+    /// The error of a write whose outcome is unknown: fewer than W drives accepted it, and
+    /// `unknown` drives did not answer (the commit, or its rollback), enough that W may hold it
+    /// (not rolled back) or that a read may take it (rollbacks unconfirmed). Never a refusal
+    /// (412, no bucket, disk full): those say that nothing changed.
+    fn outcome_unknown_error(&self, acked: usize, unknown: usize) -> Error {
+        let erasure = self.erasure;
+        Error::WriteQuorum {
+            bucket: self.bucket.to_owned(),
+            key: self.key.to_owned(),
+            acked,
+            total: erasure.n(),
+            needed: erasure.write_quorum(),
+            reasons: self.failures.iter().map(Error::to_string).collect::<Vec<_>>().join("; "),
+            unanswered: unknown,
         }
     }
 
@@ -1148,8 +1154,11 @@ impl<'a> Fanout<'a> {
                             self.failures.push(e);
                         }
                     }
-                    self.rollback(&applied).await;
-                    self.rollback_unanswered(&unanswered).await;
+                    let undone = self.rollback(&applied).await + self.rollback_unanswered(&unanswered).await;
+                    let may_hold = applied.len() + unanswered.len() - undone;
+                    if may_hold >= meta.drives_to_read(self.erasure.marker_quorum()) {
+                        return Err(self.outcome_unknown_error(applied.len(), may_hold));
+                    }
                     return Err(self.quorum_error(0));
                 }
             }
@@ -1223,20 +1232,27 @@ impl<'a> Fanout<'a> {
             // write's outcome is unknown: it is left to take effect, or not, as the drives
             // that did not answer decide, and their holders treat it as acknowledged once W
             // hold it (issue 37, item 2).
-            return Err(self.quorum_error_unknown(applied.len(), unknown.len()));
+            return Err(self.outcome_unknown_error(applied.len(), unknown.len()));
         }
         let error = self.quorum_error(applied.len());
-        self.rollback(&applied).await;
+        let mut undone = self.rollback(&applied).await;
         // A drive that did not answer may have applied the commit since: roll it back there too
         // (on a fresh connection). A rollback fences the version on its drive, so a commit still
         // queued there (a stalled node) is refused when it comes (`chunkstore::Drive::rollback`).
-        self.rollback_unanswered(&unknown).await;
+        undone += self.rollback_unanswered(&unknown).await;
+        // "Failed" is a promise that no read takes the version: with rollbacks unconfirmed on
+        // as many drives as a read takes, it may stay readable, and the scrubber completes such
+        // a version (`node::scrub`, readable leftovers): the outcome is unknown then.
+        let may_hold = applied.len() + unknown.len() - undone;
+        if may_hold >= meta.drives_to_read(self.erasure.marker_quorum()) {
+            return Err(self.outcome_unknown_error(applied.len(), may_hold));
+        }
         Err(error)
     }
 
     /// [`Fanout::rollback`] for `positions`, whose connections were dropped: each on a fresh
-    /// one, all at once, best effort.
-    async fn rollback_unanswered(&self, positions: &[usize]) {
+    /// one, all at once, best effort. Returns how many drives confirmed it.
+    async fn rollback_unanswered(&self, positions: &[usize]) -> usize {
         let sends = positions.iter().map(|&position| {
             let drive = self.drives[position];
             let request = Request::Rollback {
@@ -1246,12 +1262,20 @@ impl<'a> Fanout<'a> {
                 version: self.version,
             };
             async move {
-                if let Err(e) = self.client.call_now(drive.node_idx, &request).await {
-                    tracing::debug!(error = %e, "rollback to a drive that did not answer its commit not delivered");
+                match self.client.call_now(drive.node_idx, &request).await {
+                    Ok(Response::Ok) => true,
+                    Ok(other) => {
+                        tracing::debug!(answer = ?other, "rollback to a drive that did not answer its commit refused");
+                        false
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "rollback to a drive that did not answer its commit not delivered");
+                        false
+                    }
                 }
             }
         });
-        futures_util::future::join_all(sends).await;
+        futures_util::future::join_all(sends).await.into_iter().filter(|confirmed| *confirmed).count()
     }
 
     /// The positions of `positions` whose drive shows this version now (asked once each, all
@@ -1320,8 +1344,9 @@ impl<'a> Fanout<'a> {
         });
     }
 
-    async fn rollback(&mut self, applied: &[usize]) {
+    async fn rollback(&mut self, applied: &[usize]) -> usize {
         let timeout = self.client.inner.options.request_timeout;
+        let mut confirmed = 0;
         for &position in applied {
             let Some(conn) = self.conns[position].as_mut() else {
                 continue;
@@ -1332,10 +1357,14 @@ impl<'a> Fanout<'a> {
                 key: self.key.to_owned(),
                 version: self.version,
             };
-            if let Err(e) = tokio::time::timeout(timeout, conn.call(&request)).await {
-                tracing::warn!(node = %conn.node, error = %e, "rollback of a failed PUT timed out");
+            match tokio::time::timeout(timeout, conn.call(&request)).await {
+                Ok(Ok(Response::Ok)) => confirmed += 1,
+                Ok(Ok(other)) => tracing::warn!(node = %conn.node, answer = ?other, "rollback of a failed PUT refused"),
+                Ok(Err(e)) => tracing::warn!(node = %conn.node, error = %e, "rollback of a failed PUT not delivered"),
+                Err(e) => tracing::warn!(node = %conn.node, error = %e, "rollback of a failed PUT timed out"),
             }
         }
+        confirmed
     }
 
     /// Best effort: drops the staging files. Nodes also drop them when the connection closes.

@@ -30,7 +30,9 @@
 //! | `DriveRollback`       | `chunkstore::Drive::rollback`                                     |
 //! | `DriveFinalize`       | `chunkstore::Drive::finalize`                                     |
 //! | `PlanAndRepair`       | `node::repair::plan_and_repair` (one queue entry, one target)     |
-//! | `Scrub`               | `node::scrub` (scrub-finalize, queueing `Missing` peers)          |
+//! | `Scrub`               | `node::scrub` (scrub-finalize, queueing `Missing` peers; with     |
+//! |                       | `Fixes::complete_readable`, completing a readable version of      |
+//! |                       | unknown outcome, spread in the same step)                         |
 //! | `Retire`              | the node's `retire` thread (retained versions below the floor)    |
 //! | `Lose`, `DriveDown`, `DriveUp` | the network and the drives                               |
 //!
@@ -57,6 +59,10 @@
 //! - `repair_only_acknowledged`: no version that repair copied or scrub finalized belongs to a
 //!   write that definitely failed. Acting on a write not yet decided is fine exactly when its
 //!   writer can no longer decide "failed"; the property, checked in every later state, says so.
+//! - `quiet_reads_fully_held`: once nothing is left to happen (writers decided, nothing in
+//!   flight, every drive up, no repair, scrub or retirement to do), the version the read
+//!   returns is on every drive that holds nothing newer: what a reader was given has the
+//!   redundancy the shape promises.
 //!
 //! # Example
 //!
@@ -86,6 +92,13 @@ pub struct Fixes {
     /// of it arriving later is refused. Off: only the drives that applied are rolled back, and
     /// nothing is fenced.
     pub rollback_fences_unknown: bool,
+    /// `node::scrub` completes a readable version nobody can decide about any more (its
+    /// writer decided, rollbacks settled, nothing newer held anywhere, every drive up): it
+    /// finalizes it and queues the drives that lack it. And `client::put::Fanout::commit`
+    /// reports a failure only when fewer drives than a read takes may still hold the version
+    /// once its rollbacks settle; otherwise the outcome is unknown. Off: a readable version of
+    /// unknown outcome stays on the drives that took it, with less redundancy for ever.
+    pub complete_readable: bool,
 }
 
 impl Fixes {
@@ -95,6 +108,7 @@ impl Fixes {
         commit_queues_no_repair: true,
         list_answers_as_reads: true,
         rollback_fences_unknown: true,
+        complete_readable: true,
     };
 }
 
@@ -275,8 +289,13 @@ pub struct WriteModel {
 }
 
 /// The invariants, in the order the binary names them.
-pub const INVARIANTS: [&str; 4] =
-    ["acknowledged_never_lost", "failed_write_invisible", "list_agrees_with_reads", "repair_only_acknowledged"];
+pub const INVARIANTS: [&str; 5] = [
+    "acknowledged_never_lost",
+    "failed_write_invisible",
+    "list_agrees_with_reads",
+    "repair_only_acknowledged",
+    "quiet_reads_fully_held",
+];
 
 fn bits(mask: u8) -> impl Iterator<Item = u8> {
     (0..8u8).filter(move |b| mask & (1 << b) != 0)
@@ -416,6 +435,25 @@ impl WriteModel {
     fn repair_only_acknowledged(&self, state: &State) -> bool {
         bits(state.spread).all(|v| Self::outcome(state, v) != Some(Outcome::Failed))
     }
+
+    /// Once nothing is left to happen (every writer decided, no message in flight, no drive
+    /// down, no repair, scrub or retirement to do), the version a read returns is on every
+    /// drive that holds nothing newer: whatever a reader was given has full redundancy.
+    fn quiet_reads_fully_held(&self, state: &State) -> bool {
+        let quiet =
+            state.writers.iter().flatten().all(|w| matches!(w.phase, Phase::Decided(_)) && w.net == Net::default())
+                && state.drives.iter().all(|d| !d.down)
+                && (0..state.drives.len() as u8).all(|d| !self.drive_has_work(state, d));
+        if !quiet {
+            return true;
+        }
+        let v = match self.read(state) {
+            ReadOutcome::Object(v) | ReadOutcome::Absent(Some(v)) => v,
+            _ => return true,
+        };
+        let order = |x| Self::order(state, x);
+        state.drives.iter().all(|d| d.held & (1 << v) != 0 || bits(d.held).any(|x| order(x) > order(v)))
+    }
 }
 
 mod step;
@@ -512,6 +550,7 @@ impl Model for WriteModel {
             Property::always("failed_write_invisible", |model: &Self, s| model.failed_write_invisible(s)),
             Property::always("list_agrees_with_reads", |model: &Self, s| model.list_agrees_with_reads(s)),
             Property::always("repair_only_acknowledged", |model: &Self, s| model.repair_only_acknowledged(s)),
+            Property::always("quiet_reads_fully_held", |model: &Self, s| model.quiet_reads_fully_held(s)),
             Property::sometimes("an acknowledged write", |_, s: &State| {
                 s.writers.iter().flatten().any(|w| w.phase == Phase::Decided(Outcome::Acknowledged))
             }),

@@ -36,28 +36,39 @@ impl WriteModel {
         }
     }
 
+    /// Whether `drive` (up) has a repair, scrub or retirement to do.
+    pub(crate) fn drive_has_work(&self, state: &State, drive: u8) -> bool {
+        let mut actions = Vec::new();
+        self.drive_actions_of(state, drive, &mut actions);
+        !actions.is_empty()
+    }
+
     pub(crate) fn drive_actions(&self, state: &State, actions: &mut Vec<Action>) {
+        for drive in 0..state.drives.len() as u8 {
+            self.drive_actions_of(state, drive, actions);
+        }
+    }
+
+    fn drive_actions_of(&self, state: &State, source: u8, actions: &mut Vec<Action>) {
         let up = self.up(state);
-        for (idx, drive) in state.drives.iter().enumerate() {
-            if drive.down {
-                continue;
-            }
-            let source = idx as u8;
-            for entry in &drive.queue {
-                if drive.held & (1 << entry.version) != 0 {
-                    // Targets are repaired one by one in position order: another order reaches
-                    // the same states, only through other intermediate ones.
-                    if let Some(target) = bits(entry.targets & up).next() {
-                        actions.push(Action::PlanAndRepair { source, version: entry.version, target });
-                    }
+        let drive = &state.drives[usize::from(source)];
+        if drive.down {
+            return;
+        }
+        for entry in &drive.queue {
+            if drive.held & (1 << entry.version) != 0 {
+                // Targets are repaired one by one in position order: another order reaches
+                // the same states, only through other intermediate ones.
+                if let Some(target) = bits(entry.targets & up).next() {
+                    actions.push(Action::PlanAndRepair { source, version: entry.version, target });
                 }
             }
-            if self.scrub_changes(state, source) {
-                actions.push(Action::Scrub { drive: source });
-            }
-            if self.retirable(state, drive) != 0 {
-                actions.push(Action::Retire { drive: source });
-            }
+        }
+        if self.scrub_changes(state, source) {
+            actions.push(Action::Scrub { drive: source });
+        }
+        if self.retirable(state, drive) != 0 {
+            actions.push(Action::Retire { drive: source });
         }
     }
 
@@ -114,6 +125,7 @@ impl WriteModel {
                     d.fenced |= 1 << writer;
                 }
                 d.held &= !(1 << writer);
+                self.settle_rollbacks(state, writer);
             }
             Action::DriveFinalize { writer, drive } => self.drive_finalize(state, writer, drive),
             Action::PlanAndRepair { source, version, target } => self.plan_and_repair(state, source, version, target),
@@ -130,6 +142,9 @@ impl WriteModel {
                     Message::Commit => net.commit &= bit,
                     Message::Rollback => net.rollback &= bit,
                     Message::Finalize => net.finalize &= bit,
+                }
+                if message == Message::Rollback {
+                    self.settle_rollbacks(state, writer);
                 }
             }
             Action::DriveDown { drive } => {
@@ -228,6 +243,25 @@ impl WriteModel {
         write.phase = Phase::Decided(outcome);
     }
 
+    /// `client::put::Fanout::commit` once its rollbacks are answered or lost: with the fix, a
+    /// failure whose unconfirmed rollbacks leave as many possible holders as a read takes (drives
+    /// that hold the version, or that a commit of it may still reach) is an unknown outcome.
+    fn settle_rollbacks(&self, state: &mut State, writer: u8) {
+        let threshold =
+            |write: &Write| if write.op == Op::Delete { self.config.marker_quorum() } else { self.config.k };
+        let commit = write_mut(state, writer).net.commit;
+        let held = state.drives.iter().enumerate().fold(0u8, |acc, (i, d)| acc | ((d.held >> writer) & 1) << i);
+        let may_hold = count(held | commit);
+        let write = write_mut(state, writer);
+        if self.config.fixes.complete_readable
+            && write.phase == Phase::Decided(Outcome::Failed)
+            && write.net.rollback == 0
+            && may_hold >= threshold(write)
+        {
+            write.phase = Phase::Decided(Outcome::Unknown);
+        }
+    }
+
     /// `chunkstore::Drive::finalize`: raises the floor and queues the positions that missed
     /// the version (with the fix, the only place that queues them).
     fn drive_finalize(&self, state: &mut State, writer: u8, drive: u8) {
@@ -275,19 +309,49 @@ impl WriteModel {
         let holders = up.iter().filter(|(_, p)| p.held & (1 << version) != 0).count() as u8;
         let stale = up.iter().filter_map(|(_, p)| p.floor).any(|f| order(f) > order(version));
         let named = up.iter().any(|(_, p)| p.floor == Some(version));
-        let known = !stale && (named || holders >= self.config.write_quorum());
+        let known =
+            !stale && (named || holders >= self.config.write_quorum() || self.completes_on(state, version, drive));
         let lacking = up
             .iter()
             .filter(|(_, p)| Self::current(state, p).is_none_or(|c| order(c) < order(version)))
             .filter(|(_, p)| p.held & (1 << version) == 0)
             .fold(0, |acc, (i, _)| acc | 1 << i);
-        Some((version, holders, known, if known { lacking } else { 0 }))
+        // Only the lowest holder that answers queues the peers (`holders.first() == Some(position)`).
+        let lowest = up.iter().find(|(_, p)| p.held & (1 << version) != 0).map(|(i, _)| *i);
+        let queues = known && lowest == Some(drive);
+        Some((version, holders, known, if queues { lacking } else { 0 }))
+    }
+
+    /// `node::scrub`'s readable leftover, with the fix: every drive up, as many holders as a
+    /// read takes, fewer than W, no floor naming it, nothing newer held anywhere, and its writer
+    /// can no longer decide (decided, rollbacks settled: the product waits longer than a writer
+    /// takes). The scrubber completes it, as an acknowledged version.
+    fn completes_on(&self, state: &State, version: u8, drive: u8) -> bool {
+        // Its lowest holder does it, as in the product (one node per version).
+        let lowest = state.drives.iter().position(|p| p.held & (1 << version) != 0);
+        lowest == Some(usize::from(drive)) && self.completes(state, version)
+    }
+
+    fn completes(&self, state: &State, version: u8) -> bool {
+        let Some(write) = Self::write(state, version) else { return false };
+        let order = |v| Self::order(state, v);
+        let threshold = if write.op == Op::Delete { self.config.marker_quorum() } else { self.config.k };
+        let holders = state.drives.iter().filter(|p| p.held & (1 << version) != 0).count() as u8;
+        self.config.fixes.complete_readable
+            && matches!(write.phase, Phase::Decided(_))
+            && write.net.rollback == 0
+            && state.drives.iter().all(|p| !p.down)
+            && holders >= threshold
+            && holders < self.config.write_quorum()
+            && state.drives.iter().all(|p| {
+                p.floor.is_none_or(|f| order(f) < order(version)) && bits(p.held).all(|v| order(v) <= order(version))
+            })
     }
 
     fn scrub_changes(&self, state: &State, drive: u8) -> bool {
         let Some((version, holders, _, lacking)) = self.scrub_view(state, drive) else { return false };
         let d = &state.drives[usize::from(drive)];
-        let finalizes = holders >= self.config.write_quorum()
+        let finalizes = (holders >= self.config.write_quorum() || self.completes_on(state, version, drive))
             && d.floor.is_none_or(|f| Self::order(state, f) < Self::order(state, version));
         let queued = d.queue.iter().find(|e| e.version == version).map_or(0, |e| e.targets);
         finalizes || lacking & !queued != 0
@@ -299,6 +363,21 @@ impl WriteModel {
         let (version, holders, _, lacking) = self.scrub_view(state, drive).expect("scrub_changes checked");
         let newer =
             state.drives[usize::from(drive)].floor.is_none_or(|f| Self::order(state, f) < Self::order(state, version));
+        if self.completes_on(state, version, drive) {
+            // Completed and spread in one step: the repair of a version known acknowledged,
+            // one target at a time beside everything else, is modelled on the finalize path;
+            // here its interleavings would multiply the states tenfold for nothing new.
+            // (`repair::plan_and_repair` finalizes each target of a `Missing` entry; nothing
+            // newer is held anywhere, so each floor only rises.)
+            state.spread |= 1 << version;
+            for (i, d) in state.drives.iter_mut().enumerate() {
+                if i == usize::from(drive) || lacking & (1 << i) != 0 {
+                    d.held |= 1 << version;
+                    d.floor = Some(version);
+                }
+            }
+            return;
+        }
         if holders >= self.config.write_quorum() && newer {
             state.drives[usize::from(drive)].floor = Some(version);
             state.spread |= 1 << version;

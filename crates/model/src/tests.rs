@@ -70,3 +70,8 @@ fn all_fixes_hold_every_invariant_in_every_reachable_state() {
     }
     assert!(checker.is_done());
 }
+
+#[test]
+fn a_readable_write_of_unknown_outcome_left_alone_stays_without_redundancy() {
+    assert_found(Fixes { complete_readable: false, ..Fixes::ALL }, "quiet_reads_fully_held");
+}

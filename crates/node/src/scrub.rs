@@ -15,7 +15,11 @@
 //! its key's row goes, its acknowledged floor stays. A failed write's leftover (a version no
 //! reader can take: fewer holders than reading it needs, fewer than W, no floor naming it, with
 //! every drive of the set answering) that stays so for [`LEFTOVER_GC_AFTER_DEFAULT`] is removed
-//! (`chunkstore::Drive::rollback`, as its writer's rollback would have).
+//! (`chunkstore::Drive::rollback`, as its writer's rollback would have). A readable one (as
+//! many holders as a read takes, fewer than W, nothing newer anywhere) is completed instead,
+//! once watched for the shorter of that and 90 s: finalized by its lowest holder, as an
+//! acknowledged version, and queued for the drives that lack it, since readers may have taken
+//! it already (a writer that may leave one says "may still take effect").
 //!
 //! Bounded: [`KEYS_PER_BATCH`] keys per metadata round trip to each peer, at most
 //! [`KEYS_PER_S_MAX`] keys a second, and deep reads paced by the repair byte budget (a paused
@@ -65,6 +69,8 @@ pub(crate) struct Stats {
     problems_found: AtomicU64,
     markers_collected: AtomicU64,
     leftovers_collected: AtomicU64,
+    /// Readable versions of unknown outcome finalized (`complete_readable_leftover`).
+    leftovers_completed: AtomicU64,
     /// Failed writes' leftovers seen, per (drive, version), with when first seen (this node's
     /// monotonic clock: the writers' clocks, which name versions, may be off).
     leftovers: std::sync::Mutex<HashMap<(usize, proto::VersionId), Instant>>,
@@ -244,23 +250,40 @@ fn check_batch(state: &State, drive_idx: usize, bucket: &str, keys: &[String], d
         let acknowledged = *floor == Some(meta.version)
             || replies.iter().flatten().any(|v| v.finalized == Some(meta.version))
             || holders.len() >= erasure.write_quorum();
+        let mut completed = false;
         if !acknowledged {
-            // Every other drive answered: no holder hides. Too few hold it to read it (data
-            // versions need k, others W - m), so no reader takes it, and fewer than W, with no
-            // floor naming it, so it was never acknowledged: a failed write whose rollback
-            // missed this drive (or a write in flight: hence the watch before removing it).
+            // Every other drive answered: no holder hides. Fewer than W hold it, with no floor
+            // naming it, so it was never acknowledged: a write in flight (hence the watches
+            // below), or one whose outcome its writer left unknown or whose rollback missed
+            // drives.
             let all_answered = (0..replies.len()).all(|p| p == *position || replies[p].is_some());
-            let unreadable = holders.len() < meta.drives_to_read(erasure.marker_quorum());
-            if all_answered && unreadable && holders.len() < erasure.write_quorum() {
+            let readable = holders.len() >= meta.drives_to_read(erasure.marker_quorum());
+            if all_answered && !readable && holders.len() < erasure.write_quorum() {
+                // Too few hold it to read it (data versions need k, others W - m): no reader
+                // takes it, and its writer did not acknowledge it. Removed, as its writer would.
                 collect_leftover(state, drive_idx, meta);
+                continue;
             }
-            continue;
+            // Readable: readers take it already, so it is completed, never removed (a read
+            // that returned it must not be undone). Its writer either left the outcome
+            // unknown or had rollbacks unconfirmed on as many drives as a read takes, and says
+            // so ("may still take effect"): a writer reports a failure only when fewer may
+            // hold it (`client::put::Fanout::commit`). Done by its lowest holder, once no
+            // writer can still be deciding, and only while nothing newer exists anywhere.
+            let newer = replies.iter().flatten().any(|v| v.all().any(|m| m.version > meta.version));
+            if !(all_answered && readable && !newer && holders.first() == Some(position)) {
+                continue;
+            }
+            if !complete_readable_leftover(state, drive_idx, meta) {
+                continue;
+            }
+            completed = true;
         }
         // (No floor is newer than the version here: such keys were skipped above.)
-        let finalized_here = *floor == Some(meta.version);
+        let finalized_here = *floor == Some(meta.version) || completed;
         // Held by W drives but never finalized here (the writer's finalize was lost), or
         // finalized with replaced versions that arrived later and have no retirement time yet.
-        if (holders.len() >= erasure.write_quorum() && !finalized_here) || (finalized_here && *retains) {
+        if (holders.len() >= erasure.write_quorum() && !finalized_here) || (finalized_here && *retains && !completed) {
             finalize_here(state, drive_idx, meta);
         }
         if meta.deleted && finalized_here && !*retains && holders.len() == replies.len() {
@@ -298,14 +321,7 @@ fn collect_marker(state: &State, drive_idx: usize, meta: &ObjectMeta, settled_be
 /// (the first sighting starts the watch). Nothing a reader sees changes: no read could take it.
 /// A listing and a bucket delete no longer meet it, and its space comes back.
 fn collect_leftover(state: &State, drive_idx: usize, meta: &ObjectMeta) {
-    let seen = {
-        let mut leftovers = state.scrub_stats.leftovers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if leftovers.len() >= LEFTOVERS_WATCHED_MAX {
-            leftovers.clear();
-        }
-        *leftovers.entry((drive_idx, meta.version)).or_insert_with(Instant::now)
-    };
-    if seen.elapsed() < state.leftover_gc_after {
+    if watched_for(state, drive_idx, meta) < state.leftover_gc_after {
         return;
     }
     match state.drives[drive_idx].rollback(&meta.bucket, &meta.key, meta.version) {
@@ -319,6 +335,38 @@ fn collect_leftover(state: &State, drive_idx: usize, meta: &ObjectMeta) {
     }
 }
 
+/// Finalizes the readable leftover `meta` here once it has been one for the shorter of
+/// `leftover_gc_after` and [`UNDECIDED_WAIT`] (a writer decides within two request timeouts),
+/// as its writer would have had it acknowledged: the caller then queues the drives that lack
+/// it, and repair, which spreads only versions known acknowledged, finds this floor. Whether
+/// it did.
+fn complete_readable_leftover(state: &State, drive_idx: usize, meta: &ObjectMeta) -> bool {
+    if watched_for(state, drive_idx, meta) < state.leftover_gc_after.min(UNDECIDED_WAIT) {
+        return false;
+    }
+    if !finalize_here(state, drive_idx, meta) {
+        return false;
+    }
+    state.scrub_stats.leftovers_completed.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(key = %meta.key, version = %meta.version.to_hex(), "a readable write of unknown outcome completed (finalized; its missing chunks are queued for repair)");
+    let mut leftovers = state.scrub_stats.leftovers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    leftovers.remove(&(drive_idx, meta.version));
+    true
+}
+
+/// How long a readable version of unknown outcome is watched before it is completed: longer
+/// than a writer takes to decide (as `repair::UNDECIDED_WAIT_MS`).
+const UNDECIDED_WAIT: Duration = Duration::from_secs(90);
+
+/// How long `meta` has been watched as a leftover on this drive (the first call starts it).
+fn watched_for(state: &State, drive_idx: usize, meta: &ObjectMeta) -> Duration {
+    let mut leftovers = state.scrub_stats.leftovers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if leftovers.len() >= LEFTOVERS_WATCHED_MAX && !leftovers.contains_key(&(drive_idx, meta.version)) {
+        leftovers.clear();
+    }
+    leftovers.entry((drive_idx, meta.version)).or_insert_with(Instant::now).elapsed()
+}
+
 fn queue(state: &State, drive_idx: usize, meta: &ObjectMeta, positions: &[u32], kind: RepairKind) {
     state.scrub_stats.problems_found.fetch_add(positions.len() as u64, Ordering::Relaxed);
     if let Err(e) = state.drives[drive_idx].queue_repair(&meta.bucket, &meta.key, meta.version, positions, kind) {
@@ -326,13 +374,18 @@ fn queue(state: &State, drive_idx: usize, meta: &ObjectMeta, positions: &[u32], 
     }
 }
 
-fn finalize_here(state: &State, drive_idx: usize, meta: &ObjectMeta) {
+/// Whether it did.
+fn finalize_here(state: &State, drive_idx: usize, meta: &ObjectMeta) -> bool {
     let retire_at_ms = now_ms().saturating_add(state.retire_grace.as_millis() as u64);
     match state.drives[drive_idx].finalize(&meta.bucket, &meta.key, meta.version, &[], retire_at_ms) {
         Ok(()) => {
-            tracing::debug!(key = %meta.key, version = %meta.version.to_hex(), "scrub finalized a version held by W drives")
+            tracing::debug!(key = %meta.key, version = %meta.version.to_hex(), "scrub finalized a version");
+            true
         }
-        Err(e) => tracing::warn!(error = %e, "scrub could not finalize a version"),
+        Err(e) => {
+            tracing::warn!(error = %e, "scrub could not finalize a version");
+            false
+        }
     }
 }
 

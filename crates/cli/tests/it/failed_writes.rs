@@ -247,6 +247,8 @@ struct FrameTowardNode {
     bytes: Vec<u8>,
     /// Whether it is a `Commit`.
     commit: bool,
+    /// The request, decoded.
+    request: Option<Request>,
     /// The length of the raw bytes that follow it (a `ChunkWrite`'s).
     data_len: Option<usize>,
 }
@@ -270,6 +272,7 @@ fn read_frame_toward_node(stream: &mut TcpStream) -> Option<FrameTowardNode> {
             Some(Request::ChunkWrite { len, .. }) => Some(len as usize),
             _ => None,
         },
+        request,
     })
 }
 
@@ -378,6 +381,155 @@ fn a_leftover_over_an_acknowledged_version_is_collected_and_the_version_stays() 
         assert_eq!(current.version, version, "position {position} has X current again");
     }
     assert!(block_on(cluster.client().get("bkt", "K")).unwrap() == bytes);
+}
+
+#[test]
+fn a_readable_write_of_unknown_outcome_is_completed_on_every_drive() {
+    // An overwrite of X applied on exactly k = 4 drives and never acknowledged (its writer lost
+    // the other commits' replies and its node then died, or its rollbacks were lost): reads
+    // take it (k holders), so it must not stay with no redundancy at all. Found by checker seed
+    // 5 on 7859528: such a version stayed on 4 of 6 drives for ever, the repair queue never saw
+    // it (only a finalize queues) and the scrubber removed only unreadable leftovers.
+    let shape = Shape { scrub_interval: "1s", leftover_gc_after: "2s", ..Shape::default() };
+    let cluster = Cluster::start(shape);
+    let (_, version) = acknowledged_object(&cluster, 100_000);
+    let map = cluster.client().map().clone();
+    let unknown = hand_meta(&map, "bkt", "K", later(version, 1), 50_000);
+    leave_on(&cluster, &[0, 1, 2, 3], &unknown);
+    assert!(block_on(cluster.client().get("bkt", "K")).unwrap() == vec![0u8; 50_000], "a read takes it already");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let everywhere = || {
+        (0..6).all(|p| {
+            let held = drive_versions(&cluster, p, &unknown);
+            held.current.is_some_and(|c| c.version == unknown.version) && held.finalized == Some(unknown.version)
+        })
+    };
+    while !everywhere() {
+        assert!(Instant::now() < deadline, "the readable version was not completed on all six drives");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let logs: String = (0..6).map(|i| cluster.log(i)).collect();
+    assert!(logs.contains("a readable write of unknown outcome completed"), "{logs}");
+    // Complete: any two drives may go now.
+    let observer = cluster.observer();
+    assert_eq!(block_on(observer.head("bkt", "K")).unwrap().meta_positions, [0, 1, 2, 3, 4, 5]);
+    assert!(block_on(cluster.client().get("bkt", "K")).unwrap() == vec![0u8; 50_000]);
+}
+
+/// What a [`FaultRelay`] does to the frames a writer sends its node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RelayFault {
+    /// Before passing a `Commit` on, fences its version on the node (a rollback on a session of
+    /// its own), so the node refuses the commit: a definite refusal.
+    RefuseCommits,
+    /// Breaks the connection at the first `Rollback` (which never reaches the node).
+    LoseRollbacks,
+}
+
+/// A TCP relay in front of a node that applies a [`RelayFault`] to the writer's frames.
+struct FaultRelay {
+    addr: SocketAddr,
+    /// Frames the fault struck.
+    struck: Arc<AtomicUsize>,
+}
+
+impl FaultRelay {
+    fn new(target: SocketAddr, secret: String, fault: RelayFault) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let struck = Arc::new(AtomicUsize::new(0));
+        let struck_ = Arc::clone(&struck);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(node) = TcpStream::connect(target) else { continue };
+                let (mut from_client, mut to_node) = (client.try_clone().unwrap(), node.try_clone().unwrap());
+                let (struck, secret) = (Arc::clone(&struck_), secret.clone());
+                std::thread::spawn(move || {
+                    while let Some(frame) = read_frame_toward_node(&mut from_client) {
+                        match (&frame.request, fault) {
+                            (Some(Request::Commit { drive, meta, .. }), RelayFault::RefuseCommits) => {
+                                let rollback = Request::Rollback {
+                                    drive: *drive,
+                                    bucket: meta.bucket.clone(),
+                                    key: meta.key.clone(),
+                                    version: meta.version,
+                                };
+                                let answer = RawSession::open(target, &secret).call(&rollback);
+                                assert!(matches!(answer, Response::Ok), "fenced: {answer:?}");
+                                struck.fetch_add(1, Ordering::SeqCst);
+                            }
+                            (Some(Request::Rollback { .. }), RelayFault::LoseRollbacks) => {
+                                struck.fetch_add(1, Ordering::SeqCst);
+                                break;
+                            }
+                            _ => {}
+                        }
+                        if to_node.write_all(&frame.bytes).is_err() {
+                            break;
+                        }
+                        if let Some(len) = frame.data_len {
+                            let mut data = vec![0u8; len];
+                            if from_client.read_exact(&mut data).is_err() || to_node.write_all(&data).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    let _ = to_node.shutdown(std::net::Shutdown::Both);
+                    let _ = from_client.shutdown(std::net::Shutdown::Both);
+                });
+                let (mut from_node, mut to_client) = (node, client);
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from_node, &mut to_client);
+                    let _ = to_client.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        Self { addr, struck }
+    }
+}
+
+#[test]
+fn a_failed_write_whose_rollbacks_were_lost_says_its_outcome_is_unknown_and_is_completed() {
+    // Four drives apply the overwrite, two refuse it (4 < W = 5, nothing unanswered: a failed
+    // write), and every rollback to the four is lost: four drives still hold it, which a read
+    // takes. On 7859528 the writer answered as for a write rolled back ("4 of 6 drives accepted
+    // it", nothing that says it may take effect) while reads returned it: a failed write shown.
+    // Now it says the outcome is unknown, and the scrubber completes the version.
+    let shape = Shape { scrub_interval: "1s", leftover_gc_after: "2s", ..Shape::default() };
+    let cluster = Cluster::start(shape);
+    let (_, _) = acknowledged_object(&cluster, 100_000);
+    let text = std::fs::read_to_string(&cluster.config).unwrap();
+    let mut map = cluster::ClusterMap::from_toml(&text, &cluster.data_dir()).unwrap();
+    let set = map.sets[map.placement_in(0, "bkt", "K").set_idx].drives.clone();
+    let mut relays = Vec::new();
+    for (position, drive) in set.iter().enumerate() {
+        let fault = if position >= 4 { RelayFault::RefuseCommits } else { RelayFault::LoseRollbacks };
+        let node = &mut map.nodes[drive.node_idx];
+        let relay = FaultRelay::new(node.addr, secret_of(&cluster), fault);
+        node.addr = relay.addr;
+        relays.push(relay);
+    }
+    let options = client::ClientOptions {
+        connect_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(3),
+        ..client::ClientOptions::default()
+    };
+    let writer = client::Client::new(map, options).unwrap();
+    let overwrite = payload(60_000, 4);
+    let text = block_on(writer.put_bytes("bkt", "K", &overwrite, &Default::default())).unwrap_err().to_string();
+    let struck: Vec<usize> = relays.iter().map(|r| r.struck.load(Ordering::SeqCst)).collect();
+    assert_eq!(struck, [1, 1, 1, 1, 1, 1], "two commits refused, four rollbacks lost");
+    assert!(text.contains("4 of 6 drives accepted it"), "{text}");
+    assert!(text.contains("may still take effect"), "the error says the outcome is unknown: {text}");
+    assert!(block_on(cluster.client().get("bkt", "K")).unwrap() == overwrite, "a read takes it");
+    let observer = cluster.observer();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while block_on(observer.head("bkt", "K")).map_or(true, |i| i.meta_positions.len() < 6) {
+        assert!(Instant::now() < deadline, "the version was not completed on all six drives");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(block_on(cluster.client().get("bkt", "K")).unwrap() == overwrite);
 }
 
 #[test]
