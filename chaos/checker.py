@@ -76,8 +76,11 @@ FULL_DRIVE_BYTES = 3 << 20
 # off from it for 2 s, and a restarted node needs a moment to listen.
 IMPAIRED_GRACE_S = 3.0
 # After the faults stop, background repair has this long to restore full redundancy (a holder
-# that is not the designated repairer waits 30 s; retries back off from 1 s).
-REPAIR_WAIT_S = 120.0
+# that is not the designated repairer waits 30 s; retries back off from 1 s, doubling, so an
+# entry that failed all through the faults may wait a minute more; a readable write of unknown
+# outcome is completed 90 s after the scrubber first sees it, and may be written just before
+# the faults stop).
+REPAIR_WAIT_S = 180.0
 FAKETIME_RETRIES = 5
 # Scrub passes (every one deep) on builds that have a scrubber.
 SCRUB_INTERVAL = "3s"
@@ -88,11 +91,31 @@ LIST_FRACTION = 0.1
 LIST_OP_BASE = 500_000
 FINAL_OP_BASE = 9_000_000
 FINAL_LIST_OP = 9_500_000
+# With --aimed (issue 37, item 6): one key overwritten without pause while a reader takes
+# seconds over each GET of it (a hot key with a slow reader), and pairs of creators racing
+# `put --if-absent` on fresh keys amid the faults. Their op ids: HOT_PUT_BASE + n,
+# SLOW_READ_BASE + n, CREATOR_BASE + 2n (+1).
+HOT_KEY = "hot"
+HOT_VALUE_BYTES = 1 << 20  # four stripes at the checker's 64 KiB chunks, 4 + 2
+HOT_PUT_BASE = 6_000_000
+SLOW_READ_BASE = 6_500_000
+CREATOR_BASE = 7_000_000
+# The slow reader's GET holds 64 KiB at a time (`tessera get --buffer`) and takes 16 KiB from its
+# output every 30 ms: a 1 MiB value takes about 2 s, over many acknowledged overwrites.
+SLOW_READ_BUFFER = "64KiB"
+SLOW_READ_PIECE = 16 << 10
+SLOW_READ_PAUSE_S = 0.03
+# A pair of creators starts this often; the two run on the clients whose clocks are 60 s behind
+# and 60 s ahead.
+CREATOR_PERIOD_S = 1.0
+CREATOR_CLIENTS = (1, 2)
 # A write error that proves the write did nothing visible (too few drives took it, so it was
 # rolled back), unless it also says "may still take effect" (commit replies lost: the outcome is
 # unknown). Every other error of a write (a timeout, a node error) leaves it indeterminate.
 WRITE_REFUSED = re.compile(r"\b\d+ of \d+ drives accepted it, \d+ needed")
 OUTCOME_UNKNOWN = "may still take effect"
+# `put --if-absent` refused: the key held an object when it committed (nothing written).
+ALREADY_EXISTS = "already exists"
 # Node sets taken down together once repair has converged (every acknowledged write must
 # survive each): all C(6, 2) = 15 pairs unless TESSERA_CHAOS_PROBES says fewer.
 REDUNDANCY_PROBES = int(os.environ.get("TESSERA_CHAOS_PROBES", "15"))
@@ -419,8 +442,13 @@ class Workload:
         self.files = cluster.work / "values"
         self.files.mkdir(exist_ok=True)
         self.keys = KEYS  # keys in play: more once a second pool is active (--grow)
+        # With --aimed: the creators' races (key, the two ops) and, per slow read that returned a
+        # value, how many PUTs of the hot key were acknowledged while it ran.
+        self.races: list[tuple[str, list[Op]]] = []
+        self.slow_read_spans: list[int] = []
 
-    def cli(self, client: int, *args: str, data: Path | None = None) -> subprocess.CompletedProcess:
+    def command(self, client: int, *args: str) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment of `tessera ARGS` as client `client` runs it."""
         stale = self.stale_client and client == self.STALE_CLIENT
         config = self.cluster.stale_config if stale else self.cluster.config
         cmd = [str(self.cluster.tessera), *args, "--config", str(config)]
@@ -430,6 +458,10 @@ class Workload:
             # Shift the wall clock only: timeouts keep the real monotonic clock.
             cmd = ["faketime", "-f", f"{skew:+d}s", *cmd]
             env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
+        return cmd, env
+
+    def cli(self, client: int, *args: str, data: Path | None = None) -> subprocess.CompletedProcess:
+        cmd, env = self.command(client, *args)
         for _ in range(FAKETIME_RETRIES):
             try:
                 result = subprocess.run(cmd, capture_output=True, timeout=OP_TIMEOUT_S, env=env)
@@ -485,7 +517,7 @@ class Workload:
                                               detail="still in flight") for op in self.in_flight.values()]
             return list(self.ops) + unfinished
 
-    def put(self, client: int, op_id: int, key: str, size: int) -> None:
+    def put(self, client: int, op_id: int, key: str, size: int, if_absent: bool = False) -> Op:
         data = value_of(op_id, size)
         with self.lock:
             self.by_etag[hashlib.md5(data).hexdigest()] = op_id
@@ -493,14 +525,80 @@ class Workload:
         path = self.files / f"{op_id}"
         path.write_bytes(data)
         op = self.invoked(Op(op_id, client, "put", key, time.monotonic(), size=size))
-        result = self.cli(client, "put", str(path), f"bkt/{key}")
+        result = self.cli(client, "put", str(path), f"bkt/{key}", *(["--if-absent"] if if_absent else []))
         stderr = result.stderr.decode(errors="replace")
         op.outcome = "ok" if result.returncode == 0 else "error"
         if op.outcome == "error":
-            op.effect = write_error_effect(result.returncode, stderr)
+            # A creator refused because the key holds an object did nothing.
+            exists = if_absent and result.returncode > 0 and ALREADY_EXISTS in stderr
+            op.effect = "none" if exists else write_error_effect(result.returncode, stderr)
         op.detail = stderr.strip()[-300:]
         self.record(op)
         path.unlink()
+        return op
+
+    def hot_writer_loop(self, client: int) -> None:
+        """Overwrites the hot key without pause until the deadline."""
+        n = 0
+        while time.monotonic() < self.deadline:
+            n += 1
+            self.put(client, HOT_PUT_BASE + n, HOT_KEY, HOT_VALUE_BYTES)
+
+    def slow_reader_loop(self, client: int) -> None:
+        """GETs the hot key, taking its output slowly, until the deadline; each read is checked
+        like any other, and how many overwrites were acknowledged while it ran is kept."""
+        n = 0
+        while time.monotonic() < self.deadline:
+            n += 1
+            op = Op(SLOW_READ_BASE + n, client, "get", HOT_KEY, time.monotonic())
+            cmd, env = self.command(client, "get", f"bkt/{HOT_KEY}", "-", "--buffer", SLOW_READ_BUFFER)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            body = bytearray()
+            give_up = time.monotonic() + OP_TIMEOUT_S
+            while time.monotonic() < give_up:
+                piece = proc.stdout.read1(SLOW_READ_PIECE)
+                if not piece:
+                    break
+                body += piece
+                time.sleep(SLOW_READ_PAUSE_S)
+            if proc.poll() is None and time.monotonic() >= give_up:
+                proc.kill()
+            try:
+                _, stderr = proc.communicate(timeout=OP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, stderr = proc.communicate()
+            result = subprocess.CompletedProcess(cmd, proc.returncode, bytes(body), stderr)
+            self.classify_read(op, result, None)
+            if op.outcome == "value":
+                self.check_value(op, bytes(body))
+            self.record(op)
+            if op.outcome == "value":
+                with self.lock:
+                    spanned = sum(1 for w in self.ops if w.key == HOT_KEY and w.kind == "put" and w.outcome == "ok"
+                                  and op.invoke < w.complete < op.complete)
+                self.slow_read_spans.append(spanned)
+
+    def creators_loop(self) -> None:
+        """Every CREATOR_PERIOD_S until the deadline, two clients create the same fresh key with
+        `put --if-absent` at once: at most one may succeed, and one "already exists" needs an
+        object that the other's write made."""
+        n = 0
+        while time.monotonic() < self.deadline:
+            n += 1
+            key = f"new{n}"
+            pair: list[Op] = []
+            racers = [threading.Thread(target=lambda c=c, i=i: pair.append(
+                self.put(c, CREATOR_BASE + 2 * n + i, key, 10_000 + 1_000 * i, if_absent=True)), daemon=True)
+                for i, c in enumerate(CREATOR_CLIENTS)]
+            began = time.monotonic()
+            for t in racers:
+                t.start()
+            for t in racers:
+                t.join(timeout=2 * OP_TIMEOUT_S)
+            with self.lock:
+                self.races.append((key, list(pair)))
+            time.sleep(max(0.0, CREATOR_PERIOD_S - (time.monotonic() - began)))
 
     def delete(self, client: int, op_id: int, key: str) -> None:
         op = self.invoked(Op(op_id, client, "delete", key, time.monotonic()))
@@ -533,15 +631,18 @@ class Workload:
         result = self.cli(client, "get", f"bkt/{key}", "-")
         self.classify_read(op, result, None)
         if op.outcome == "value":
-            body = result.stdout
-            if len(body) < HEADER.size:
-                self.corrupt.append(f"op {op_id}: GET {key} returned {len(body)} bytes, not a value")
-            else:
-                writer, size = HEADER.unpack_from(body)
-                op.value = writer
-                if size != len(body) or writer not in self.sizes or body != value_of(writer, size):
-                    self.corrupt.append(f"op {op_id}: GET {key} returned torn or corrupt bytes (header names op {writer})")
+            self.check_value(op, result.stdout)
         self.record(op)
+
+    def check_value(self, op: Op, body: bytes) -> None:
+        """Sets the read's value from the bytes a GET returned; whole values only."""
+        if len(body) < HEADER.size:
+            self.corrupt.append(f"op {op.op_id}: GET {op.key} returned {len(body)} bytes, not a value")
+            return
+        writer, size = HEADER.unpack_from(body)
+        op.value = writer
+        if size != len(body) or writer not in self.sizes or body != value_of(writer, size):
+            self.corrupt.append(f"op {op.op_id}: GET {op.key} returned torn or corrupt bytes (header names op {writer})")
 
     def ranged_get(self, client: int, op_id: int, key: str, offset: int, length: int) -> None:
         op = Op(op_id, client, "rget", key, time.monotonic())
@@ -817,6 +918,10 @@ def check_history(ops: list[Op], finals: dict[str, Op]) -> list[str]:
                     continue
                 if x.invoke > read.complete:
                     anomalies.append(f"{read.kind} op {read.op_id} of {key} returned op {x.op_id} from the future")
+                # (A read that overlaps the failed write may see it before its rollback.)
+                if write_effect(x) == "none" and x.complete < read.invoke:
+                    anomalies.append(f"failed write visible: {read.kind} op {read.op_id} of {key} returned op "
+                                     f"{x.op_id}, whose error said it did nothing ({x.detail[-120:]})")
                 newer = [y for y in before if x.complete < y.invoke]
                 if newer:
                     y = newer[0]
@@ -835,6 +940,23 @@ def check_history(ops: list[Op], finals: dict[str, Op]) -> list[str]:
                             f"{y.op_id} was acknowledged at {y.complete:.3f}, before the read began at "
                             f"{read.invoke:.3f}, and no later DELETE was issued")
                         break
+    return anomalies
+
+
+def check_races(races: list[tuple[str, list[Op]]]) -> list[str]:
+    """Two creators of a fresh key (`put --if-absent`): never both acknowledged, and never both
+    refused as "already exists" (nothing else writes the key), nor one so refused while the
+    other's error proves it did nothing. The key's reads are checked with the history."""
+    anomalies = []
+    for key, pair in races:
+        oks = [op.op_id for op in pair if op.outcome == "ok"]
+        exists = [op for op in pair if op.outcome == "error" and op.effect == "none" and ALREADY_EXISTS in op.detail]
+        if len(oks) > 1:
+            anomalies.append(f"two creators of {key} with --if-absent were both acknowledged: ops {oks}")
+        if exists and all(write_effect(op) == "none" for op in pair):
+            anomalies.append(f"creators of {key}: " + "; ".join(f"op {op.op_id} {op.outcome} ({op.detail[-100:]})"
+                                                               for op in pair)
+                             + ": refused as existing although no write of it can have taken effect")
     return anomalies
 
 
@@ -1049,9 +1171,13 @@ def wait_repaired(workload: Workload, unscrubbed: frozenset[str] = frozenset()) 
     passes_at_start: dict[str, int] | None = None
     while time.monotonic() < deadline:
         result = workload.cli(0, "repair", "status", "--json")
-        last = (result.stdout + result.stderr).decode(errors="replace").strip()[-400:]
+        last = (result.stdout + result.stderr).decode(errors="replace").strip()
         lines = [json.loads(line) for line in result.stdout.decode().splitlines() if line.startswith("{")]
         if len(lines) == cluster.nodes and all("drives" in line for line in lines):
+            # What is left, per node, for the report if it does not drain.
+            last = "; ".join(f"{line['node']}: {[d['queued_versions'] for d in line['drives']]} queued"
+                             f"{' (rebuilding)' if any(d.get('rebuilding') for d in line['drives']) else ''}"
+                             for line in lines)
             queued = sum(d["queued_versions"] for line in lines for d in line["drives"])
             queued += sum(1 for line in lines for d in line["drives"] if d.get("rebuilding"))
             # With a scrubber: two passes more on every node, so one began after the faults.
@@ -1064,8 +1190,15 @@ def wait_repaired(workload: Workload, unscrubbed: frozenset[str] = frozenset()) 
                 print(f"checker: repair converged {time.monotonic() - started:.1f} s after the faults stopped", flush=True)
                 return []
         time.sleep(1.0)
+    # The repairers' last words on what they could not do (the node logs are gone after the run).
+    notes = []
+    for i in range(1, cluster.nodes + 1):
+        if cluster.log(i).exists():
+            said = [line for line in cluster.log(i).read_text(errors="replace").splitlines()
+                    if "repair failed" in line or "repair entry dropped" in line or "cannot" in line]
+            notes += [f"n{i}: {line[-300:]}" for line in said[-3:]]
     return [f"repair did not restore full redundancy within {REPAIR_WAIT_S:.0f} s after the faults stopped "
-            f"({queued} versions still queued; last status: {last})"]
+            f"({queued} versions still queued; last status: {last[-1500:]})" + "".join(f"\n    {n}" for n in notes)]
 
 
 class Growth:
@@ -1215,6 +1348,11 @@ class Report:
     verified_reads: int = 0  # reads (and final reads) checked against the history
     verified_listings: int = 0  # listings checked against the history (with list checks)
     list_checks: bool = True
+    hot_and_creators: bool = False  # with --aimed: the hot key, its slow reader and the creators ran
+    slow_read_spans: list[int] = dataclasses.field(default_factory=list)  # overwrites acked during each slow read
+    races: int = 0  # creator pairs run
+    races_overlapped: int = 0  # of them, pairs whose two PUTs ran at once
+    race_outcomes: dict[str, int] = dataclasses.field(default_factory=dict)  # e.g. "exists+ok": 12
 
     def verified_line(self) -> str:
         if not self.list_checks:
@@ -1239,6 +1377,13 @@ class Report:
                 lines.append(f"pool 1 decommissioned and removed at {self.removed_at:.1f} s "
                              f"({self.decommission_runs} run(s) of the command); its nodes were down for the final reads")
             lines += [f"  {line}" for line in self.grown]
+        if self.hot_and_creators:
+            spans = self.slow_read_spans
+            lines.append(f"hot key: {len(spans)} slow reads returned a value, spanning up to "
+                         f"{max(spans, default=0)} acknowledged overwrites each (median "
+                         f"{sorted(spans)[len(spans) // 2] if spans else 0}); creators: {self.races} races "
+                         f"({self.races_overlapped} overlapping), outcomes "
+                         + ", ".join(f"{k} {v}" for k, v in sorted(self.race_outcomes.items())))
         lines.append(f"anomalies: {len(self.anomalies)}")
         lines += [f"  {a}" for a in self.anomalies[:50]]
         if self.read_errors:
@@ -1252,6 +1397,11 @@ class Report:
             lines.append(f"node ERROR lines: {len(self.errors_logged)}")
             lines += [f"  {line}" for line in self.errors_logged[:20]]
         return "\n".join(lines)
+
+
+def supports(tessera: Path, command: str, flag: str) -> bool:
+    """Whether this build's `tessera COMMAND` takes FLAG (older builds, replayed, may not)."""
+    return flag in subprocess.run([str(tessera), command, "--help"], capture_output=True, text=True).stdout
 
 
 def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, faults_on: bool = True,
@@ -1297,6 +1447,14 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
             threads.append(threading.Thread(target=growth.run, daemon=True))
         if faults_on:
             threads.append(threading.Thread(target=faults.loop, daemon=True))
+        hot_and_creators = aimed and supports(tessera, "get", "--buffer") and supports(tessera, "put", "--if-absent")
+        if aimed and not hot_and_creators:
+            print("checker: this build has no `get --buffer` or `put --if-absent`: no hot key, slow reader or "
+                  "creators", flush=True)
+        if hot_and_creators:
+            threads += [threading.Thread(target=workload.hot_writer_loop, args=(3,), daemon=True),
+                        threading.Thread(target=workload.slow_reader_loop, args=(0,), daemon=True),
+                        threading.Thread(target=workload.creators_loop, daemon=True)]
         for t in threads:
             t.start()
         for t in threads:
@@ -1323,6 +1481,7 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
             if final_listing.outcome == "error":
                 problems.append(f"final listing failed with every fault healed: {final_listing.detail}")
         anomalies = workload.corrupt + problems + check_history(workload.ops, finals) + decommission_problems
+        anomalies += check_races(workload.races)
         anomalies += unavailable_reads(workload.ops, faults.impaired)
         verified_listings = 0
         if list_checks:
@@ -1354,6 +1513,17 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
                         faults.readdressed, stale_done)
         report.list_checks = list_checks
         report.verified_listings = verified_listings
+        report.hot_and_creators = hot_and_creators
+        report.slow_read_spans = list(workload.slow_read_spans)
+        report.races = len(workload.races)
+        # Races whose two creators ran at once (each began before the other ended).
+        report.races_overlapped = sum(1 for _, pair in workload.races if len(pair) == 2
+                                      and pair[0].invoke < pair[1].complete and pair[1].invoke < pair[0].complete)
+        report.race_outcomes = {}
+        for _, pair in workload.races:
+            outcome = "+".join(sorted("exists" if ALREADY_EXISTS in op.detail and op.effect == "none" else op.outcome
+                                      for op in pair))
+            report.race_outcomes[outcome] = report.race_outcomes.get(outcome, 0) + 1
         report.verified_reads = len(finals) + sum(1 for op in workload.ops if op.kind in ("get", "rget")
                                                   and op.outcome in ("value", "absent"))
         report.list_errors = [f"listing op {op.op_id} (client {op.client}) at {op.invoke - start:.2f}s "
@@ -1365,7 +1535,7 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
             report.removed_at = growth.removed_at
             report.decommission_runs = growth.decommission_runs
             report.ops_after_growth = sum(1 for op in workload.ops if op.kind == "put" and op.outcome == "ok"
-                                          and int(op.key[1:]) >= KEYS)
+                                          and re.fullmatch(r"k\d+", op.key) and int(op.key[1:]) >= KEYS)
             # The second pool's one set is set 1 (the first pool has set 0).
             report.keys_in_second_pool = sum(
                 1 for key, final in finals.items() if final.outcome == "value"

@@ -26,4 +26,5 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check pytest
 # The checker's own logic first, on hand-made histories (no cluster: under a second).
 .venv/bin/python -m pytest chaos/test_list_check.py -q -p no:cacheprovider
-exec .venv/bin/python -m pytest chaos -q -p no:cacheprovider --ignore=chaos/test_list_check.py "$@"
+# Each seed's time in the log (CI runs near its 90 minutes: know where they go).
+exec .venv/bin/python -m pytest chaos -q -p no:cacheprovider --durations=0 --ignore=chaos/test_list_check.py "$@"

@@ -47,7 +47,9 @@ DECOMMISSION_SEEDS = [4, 7]
 # unlinked under them); every read must succeed.
 RACING_SEED = 21
 # Faults aimed at commits (issue 37): replies dropped by nftables while requests still arrive,
-# alone and in pairs with a stall or a kill at the same instant (`--aimed`).
+# alone and in pairs with a stall or a kill at the same instant (`--aimed`); with them a hot key
+# overwritten without pause under a slow reader, and pairs of `put --if-absent` creators racing
+# the faults.
 AIMED_SEED = 32
 DURATION_S = float(os.environ.get("TESSERA_CHAOS_SECONDS", "25"))
 TESSERA = Path(os.environ.get("TESSERA_BIN", checker.REPO / "target" / "release" / "tessera"))
@@ -117,4 +119,9 @@ def test_faults_aimed_at_commits_lose_nothing_and_leave_no_failed_write_visible(
     assert report.counts.get("put:ok", 0) > 50, "the workload must write under faults"
     assert any("reply-drop" in line for line in report.schedule), "replies must be dropped:\n" + report.text()
     assert report.verified_listings > 10, report.text()
+    # The hot key's slow reads each outlived more overwrites than a drive keeps rows of (8): the
+    # versions they chose lost their rows while being read (issue 37, item 7).
+    assert max(report.slow_read_spans, default=0) > 8, "a slow read must span overwrites:\n" + report.text()
+    # Creators really raced: both PUTs of a pair in flight at once, under the same faults.
+    assert report.races_overlapped >= 5, report.text()
     assert not report.anomalies, report.text()

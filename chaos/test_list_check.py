@@ -225,3 +225,43 @@ def test_a_failed_listing_is_an_anomaly_unless_more_than_m_nodes_were_impaired()
     ops = [put("k", 0, 5, 10), listing(10, 11, None)]
     assert unavailable_listings(ops, [(1, 9, 12), (2, 10.5, 10.6), (3, 0.5, 1)]) == []
     assert checker.M == 2
+
+
+def read(key: str, t0: float, t1: float, value: int | None) -> Op:
+    return Op(next(_ids), 2, "get", key, t0, t1, outcome="value" if value is not None else "absent", value=value)
+
+
+def test_a_read_after_a_refused_put_that_returns_it_is_a_failed_write_shown() -> None:
+    refused = put("k", 0.0, 1.0, 10, outcome="error", detail=REFUSED)
+    found = checker.check_history([refused, read("k", 2.0, 3.0, refused.op_id)], {})
+    assert any("failed write visible" in a for a in found), found
+    # A read that overlaps it may see it before its rollback; one of unknown outcome may stay.
+    assert checker.check_history([refused, read("k", 0.5, 3.0, refused.op_id)], {}) == []
+    unknown = put("k", 0.0, 1.0, 10, outcome="error", detail=LOST_REPLIES)
+    assert checker.check_history([unknown, read("k", 2.0, 3.0, unknown.op_id)], {}) == []
+
+
+def creator(key: str, t0: float, t1: float, outcome: str, detail: str = "") -> Op:
+    op = Op(next(_ids), 1, "put", key, t0, t1, outcome=outcome, detail=detail, size=10)
+    if outcome == "error":
+        exists = checker.ALREADY_EXISTS in detail
+        op.effect = "none" if exists else write_error_effect(-9 if detail == "timed out" else 1, detail)
+    return op
+
+
+EXISTS = "error: bkt/new1 already exists"
+
+
+def test_creators_one_wins_the_other_is_refused_or_unknown() -> None:
+    assert checker.check_races([("new1", [creator("new1", 0, 1, "ok"), creator("new1", 0, 1, "error", EXISTS)])]) == []
+    assert checker.check_races([("new1", [creator("new1", 0, 1, "error", EXISTS),
+                                          creator("new1", 0, 1, "error", "timed out")])]) == []
+    both = checker.check_races([("new1", [creator("new1", 0, 1, "ok"), creator("new1", 0, 1, "ok")])])
+    assert any("both acknowledged" in a for a in both), both
+    # Both refused as existing: nothing else writes the key, so no object existed (issue 37, item 8).
+    refused = checker.check_races([("new1", [creator("new1", 0, 1, "error", EXISTS),
+                                             creator("new1", 0, 1, "error", EXISTS)])])
+    assert any("refused as existing" in a for a in refused), refused
+    beside_failed = checker.check_races([("new1", [creator("new1", 0, 1, "error", EXISTS),
+                                                   creator("new1", 0, 1, "error", REFUSED)])])
+    assert any("refused as existing" in a for a in beside_failed), beside_failed

@@ -11,10 +11,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 
 use crate::ConfigArg;
-use crate::size::format_bytes;
+use crate::size::{format_bytes, parse_bytes};
 
-/// Bytes a `get` reads per step: bounds its memory whatever the object size.
-const GET_STEP_BYTES: usize = 64 << 20;
 /// Objects smaller than this get no progress bar.
 const PROGRESS_MIN_BYTES: u64 = 8 << 20;
 /// Keys per listing request.
@@ -49,6 +47,10 @@ pub(crate) struct PutArgs {
     /// it from its own drive.
     #[arg(long)]
     no_align: bool,
+    /// Create only: fail ("already exists", nothing written) if the key holds an object when
+    /// the PUT commits, atomically against concurrent writers (S3's `If-None-Match: *`).
+    #[arg(long)]
+    if_absent: bool,
     #[command(flatten)]
     config: ConfigArg,
 }
@@ -65,8 +67,21 @@ pub(crate) struct GetArgs {
     /// Read at most this many bytes (default: to the end of the object).
     #[arg(long)]
     length: Option<u64>,
+    /// How much of the object is held in memory at once: it is read in steps of this size
+    /// (all of the version the GET chose first), each written out before the next is fetched.
+    #[arg(long, default_value = "64MiB", value_parser = parse_buffer)]
+    buffer: u64,
     #[command(flatten)]
     config: ConfigArg,
+}
+
+/// A GET's step: at least 4 KiB, at most 1 GiB.
+fn parse_buffer(text: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(text)?;
+    if !(4 << 10..=1 << 30).contains(&bytes) {
+        return Err(format!("{text} is outside 4KiB..1GiB"));
+    }
+    Ok(bytes)
 }
 
 #[derive(Debug, clap::Args)]
@@ -170,7 +185,8 @@ impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
 async fn put(args: &PutArgs) -> anyhow::Result<()> {
     let (bucket, key) = split_path(&args.path)?;
     let client = connect(&args.config)?;
-    let mut options = PutOptions { content_type: args.content_type.clone(), ..PutOptions::default() };
+    let condition = if args.if_absent { client::CommitCondition::IfAbsent } else { client::CommitCondition::None };
+    let mut options = PutOptions { content_type: args.content_type.clone(), condition, ..PutOptions::default() };
     let info = if args.file == Path::new("-") {
         let mut source = tokio::io::stdin();
         client.put(bucket, key, &mut source, &options).await?
@@ -213,7 +229,7 @@ async fn get(args: &GetArgs) -> anyhow::Result<()> {
         }
         let end = args.length.map_or(info.meta.size, |length| info.meta.size.min(args.offset.saturating_add(length)));
         let size = end - args.offset;
-        let mut buf = vec![0u8; GET_STEP_BYTES.min(size as usize)];
+        let mut buf = vec![0u8; (args.buffer as usize).min(size as usize)];
         match client.read_at(&info, args.offset, &mut buf).await {
             Ok(read) => break (size, buf, read),
             Err(e) if !retried => {

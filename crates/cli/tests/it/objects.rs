@@ -38,6 +38,26 @@ fn cli_get_reads_a_byte_range_and_names_the_version_it_read() {
     assert!(err.contains("past the end") && err.lines().count() == 1, "{err}");
 }
 
+#[test]
+fn cli_get_in_small_steps_and_put_if_absent() {
+    let cluster = Cluster::start(Shape::default());
+    cluster.cli_ok(&["mb", "bkt"]);
+    let data = payload(300_001, 5);
+    let source = write_file(cluster.dir.path(), "in", &data);
+    let source = source.to_str().unwrap();
+    // Create only: the first wins, the second is refused and changes nothing.
+    cluster.cli_ok(&["put", "--if-absent", source, "bkt/obj"]);
+    let other = write_file(cluster.dir.path(), "other", b"other");
+    let err = cluster.cli_err(&["put", "--if-absent", other.to_str().unwrap(), "bkt/obj"]);
+    assert!(err.contains("bkt/obj already exists") && err.lines().count() == 1, "{err}");
+    // Held 4 KiB at a time: the same bytes.
+    let output = cluster.cli(&["get", "bkt/obj", "-", "--buffer", "4KiB", "--offset", "1000"]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.stdout, data[1000..]);
+    let err = cluster.cli_err(&["get", "bkt/obj", "-", "--buffer", "1KiB"]);
+    assert!(err.contains("outside 4KiB"), "{err}");
+}
+
 /// The hex MD5 of `data` (the etag of a single-part object), from coreutils' md5sum: the test
 /// binary has no MD5 crate of its own.
 fn md5_hex(data: &[u8]) -> String {
