@@ -35,6 +35,9 @@ schedule and workload choices (timing on a shared machine still varies). Runs as
 namespaces, tmpfs); without root it fails and says why.
 
     sudo chaos/checker.py --seed 7 --duration 60
+
+To look into a failure: TESSERA_CHAOS_KEEP=1 keeps the work directory (node logs n1.log...),
+TESSERA_CHAOS_NODE_LOG sets the nodes' log filter (e.g. "info,node::repair=debug").
 """
 
 from __future__ import annotations
@@ -299,7 +302,7 @@ class Cluster:
             self.procs[i] = subprocess.Popen(
                 ["ip", "netns", "exec", self.topo.ns(i), str(self.tessera), "node", "--config", str(self.config),
                  "--id", f"n{i}", *scrub],
-                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TESSERA_LOG": "info", "NO_COLOR": "1"})
+                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TESSERA_LOG": os.environ.get("TESSERA_CHAOS_NODE_LOG", "info"), "NO_COLOR": "1"})
 
     def wait_ready(self, i: int) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S

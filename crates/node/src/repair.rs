@@ -31,6 +31,9 @@ const IDLE_PAUSE: Duration = Duration::from_millis(500);
 /// Only the holder at the lowest healthy position repairs a fresh entry; the others wait this
 /// long (their entry stays queued) in case it is down.
 const DESIGNATED_WAIT_MS: u64 = 30_000;
+/// How long a holder with a reader's hint (a `Damaged` entry) defers to an earlier holder: one
+/// that got the same hint repairs within its designated wait; past this, the hinted one does.
+const DAMAGED_DEFER_MS: u64 = 2 * DESIGNATED_WAIT_MS;
 /// Back-off after a failed attempt: doubles per attempt up to the maximum.
 const RETRY_BASE_MS: u64 = 1_000;
 const RETRY_MAX_MS: u64 = 5 * 60_000;
@@ -325,10 +328,24 @@ fn plan_and_repair(
                 return Ok(Outcome::Dropped { positions: all, why: "every target already holds the version" });
             }
         }
+        // Defer only to an earlier position that answers and holds the version (the others
+        // are not holders: a drive with a newer version, or one lacking this one too). A
+        // reader's hint (`Damaged`) is queued on the holder that reader chose only, so an
+        // earlier holder may have no entry for it: past DAMAGED_DEFER_MS this one repairs
+        // regardless. Deferring for ever left a hint queued after the target was repaired
+        // (checker seed 3, 2026-12-07: n2 deferred to position 0 every 30 s for ever).
+        let defers = record.kind == proto::RepairKind::Missing || now_ms() < record.queued_ms + DAMAGED_DEFER_MS;
         let before = &holders[..rank.unwrap_or(holders.len())];
-        if let Some(alive) = before.iter().find(|p| holder_answers(state, &mut peers, set.drives[**p as usize])) {
-            tracing::debug!(version = %version.to_hex(), holder = alive, "an earlier holder answers: it repairs");
-            return Ok(Outcome::Later { not_before_ms: now_ms() + DESIGNATED_WAIT_MS });
+        if defers {
+            for &p in before {
+                let drive = set.drives[p as usize];
+                if holder_answers(state, &mut peers, drive)
+                    && target_has(state, &mut peers, drive, &meta).unwrap_or(false)
+                {
+                    tracing::debug!(version = %version.to_hex(), holder = p, "an earlier holder answers: it repairs");
+                    return Ok(Outcome::Later { not_before_ms: now_ms() + DESIGNATED_WAIT_MS });
+                }
+            }
         }
     }
     // The one rule for acknowledgement: spread only a version known acknowledged. A commit
