@@ -1023,18 +1023,18 @@ impl<'a> Fanout<'a> {
         Err(self.quorum_error(self.alive()))
     }
 
-    /// The error of a write whose outcome is unknown: fewer than W drives accepted it, and
-    /// `unknown` drives did not answer (the commit, or its rollback), enough that W may hold it
-    /// (not rolled back) or that a read may take it (rollbacks unconfirmed). Never a refusal
-    /// (412, no bucket, disk full): those say that nothing changed.
-    fn outcome_unknown_error(&self, acked: usize, unknown: usize) -> Error {
-        let erasure = self.erasure;
+    /// [`Error::WriteQuorum`]: fewer than W drives accepted the write. With `unknown` 0 it was
+    /// rolled back; otherwise its outcome is unknown: `unknown` drives did not answer (the
+    /// commit, or its rollback), enough that W may hold it (not rolled back) or that a read may
+    /// take it (rollbacks unconfirmed). An unknown outcome is never given as a refusal (412, no
+    /// bucket, disk full), which says that nothing changed.
+    fn write_quorum_error(&self, acked: usize, unknown: usize) -> Error {
         Error::WriteQuorum {
             bucket: self.bucket.to_owned(),
             key: self.key.to_owned(),
             acked,
-            total: erasure.n(),
-            needed: erasure.write_quorum(),
+            total: self.erasure.n(),
+            needed: self.erasure.write_quorum(),
             reasons: self.failures.iter().map(Error::to_string).collect::<Vec<_>>().join("; "),
             unanswered: unknown,
         }
@@ -1057,15 +1057,7 @@ impl<'a> Fanout<'a> {
         {
             return Error::DiskFull { node: node.clone() };
         }
-        Error::WriteQuorum {
-            bucket: self.bucket.to_owned(),
-            key: self.key.to_owned(),
-            acked,
-            total: erasure.n(),
-            needed: erasure.write_quorum(),
-            reasons: self.failures.iter().map(Error::to_string).collect::<Vec<_>>().join("; "),
-            unanswered: 0,
-        }
+        self.write_quorum_error(acked, 0)
     }
 
     /// Sends every chunk of one stripe to its drive, all drives in parallel. A drive that fails
@@ -1157,7 +1149,7 @@ impl<'a> Fanout<'a> {
                     let undone = self.rollback(&applied).await + self.rollback_unanswered(&unanswered).await;
                     let may_hold = applied.len() + unanswered.len() - undone;
                     if may_hold >= meta.drives_to_read(self.erasure.marker_quorum()) {
-                        return Err(self.outcome_unknown_error(applied.len(), may_hold));
+                        return Err(self.write_quorum_error(applied.len(), may_hold));
                     }
                     return Err(self.quorum_error(0));
                 }
@@ -1232,7 +1224,7 @@ impl<'a> Fanout<'a> {
             // write's outcome is unknown: it is left to take effect, or not, as the drives
             // that did not answer decide, and their holders treat it as acknowledged once W
             // hold it (issue 37, item 2).
-            return Err(self.outcome_unknown_error(applied.len(), unknown.len()));
+            return Err(self.write_quorum_error(applied.len(), unknown.len()));
         }
         let error = self.quorum_error(applied.len());
         let mut undone = self.rollback(&applied).await;
@@ -1245,7 +1237,7 @@ impl<'a> Fanout<'a> {
         // a version (`node::scrub`, readable leftovers): the outcome is unknown then.
         let may_hold = applied.len() + unknown.len() - undone;
         if may_hold >= meta.drives_to_read(self.erasure.marker_quorum()) {
-            return Err(self.outcome_unknown_error(applied.len(), may_hold));
+            return Err(self.write_quorum_error(applied.len(), may_hold));
         }
         Err(error)
     }
