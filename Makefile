@@ -33,12 +33,14 @@ DURATION ?= 600
 SEEDS ?=
 chaos: build
 	./target/release/tessera-model --impairments 2
-	./target/release/tessera-model --writers 2 --depth 12
+	./target/release/tessera-model --writers 2 --k 1 --m 1 --depth 16
+	./target/release/tessera-model --writers 2 --k 2 --m 1 --faults 1 --depth 14
 	chaos/run.sh --long $(DURATION) $(SEEDS)
 
 ## The write protocol's model (crates/model): every reachable state of one erasure set (3 + 2,
 ## one writer beside the initial version, bounded faults and outages) checked against the
-## durability invariants; ARGS for larger runs (--impairments 2, --writers 2 --depth 12, --large).
+## durability invariants; ARGS for larger runs (--impairments 2, --large; two writers, who
+## overlap and re-stamp, fit only depth-bounded runs: --writers 2 --k 1 --m 1 --depth 16).
 model: ;	$(CARGO) run --release -p model --bin tessera-model -- $(ARGS)
 
 ## End-to-end suite only (installs e2e/requirements.txt into .venv); ARGS go to pytest.

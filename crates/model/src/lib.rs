@@ -99,6 +99,13 @@ pub struct Fixes {
     /// once its rollbacks settle; otherwise the outcome is unknown. Off: a readable version of
     /// unknown outcome stays on the drives that took it, with less redundancy for ever.
     pub complete_readable: bool,
+    /// `client::put::Fanout::commit`: a commit that reached W drives but found a newer version
+    /// current on some (`Superseded`) is re-stamped: committed again, under a version past the
+    /// newest those drives reported, on the drives that hold it (`proto::Request::Commit` with
+    /// `restamp_of`), and acknowledged as that version. Off: acknowledged as it is, ordered by
+    /// when its writer began (issue 37, item 9: of two overlapping PUTs, the one acknowledged
+    /// last lost).
+    pub restamp_superseded: bool,
 }
 
 impl Fixes {
@@ -109,6 +116,7 @@ impl Fixes {
         list_answers_as_reads: true,
         rollback_fences_unknown: true,
         complete_readable: true,
+        restamp_superseded: true,
     };
 }
 
@@ -119,7 +127,7 @@ pub struct Config {
     pub k: u8,
     /// Parity chunks per version; also the most drives down at once.
     pub m: u8,
-    /// Writers, each doing one PUT or DELETE; at most 7.
+    /// Writers, each doing one PUT or DELETE; at most 3 (each takes up to [`ROUNDS`] versions).
     pub writers: u8,
     /// Messages lost plus commits refused, in all.
     pub faults_max: u8,
@@ -134,9 +142,10 @@ pub struct Config {
 
 impl Config {
     /// 3 + 2, one writer beside the initial version, two faults, one outage: the default run
-    /// and the tests, exhaustive in about 30 s on 2 cores (1.27 million states). A second writer
-    /// multiplies the states by more than a thousand: run it depth-bounded (`--writers 2
-    /// --depth 12`: 6.3 million states, about a minute, no counterexample).
+    /// and the tests, exhaustive in about 30 s on 2 cores (1.36 million states). A second writer
+    /// multiplies the states by more than a thousand (an exhaustive run of two fills 24 GB):
+    /// run two depth-bounded on a smaller set, deep enough for a re-stamp (`--writers 2 --k 1
+    /// --m 1 --depth 16`: 9.5 million states, about 70 s, no counterexample).
     pub fn small(fixes: Fixes) -> Config {
         Config { k: 3, m: 2, writers: 1, faults_max: 2, impairments_max: 1, clock_skew: false, fixes }
     }
@@ -192,23 +201,52 @@ pub enum Phase {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Net {
     pub commit: u8,
+    /// The first round's commits still in flight after a re-stamp began: they may land.
+    pub late: u8,
     pub rollback: u8,
     pub finalize: u8,
 }
 
-/// One writer's write. Its version is `(counter, writer)`; the model names it by the writer's
-/// number (version 0 is the initial one).
+/// Commit rounds a writer may take: its first commit and one re-stamp. The product allows
+/// `client::put::RESTAMP_ROUNDS_MAX`; one re-stamp is all that two writers need unless each
+/// supersedes the other's re-stamp in turn, which the model lets run out (`Write::unordered`).
+pub const ROUNDS: u8 = 2;
+
+/// One writer's write. Round `r`'s version is `(counters[r], writer)`; the model names it
+/// `writer + r × writers` (version 0 is the initial one): see [`WriteModel::version_of`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Write {
     pub op: Op,
-    pub counter: u8,
+    /// Each round's counter (0 for a round not taken).
+    pub counters: [u8; ROUNDS as usize],
+    /// The round being committed; once decided, the last one.
+    pub round: u8,
     pub phase: Phase,
-    /// Drives sent a commit (those up when the write began); the rest were skipped.
+    /// Drives sent this round's commit: those up when the write began, for a re-stamp those
+    /// that held the first round's version; the rest were skipped.
     pub sent: u8,
-    /// Drives that replied Applied or Superseded.
+    /// Drives that replied Applied or Superseded this round.
     pub applied: u8,
-    /// Drives that replied an error.
+    /// Drives that replied an error this round.
     pub failed: u8,
+    /// Drives that replied Superseded this round (a newer version was current there).
+    pub superseded: u8,
+    /// The newest counter among the versions that superseded this round's.
+    pub newest_seen: u8,
+    /// Whether a commit of this round reached a drive yet.
+    pub landed: bool,
+    /// Acknowledgements decided before this round's first commit reached a drive.
+    pub acks_before: u8,
+    /// Once acknowledged: the round whose version was, the drives holding it (the finalize
+    /// goes to them and repair to the others) and its place among all acknowledgements (from 1).
+    pub acked_round: u8,
+    pub acked_on: u8,
+    pub ack_seq: u8,
+    /// Acknowledged without the order guarantee: its re-stamp failed (the first round's
+    /// version, on W drives, is what was acknowledged) or the rounds ran out.
+    pub unordered: bool,
+    /// The outcome of the last round's version when a failed re-stamp left it unacknowledged.
+    pub restamp_outcome: Option<Outcome>,
     pub net: Net,
 }
 
@@ -243,12 +281,15 @@ pub struct State {
     pub impairments_left: u8,
     /// Versions that a repair copied or a scrub finalized, one bit per version.
     pub spread: u8,
+    /// Writes acknowledged so far.
+    pub acks: u8,
 }
 
 /// A message kind, for [`Action::Lose`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Message {
     Commit,
+    LateCommit,
     Rollback,
     Finalize,
 }
@@ -257,9 +298,9 @@ pub enum Message {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     WriteTarget { writer: u8, op: Op, counter: u8 },
-    DriveCommit { writer: u8, drive: u8 },
+    DriveCommit { writer: u8, drive: u8, late: bool },
     DriveCommitReplyLost { writer: u8, drive: u8 },
-    DriveCommitFails { writer: u8, drive: u8 },
+    DriveCommitFails { writer: u8, drive: u8, late: bool },
     FanoutCommit { writer: u8 },
     DriveRollback { writer: u8, drive: u8 },
     DriveFinalize { writer: u8, drive: u8 },
@@ -289,12 +330,13 @@ pub struct WriteModel {
 }
 
 /// The invariants, in the order the binary names them.
-pub const INVARIANTS: [&str; 5] = [
+pub const INVARIANTS: [&str; 6] = [
     "acknowledged_never_lost",
     "failed_write_invisible",
     "list_agrees_with_reads",
     "repair_only_acknowledged",
     "quiet_reads_fully_held",
+    "acknowledged_in_order",
 ];
 
 fn bits(mask: u8) -> impl Iterator<Item = u8> {
@@ -308,7 +350,7 @@ fn count(mask: u8) -> u8 {
 impl WriteModel {
     pub fn new(config: Config) -> WriteModel {
         let w = config.write_quorum();
-        assert!(config.n() <= 8 && config.writers >= 1 && config.writers <= 7, "masks are u8");
+        assert!(config.n() <= 8 && config.writers >= 1 && config.writers * ROUNDS < 8, "masks are u8");
         assert!(w <= config.n() && w > config.m, "a shape whose m reaches W cannot read with m drives down");
         WriteModel { config }
     }
@@ -317,29 +359,53 @@ impl WriteModel {
         ((1u16 << self.config.n()) - 1) as u8
     }
 
-    fn write(state: &State, version: u8) -> Option<&Write> {
-        match version {
-            0 => None,
-            w => state.writers[usize::from(w - 1)].as_ref(),
-        }
+    /// The version `writer` commits in `round`.
+    pub fn version_of(state: &State, writer: u8, round: u8) -> u8 {
+        writer + round * state.writers.len() as u8
     }
 
-    /// The order of versions: `(counter, writer)`; version 0 is `(0, 0)`.
+    /// The writer and round of a version; `None` for version 0.
+    fn writer_round(writers: usize, version: u8) -> Option<(u8, u8)> {
+        let n = writers as u8;
+        (version != 0).then(|| ((version - 1) % n + 1, (version - 1) / n))
+    }
+
+    fn write(state: &State, version: u8) -> Option<&Write> {
+        let (writer, _) = Self::writer_round(state.writers.len(), version)?;
+        state.writers[usize::from(writer - 1)].as_ref()
+    }
+
+    /// The order of versions: `(counter of its round, writer)`; version 0 is `(0, 0)`.
     fn order(state: &State, version: u8) -> (u8, u8) {
-        Self::write(state, version).map_or((0, 0), |w| (w.counter, version))
+        Self::order_in(&state.writers, version)
+    }
+
+    fn order_in(writers: &[Option<Write>], version: u8) -> (u8, u8) {
+        match Self::writer_round(writers.len(), version) {
+            None => (0, 0),
+            Some((writer, round)) => {
+                writers[usize::from(writer - 1)].map_or((0, 0), |write| (write.counters[usize::from(round)], writer))
+            }
+        }
     }
 
     fn is_delete(state: &State, version: u8) -> bool {
         Self::write(state, version).is_some_and(|w| w.op == Op::Delete)
     }
 
+    /// What became of a version: its write's outcome, except the last round's version of a
+    /// write acknowledged with an earlier round (its re-stamp failed): its own. An earlier
+    /// round's version of an acknowledged write is acknowledged too (W drives hold it, the
+    /// same object; the later round is ordered after it).
     fn outcome(state: &State, version: u8) -> Option<Outcome> {
-        match version {
-            0 => Some(Outcome::Acknowledged),
-            _ => match Self::write(state, version)?.phase {
-                Phase::Decided(outcome) => Some(outcome),
-                Phase::Committing => None,
-            },
+        let Some((_, round)) = Self::writer_round(state.writers.len(), version) else {
+            return Some(Outcome::Acknowledged);
+        };
+        let write = Self::write(state, version)?;
+        match write.phase {
+            Phase::Committing => None,
+            Phase::Decided(Outcome::Acknowledged) if round > write.acked_round => write.restamp_outcome,
+            Phase::Decided(outcome) => Some(outcome),
         }
     }
 
@@ -394,12 +460,13 @@ impl WriteModel {
         (newest.is_some_and(|v| !Self::is_delete(state, v)), newest)
     }
 
-    /// Whether a failed write's rollbacks are settled: none is still in flight. A rollback
-    /// to a drive that is down waits for it; until it lands the drive may hold the version
-    /// (its commit may land first), and nothing a reader sees can tell that drive from one
-    /// holding an acknowledged version.
-    fn rollback_settled(write: &Write) -> bool {
-        write.phase == Phase::Decided(Outcome::Failed) && write.net.rollback == 0
+    /// Whether `version` definitely failed and its rollbacks are settled: none is still in
+    /// flight. A rollback to a drive that is down waits for it; until it lands the drive may
+    /// hold the version (its commit may land first), and nothing a reader sees can tell that
+    /// drive from one holding an acknowledged version.
+    fn rollback_settled(state: &State, version: u8) -> bool {
+        Self::outcome(state, version) == Some(Outcome::Failed)
+            && Self::write(state, version).is_some_and(|w| w.net.rollback == 0)
     }
 
     fn acknowledged_never_lost(&self, state: &State) -> bool {
@@ -420,7 +487,7 @@ impl WriteModel {
     }
 
     fn failed_write_invisible(&self, state: &State) -> bool {
-        let settled_failure = |v: Option<u8>| v.and_then(|v| Self::write(state, v)).is_some_and(Self::rollback_settled);
+        let settled_failure = |v: Option<u8>| v.is_some_and(|v| Self::rollback_settled(state, v));
         let read = match self.read(state) {
             ReadOutcome::Object(v) | ReadOutcome::Absent(Some(v)) => Some(v),
             _ => None,
@@ -434,6 +501,26 @@ impl WriteModel {
 
     fn repair_only_acknowledged(&self, state: &State) -> bool {
         bits(state.spread).all(|v| Self::outcome(state, v) != Some(Outcome::Failed))
+    }
+
+    /// A write acknowledged after another one's acknowledgement reached it is newer: for
+    /// every write Y acknowledged with its order guarantee, every write X acknowledged before
+    /// Y's last round reached a drive has an older version. (A version on W drives before Y's
+    /// commit arrived is on one of the W drives that applied Y's version as current: write
+    /// quorums intersect.)
+    fn acknowledged_in_order(&self, state: &State) -> bool {
+        let acked = |writer: u8, write: &Write| {
+            (write.phase == Phase::Decided(Outcome::Acknowledged))
+                .then(|| Self::order(state, Self::version_of(state, writer, write.acked_round)))
+        };
+        let writes: Vec<(u8, &Write)> =
+            state.writers.iter().enumerate().filter_map(|(i, w)| w.as_ref().map(|w| (i as u8 + 1, w))).collect();
+        writes.iter().all(|&(y, wy)| {
+            let Some(order_y) = acked(y, wy).filter(|_| !wy.unordered) else { return true };
+            writes.iter().all(|&(x, wx)| {
+                x == y || wx.ack_seq == 0 || wx.ack_seq > wy.acks_before || acked(x, wx) < Some(order_y)
+            })
+        })
     }
 
     /// Once nothing is left to happen (every writer decided, no message in flight, no drive
@@ -484,16 +571,35 @@ pub fn describe(state: &State) -> String {
     for (idx, w) in state.writers.iter().enumerate() {
         let Some(w) = w else { continue };
         let n = w.net;
+        let writer = idx as u8 + 1;
+        let versions: Vec<String> = (0..=w.round)
+            .map(|r| {
+                format!("v{} = ({}, {writer})", WriteModel::version_of(state, writer, r), w.counters[usize::from(r)])
+            })
+            .collect();
+        let acked = if w.ack_seq > 0 {
+            format!(
+                " acked v{} #{}{}",
+                WriteModel::version_of(state, writer, w.acked_round),
+                w.ack_seq,
+                if w.unordered { " unordered" } else { "" }
+            )
+        } else {
+            String::new()
+        };
         out.push_str(&format!(
-            "    writer {} ({:?}, counter {}): {:?} sent {} applied {} failed {}; in flight: commit {} rollback {} finalize {}\n",
-            idx + 1,
+            "    writer {writer} ({:?}, {}): {:?}{acked} round {} sent {} applied {} superseded {} failed {} (acks before: {}); in flight: commit {} late {} rollback {} finalize {}\n",
             w.op,
-            w.counter,
+            versions.join(", "),
             w.phase,
+            w.round,
             set(w.sent),
             set(w.applied),
+            set(w.superseded),
             set(w.failed),
+            w.acks_before,
             set(n.commit),
+            set(n.late),
             set(n.rollback),
             set(n.finalize),
         ));
@@ -528,6 +634,7 @@ impl Model for WriteModel {
             faults_left: self.config.faults_max,
             impairments_left: self.config.impairments_max,
             spread: 0,
+            acks: 0,
         }]
     }
 
@@ -545,12 +652,13 @@ impl Model for WriteModel {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut properties = vec![
             Property::always("acknowledged_never_lost", |model: &Self, s| model.acknowledged_never_lost(s)),
             Property::always("failed_write_invisible", |model: &Self, s| model.failed_write_invisible(s)),
             Property::always("list_agrees_with_reads", |model: &Self, s| model.list_agrees_with_reads(s)),
             Property::always("repair_only_acknowledged", |model: &Self, s| model.repair_only_acknowledged(s)),
             Property::always("quiet_reads_fully_held", |model: &Self, s| model.quiet_reads_fully_held(s)),
+            Property::always("acknowledged_in_order", |model: &Self, s| model.acknowledged_in_order(s)),
             Property::sometimes("an acknowledged write", |_, s: &State| {
                 s.writers.iter().flatten().any(|w| w.phase == Phase::Decided(Outcome::Acknowledged))
             }),
@@ -560,7 +668,17 @@ impl Model for WriteModel {
             Property::sometimes("an unknown outcome", |_, s: &State| {
                 s.writers.iter().flatten().any(|w| w.phase == Phase::Decided(Outcome::Unknown))
             }),
-        ]
+        ];
+        // One writer has nobody to overlap with: only two can supersede each other.
+        if self.config.writers > 1 {
+            properties.push(Property::sometimes("a re-stamped write", |_, s: &State| {
+                s.writers
+                    .iter()
+                    .flatten()
+                    .any(|w| w.phase == Phase::Decided(Outcome::Acknowledged) && w.acked_round > 0)
+            }));
+        }
+        properties
     }
 }
 

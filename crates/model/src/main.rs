@@ -2,9 +2,10 @@
 //!
 //! `tessera-model` runs the default size exhaustively ([`Config::small`]: 3 + 2, one writer
 //! beside the initial version, one fault, one outage); `--large` runs [`Config::large`].
-//! `--faults N`, `--impairments N`, `--writers N` and `--clock-skew` change the bounds after
-//! that; `--depth N` explores only the states within N steps (two writers do not fit an
-//! exhaustive run: `--writers 2 --depth 12` is 6.3 million states, about a minute).
+//! `--k N`, `--m N`, `--faults N`, `--impairments N`, `--writers N` and `--clock-skew` change
+//! the bounds after that; `--depth N` explores only the states within N steps (two writers do
+//! not fit an exhaustive run: `--writers 2 --k 1 --m 1 --depth 16` is 9.5 million states,
+//! about 70 s, and reaches re-stamps).
 //! Prints one line on success; on a counterexample prints its trace and exits 1.
 
 use std::process::ExitCode;
@@ -74,12 +75,14 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(Config, Option<u8>),
             "--large" => config = Config { fixes: config.fixes, ..Config::large(Fixes::ALL) },
             "--faults" => config.faults_max = number("--faults")?,
             "--impairments" => config.impairments_max = number("--impairments")?,
-            "--writers" => config.writers = number("--writers")?.clamp(1, 7),
+            "--writers" => config.writers = number("--writers")?.clamp(1, 3),
+            "--k" => config.k = number("--k")?.clamp(1, 6),
+            "--m" => config.m = number("--m")?.clamp(1, 3),
             "--depth" => depth = Some(number("--depth")?),
             "--clock-skew" => config.clock_skew = true,
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}: use --large, --faults N, --impairments N, --writers N, --clock-skew, --depth N"
+                    "unknown argument {other:?}: use --large, --k N, --m N, --faults N, --impairments N, --writers N, --clock-skew, --depth N"
                 ));
             }
         }

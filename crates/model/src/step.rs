@@ -1,6 +1,8 @@
 //! The actions enabled in a state, and what each does.
 
-use crate::{Action, Drive, Message, Net, Op, Outcome, Phase, RepairEntry, State, Write, WriteModel, bits, count};
+use crate::{
+    Action, Drive, Message, Net, Op, Outcome, Phase, ROUNDS, RepairEntry, State, Write, WriteModel, bits, count,
+};
 
 impl WriteModel {
     pub(crate) fn writer_actions(&self, state: &State, actions: &mut Vec<Action>) {
@@ -19,12 +21,18 @@ impl WriteModel {
             }
             let up = self.up(state);
             for drive in bits(write.net.commit & up) {
-                actions.push(Action::DriveCommit { writer, drive });
+                actions.push(Action::DriveCommit { writer, drive, late: false });
                 if state.faults_left > 0 {
-                    actions.push(Action::DriveCommitFails { writer, drive });
+                    actions.push(Action::DriveCommitFails { writer, drive, late: false });
                     if write.phase == Phase::Committing {
                         actions.push(Action::DriveCommitReplyLost { writer, drive });
                     }
+                }
+            }
+            for drive in bits(write.net.late & up) {
+                actions.push(Action::DriveCommit { writer, drive, late: true });
+                if state.faults_left > 0 {
+                    actions.push(Action::DriveCommitFails { writer, drive, late: true });
                 }
             }
             for drive in bits(write.net.rollback & up) {
@@ -89,9 +97,12 @@ impl WriteModel {
             let Some(write) = write else { continue };
             let writer = idx as u8 + 1;
             let net = write.net;
-            for (message, mask) in
-                [(Message::Commit, net.commit), (Message::Rollback, net.rollback), (Message::Finalize, net.finalize)]
-            {
+            for (message, mask) in [
+                (Message::Commit, net.commit),
+                (Message::LateCommit, net.late),
+                (Message::Rollback, net.rollback),
+                (Message::Finalize, net.finalize),
+            ] {
                 for drive in bits(mask) {
                     actions.push(Action::Lose { writer, message, drive });
                 }
@@ -102,29 +113,41 @@ impl WriteModel {
     pub(crate) fn apply(&self, state: &mut State, action: Action) {
         match action {
             Action::WriteTarget { writer, op, counter } => self.start(state, writer, op, counter),
-            Action::DriveCommit { writer, drive } => self.drive_commit(state, writer, drive, Reply::Delivered),
+            Action::DriveCommit { writer, drive, late } => {
+                self.drive_commit(state, writer, drive, if late { Reply::Late } else { Reply::Delivered })
+            }
             Action::DriveCommitReplyLost { writer, drive } => {
                 state.faults_left -= 1;
                 self.drive_commit(state, writer, drive, Reply::Lost);
             }
-            Action::DriveCommitFails { writer, drive } => {
+            Action::DriveCommitFails { writer, drive, late } => {
                 state.faults_left -= 1;
+                let acks = state.acks;
                 let write = write_mut(state, writer);
-                write.net.commit &= !(1 << drive);
-                if write.phase == Phase::Committing {
-                    write.failed |= 1 << drive;
+                if late {
+                    write.net.late &= !(1 << drive);
+                } else {
+                    write.net.commit &= !(1 << drive);
+                    if write.phase == Phase::Committing {
+                        write.failed |= 1 << drive;
+                        land(write, acks);
+                    }
                 }
             }
             Action::FanoutCommit { writer } => self.fanout_commit(state, writer),
             Action::DriveRollback { writer, drive } => {
                 let fence = self.config.fixes.rollback_fences_unknown;
-                write_mut(state, writer).net.rollback &= !(1 << drive);
+                let write = write_mut(state, writer);
+                write.net.rollback &= !(1 << drive);
+                // The last round's version is the one rolled back.
+                let round = write.round;
+                let version = Self::version_of(state, writer, round);
                 let d = &mut state.drives[usize::from(drive)];
                 // A drive that held the version has had its one commit: only the others fence.
-                if fence && d.held & (1 << writer) == 0 {
-                    d.fenced |= 1 << writer;
+                if fence && d.held & (1 << version) == 0 {
+                    d.fenced |= 1 << version;
                 }
-                d.held &= !(1 << writer);
+                d.held &= !(1 << version);
                 self.settle_rollbacks(state, writer);
             }
             Action::DriveFinalize { writer, drive } => self.drive_finalize(state, writer, drive),
@@ -140,6 +163,7 @@ impl WriteModel {
                 let bit = !(1 << drive);
                 match message {
                     Message::Commit => net.commit &= bit,
+                    Message::LateCommit => net.late &= bit,
                     Message::Rollback => net.rollback &= bit,
                     Message::Finalize => net.finalize &= bit,
                 }
@@ -190,34 +214,73 @@ impl WriteModel {
     fn start(&self, state: &mut State, writer: u8, op: Op, counter: u8) {
         let sent = self.up(state);
         let net = Net { commit: sent, ..Net::default() };
-        let write = Write { op, counter, phase: Phase::Committing, sent, applied: 0, failed: 0, net };
+        let write = Write {
+            op,
+            counters: [counter, 0],
+            round: 0,
+            phase: Phase::Committing,
+            sent,
+            applied: 0,
+            failed: 0,
+            superseded: 0,
+            newest_seen: 0,
+            landed: false,
+            acks_before: 0,
+            acked_round: 0,
+            acked_on: 0,
+            ack_seq: 0,
+            unordered: false,
+            restamp_outcome: None,
+            net,
+        };
         state.writers[usize::from(writer - 1)] = Some(write);
     }
 
     /// `chunkstore::Drive::commit`: the version becomes current if newer, else retained
-    /// (Superseded); either way the drive holds it and answers Applied. A fenced version
-    /// (rolled back here before its commit arrived) is refused. The reply reaches the writer
-    /// at once unless lost: a reply that comes late is one the writer decided without, which
-    /// `FanoutCommit` before this step already covers.
+    /// (Superseded, with the newer version's id); either way the drive holds it and it counts
+    /// toward W. A fenced version (rolled back here before its commit arrived) is refused; so
+    /// is a re-stamp (`restamp_of`) of an object whose first round's data the drive does not
+    /// hold (a delete marker has none to hold). The reply reaches the writer at once unless
+    /// lost: a reply that comes late is one the writer decided without, which `FanoutCommit`
+    /// before this step already covers. A first-round commit landing after its writer
+    /// re-stamped (`Reply::Late`) is such a reply.
     fn drive_commit(&self, state: &mut State, writer: u8, drive: u8, reply: Reply) {
-        let skipped = self.all_drives() & !write_mut(state, writer).sent;
+        let late = reply == Reply::Late;
+        let acks = state.acks;
         let write = write_mut(state, writer);
-        write.net.commit &= !(1 << drive);
+        let skipped = self.all_drives() & !write.sent;
+        let round = if late { 0 } else { write.round };
+        if late {
+            write.net.late &= !(1 << drive);
+        } else {
+            write.net.commit &= !(1 << drive);
+        }
         let committing = write.phase == Phase::Committing;
+        let needs_data = round > 0 && write.op == Op::Put;
+        let version = Self::version_of(state, writer, round);
+        let order = Self::order(state, version);
+        let d = &state.drives[usize::from(drive)];
+        let newer = Self::current(state, d).map(|c| Self::order(state, c)).filter(|&c| c > order);
+        let refused = d.fenced & (1 << version) != 0
+            || (needs_data && d.held & (1 << Self::version_of(state, writer, round - 1)) == 0);
         let d = &mut state.drives[usize::from(drive)];
-        let refused = d.fenced & (1 << writer) != 0;
         if !refused {
-            d.held |= 1 << writer;
-            if !self.config.fixes.commit_queues_no_repair && skipped != 0 {
-                queue(d, RepairEntry { version: writer, targets: skipped, finalizes: false });
+            d.held |= 1 << version;
+            if !self.config.fixes.commit_queues_no_repair && skipped != 0 && !late {
+                queue(d, RepairEntry { version, targets: skipped, finalizes: false });
             }
         }
         if committing && reply == Reply::Delivered {
             let write = write_mut(state, writer);
+            land(write, acks);
             if refused {
                 write.failed |= 1 << drive;
             } else {
                 write.applied |= 1 << drive;
+                if let Some((counter, _)) = newer {
+                    write.superseded |= 1 << drive;
+                    write.newest_seen = write.newest_seen.max(counter);
+                }
             }
         }
     }
@@ -225,14 +288,48 @@ impl WriteModel {
     /// `client::put::Fanout::commit` decides with the replies it has: acknowledged at W
     /// applied (Finalize to them); unknown when the drives that never answered could make up
     /// W (nothing sent); else failed (Rollback).
+    ///
+    /// With `Fixes::restamp_superseded`, W applied with some Superseded re-stamps instead
+    /// (a round past the newest counter they reported, sent to the drives that applied this
+    /// one) while rounds are left. A re-stamp that fails acknowledges the first round's
+    /// version, which W drives hold (without the order guarantee), and decides about its own
+    /// version as about a failed first round: unknown, or rolled back.
     fn fanout_commit(&self, state: &mut State, writer: u8) {
         let fixes = self.config.fixes;
         let w = self.config.write_quorum();
+        let acks = state.acks;
         let write = write_mut(state, writer);
         let unknown = write.sent & !write.applied & !write.failed;
         let (applied, unknown_count) = (count(write.applied), count(unknown));
+        if applied >= w && fixes.restamp_superseded && write.superseded != 0 && write.round + 1 < ROUNDS {
+            write.round += 1;
+            write.counters[usize::from(write.round)] = write.newest_seen + 1;
+            // The first round's commits not answered yet may still land.
+            write.net.late = write.net.commit;
+            write.net.commit = write.applied;
+            write.sent = write.applied;
+            write.applied = 0;
+            write.failed = 0;
+            write.superseded = 0;
+            write.newest_seen = 0;
+            write.landed = false;
+            return;
+        }
         let outcome = if applied >= w {
-            write.net.finalize = write.applied;
+            write.acked_round = write.round;
+            write.acked_on = write.applied;
+            write.unordered = fixes.restamp_superseded && write.superseded != 0;
+            Outcome::Acknowledged
+        } else if write.round > 0 {
+            write.acked_round = write.round - 1;
+            write.acked_on = write.sent;
+            write.unordered = true;
+            write.restamp_outcome = Some(if fixes.no_rollback_when_unknown && applied + unknown_count >= w {
+                Outcome::Unknown
+            } else {
+                write.net.rollback = write.applied | if fixes.rollback_fences_unknown { unknown } else { 0 };
+                Outcome::Failed
+            });
             Outcome::Acknowledged
         } else if fixes.no_rollback_when_unknown && applied + unknown_count >= w {
             Outcome::Unknown
@@ -240,7 +337,12 @@ impl WriteModel {
             write.net.rollback = write.applied | if fixes.rollback_fences_unknown { unknown } else { 0 };
             Outcome::Failed
         };
-        write.phase = Phase::Decided(outcome);
+        if outcome == Outcome::Acknowledged {
+            write.net.finalize = write.acked_on;
+            write.ack_seq = acks + 1;
+            state.acks += 1;
+        }
+        write_mut(state, writer).phase = Phase::Decided(outcome);
     }
 
     /// `client::put::Fanout::commit` once its rollbacks are answered or lost: with the fix, a
@@ -249,16 +351,18 @@ impl WriteModel {
     fn settle_rollbacks(&self, state: &mut State, writer: u8) {
         let threshold =
             |write: &Write| if write.op == Op::Delete { self.config.marker_quorum() } else { self.config.k };
-        let commit = write_mut(state, writer).net.commit;
-        let held = state.drives.iter().enumerate().fold(0u8, |acc, (i, d)| acc | ((d.held >> writer) & 1) << i);
+        let write = write_mut(state, writer);
+        let (commit, round) = (write.net.commit, write.round);
+        let version = Self::version_of(state, writer, round);
+        let held = state.drives.iter().enumerate().fold(0u8, |acc, (i, d)| acc | ((d.held >> version) & 1) << i);
         let may_hold = count(held | commit);
         let write = write_mut(state, writer);
-        if self.config.fixes.complete_readable
-            && write.phase == Phase::Decided(Outcome::Failed)
-            && write.net.rollback == 0
-            && may_hold >= threshold(write)
-        {
-            write.phase = Phase::Decided(Outcome::Unknown);
+        if self.config.fixes.complete_readable && write.net.rollback == 0 && may_hold >= threshold(write) {
+            if write.phase == Phase::Decided(Outcome::Failed) {
+                write.phase = Phase::Decided(Outcome::Unknown);
+            } else if write.restamp_outcome == Some(Outcome::Failed) {
+                write.restamp_outcome = Some(Outcome::Unknown);
+            }
         }
     }
 
@@ -267,14 +371,16 @@ impl WriteModel {
     fn drive_finalize(&self, state: &mut State, writer: u8, drive: u8) {
         let write = write_mut(state, writer);
         write.net.finalize &= !(1 << drive);
-        let missing = self.all_drives() & !write.applied;
+        let missing = self.all_drives() & !write.acked_on;
+        let acked_round = write.acked_round;
+        let version = Self::version_of(state, writer, acked_round);
         let d = &mut state.drives[usize::from(drive)];
         let order = |v| Self::order_in(&state.writers, v);
-        if d.floor.is_none_or(|f| order(f) < order(writer)) {
-            d.floor = Some(writer);
+        if d.floor.is_none_or(|f| order(f) < order(version)) {
+            d.floor = Some(version);
         }
         if missing != 0 {
-            queue(d, RepairEntry { version: writer, targets: missing, finalizes: true });
+            queue(d, RepairEntry { version, targets: missing, finalizes: true });
         }
     }
 
@@ -387,19 +493,23 @@ impl WriteModel {
         }
     }
 
-    /// Retained versions older than the drive's floor (the retire grace has passed).
+    /// Retained versions older than the drive's floor (the retire grace has passed). Not a
+    /// version whose writer is still committing: the grace (10 min) outlasts a commit round
+    /// (two request timeouts), so a re-stamp finds the first round's data.
     fn retirable(&self, state: &State, drive: &Drive) -> u8 {
         let (Some(floor), Some(current)) = (drive.floor, Self::current(state, drive)) else { return 0 };
         bits(drive.held)
             .filter(|&v| v != current && Self::order(state, v) < Self::order(state, floor))
+            .filter(|&v| Self::write(state, v).is_none_or(|w| w.phase != Phase::Committing))
             .fold(0, |acc, v| acc | 1 << v)
     }
+}
 
-    fn order_in(writers: &[Option<Write>], version: u8) -> (u8, u8) {
-        match version {
-            0 => (0, 0),
-            w => writers[usize::from(w - 1)].map_or((0, 0), |write| (write.counter, w)),
-        }
+/// Records, at the first reply of a round, the acknowledgements decided before it.
+fn land(write: &mut Write, acks: u8) {
+    if !write.landed {
+        write.landed = true;
+        write.acks_before = acks;
     }
 }
 
@@ -408,6 +518,8 @@ impl WriteModel {
 enum Reply {
     Delivered,
     Lost,
+    /// A first-round commit after its writer re-stamped: nobody waits for its reply.
+    Late,
 }
 
 /// Renumbers the drives in a canonical order (drives are interchangeable: every rule treats
@@ -420,15 +532,25 @@ pub(crate) fn canonical(state: &mut State) {
         let drive = &state.drives[d];
         let queue: Vec<(u8, bool, u8)> =
             drive.queue.iter().map(|e| (e.version, e.finalizes, count(e.targets))).collect();
-        let view: Vec<u8> = state
+        let view: Vec<u16> = state
             .writers
             .iter()
             .flatten()
             .map(|w| {
-                [w.sent, w.applied, w.failed, w.net.commit, w.net.rollback, w.net.finalize]
-                    .iter()
-                    .enumerate()
-                    .fold(0u8, |acc, (i, mask)| acc | ((mask >> d) & 1) << i)
+                [
+                    w.sent,
+                    w.applied,
+                    w.failed,
+                    w.superseded,
+                    w.acked_on,
+                    w.net.commit,
+                    w.net.late,
+                    w.net.rollback,
+                    w.net.finalize,
+                ]
+                .iter()
+                .enumerate()
+                .fold(0u16, |acc, (i, mask)| acc | u16::from((mask >> d) & 1) << i)
             })
             .collect();
         (drive.down, drive.held, drive.floor, drive.fenced, queue, view)
@@ -447,9 +569,17 @@ pub(crate) fn canonical(state: &mut State) {
     }
     state.drives = drives;
     for w in state.writers.iter_mut().flatten() {
-        for mask in
-            [&mut w.sent, &mut w.applied, &mut w.failed, &mut w.net.commit, &mut w.net.rollback, &mut w.net.finalize]
-        {
+        for mask in [
+            &mut w.sent,
+            &mut w.applied,
+            &mut w.failed,
+            &mut w.superseded,
+            &mut w.acked_on,
+            &mut w.net.commit,
+            &mut w.net.late,
+            &mut w.net.rollback,
+            &mut w.net.finalize,
+        ] {
             *mask = remap(*mask);
         }
     }
