@@ -121,6 +121,8 @@ pub enum Error {
     BucketNotEmpty { bucket: String },
     #[error("no staged data for version {version} (the PUT was aborted or never wrote here)")]
     NoStagedData { version: String },
+    #[error("no data file of version {version} to re-stamp (its commit did not land on this drive)")]
+    NoDataToRestamp { version: String },
     #[error("staged data for version {version} holds {found} bytes, the layout needs {expected}")]
     StagedLengthMismatch { version: String, found: u64, expected: u64 },
     #[error("I/O on drive {path}: {source}")]
@@ -441,6 +443,29 @@ impl Drive {
         condition: CommitCondition,
     ) -> Result<CommitOutcome, Error> {
         self.commit_synced(meta, missing_positions, condition, MetaSync::Now, Staging::Write)
+    }
+
+    /// A writer's re-stamp: commits `meta` (a new version id of the object committed here as
+    /// `of`) with `of`'s data file linked under its name, as [`Drive::commit`] commits a
+    /// staged file. Fails with [`Error::NoDataToRestamp`] when the drive has no data file of `of`
+    /// (the writer counts the drive failed). `of` is left as it is: retained below the new
+    /// version, it retires as any replaced version does.
+    pub fn restamp(&self, meta: &ObjectMeta, of: VersionId, missing_positions: &[u32]) -> Result<CommitOutcome, Error> {
+        assert!(of < meta.version, "a re-stamp orders the object later");
+        if meta.has_data_file() {
+            let source = self.data_path(of);
+            let staging = self.staging_path(meta.version, Staging::Write);
+            match fs::hard_link(&source, &staging) {
+                Ok(()) => {}
+                // A retried re-stamp linked it already (nothing else stages under this id).
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(Error::NoDataToRestamp { version: of.to_hex() });
+                }
+                Err(e) => return Err(self.io_err(&staging, e)),
+            }
+        }
+        self.commit_synced(meta, missing_positions, CommitCondition::None, MetaSync::Now, Staging::Write)
     }
 
     fn commit_synced(

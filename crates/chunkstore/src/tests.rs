@@ -769,3 +769,52 @@ fn clearing_the_repair_queue_empties_it() {
     assert_eq!(drive.clear_repairs().unwrap(), 2);
     assert!(drive.repair_queue().unwrap().is_empty());
 }
+
+#[test]
+fn a_restamp_commits_the_same_bytes_as_a_newer_version_and_keeps_the_old_one_until_it_retires() {
+    // Issue 37, item 9: a write superseded by an overlapping one commits its object again
+    // under a later version id, from the data file its first commit published.
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(5), 10_000);
+    assert_eq!(put(&drive, "a", version(3), 10_000), CommitOutcome::Superseded { current: version(5) });
+    let restamped = meta("a", version(7), 10_000);
+    assert_eq!(
+        drive.restamp(&restamped, version(3), &[]).unwrap(),
+        CommitOutcome::Applied { replaced_parts: Vec::new() }
+    );
+    let versions = drive.get_versions("bkt", "a").unwrap();
+    assert_eq!(versions.current.unwrap().version, version(7));
+    let retained: Vec<_> = versions.retained.iter().map(|m| m.version).collect();
+    assert_eq!(retained, [version(3), version(5)]);
+    let geometry = restamped.geometry();
+    for stripe in 0..geometry.stripes {
+        let len = geometry.chunk_len(stripe);
+        let bytes = drive.read_chunk(version(7), geometry.file_offset(stripe), len).unwrap().unwrap();
+        assert_eq!(bytes, vec![stripe as u8; len], "stripe {stripe}: the re-stamp holds the first commit's bytes");
+    }
+    // A retried re-stamp (its reply lost) answers as a retried commit does.
+    assert_eq!(
+        drive.restamp(&restamped, version(3), &[]).unwrap(),
+        CommitOutcome::Applied { replaced_parts: Vec::new() }
+    );
+    // The old version retires below the new one; the new one's file is its own.
+    drive.finalize("bkt", "a", version(7), &[], 0).unwrap();
+    drive.retire_expired(u64::MAX, 100).unwrap();
+    assert!(drive.open_version(version(3)).unwrap().is_none(), "the first commit retired");
+    assert!(drive.read_chunk(version(7), 0, 10).unwrap().is_some(), "the re-stamp's data outlives it");
+}
+
+#[test]
+fn a_restamp_of_a_version_the_drive_never_got_is_refused() {
+    let (_dir, drive) = drive();
+    put(&drive, "a", version(5), 10_000);
+    let refused = drive.restamp(&meta("a", version(7), 10_000), version(3), &[]);
+    assert!(matches!(refused, Err(Error::NoDataToRestamp { .. })), "{refused:?}");
+    assert_eq!(drive.get_meta("bkt", "a").unwrap().unwrap().version, version(5));
+    // A version without data (a delete marker) needs none.
+    let mut marker = meta("a", version(8), 0);
+    marker.deleted = true;
+    marker.crcs.clear();
+    assert!(drive.restamp(&marker, version(6), &[]).is_ok());
+    assert!(drive.get_meta("bkt", "a").unwrap().unwrap().deleted);
+}

@@ -119,6 +119,16 @@ struct ChunkTarget<'a> {
     block_bytes: u32,
 }
 
+/// A commit round that reached the write quorum ([`Fanout::commit_round`]).
+struct Round {
+    /// Set positions whose drive holds the round's version.
+    applied: Vec<usize>,
+    /// The newest version that some of those drives held current instead (`Superseded`).
+    newer: Option<VersionId>,
+    /// Piece keys of the multipart versions the round's version replaced.
+    replaced: std::collections::BTreeSet<String>,
+}
+
 /// A commit that reached the write quorum.
 pub(crate) struct Committed {
     /// Set positions whose drive holds the version.
@@ -241,7 +251,7 @@ pub(crate) async fn put_in(
         etag: None,
         recorded_etag: None,
     };
-    let target = Target { bucket, key, version, placement };
+    let target = Target { bucket, key, version, placement, restamp: Restamp::Allowed };
     upload(client, &target, current, source, md5, padding, &fields, options.condition).await
 }
 
@@ -262,6 +272,26 @@ struct Target<'a> {
     key: &'a str,
     version: VersionId,
     placement: cluster::Placement,
+    /// Whether the commit may take a later version id (a writer's new object) or must keep
+    /// `version` (a copy or re-layout of an existing version).
+    restamp: Restamp,
+}
+
+/// Re-stamps a write may take after its first commit (issue 37, item 9). Each needs another
+/// write of the key to commit a newer version on one of this one's drives during the round
+/// before it: more than two in a row means writers that keep superseding each other, and the
+/// write is then acknowledged as it stands (ordered among them by its version).
+pub(crate) const RESTAMPS_MAX: usize = 3;
+
+/// Whether [`Fanout::commit`] may commit the object again under a later version id when it
+/// finds a newer version current on some of its drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Restamp {
+    /// A writer's own version: acknowledged last, it must order after every version
+    /// acknowledged before its commit landed.
+    Allowed,
+    /// A copy (pool move) or re-layout keeps the version id it copies.
+    Never,
 }
 
 /// The metadata fields an upload keeps as given (the rest it computes).
@@ -381,7 +411,7 @@ async fn upload(
     };
     meta.size = size - meta.pads.iter().map(|p| u64::from(p.len)).sum::<u64>();
     debug_assert_eq!(meta.geometry(), StripeGeometry::new(size, k, chunk_bytes as u32));
-    let committed = fanout.commit(&meta, condition).await?;
+    let committed = fanout.commit(&mut meta, condition, target.restamp).await?;
     let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
     Ok((ObjectInfo { meta, placement, drives, meta_positions: committed.positions }, committed.replaced_parts))
 }
@@ -401,7 +431,8 @@ pub(crate) async fn copy_version(
 ) -> Result<(ObjectMeta, u64, Vec<String>), Error> {
     let map = Arc::clone(&client.topo.map);
     let placement = map.placement_in(pool, &meta.bucket, &meta.key);
-    let target = Target { bucket: &meta.bucket, key: &meta.key, version: meta.version, placement };
+    let target =
+        Target { bucket: &meta.bucket, key: &meta.key, version: meta.version, placement, restamp: Restamp::Never };
     if !meta.has_data_file() {
         let mut fanout = Fanout::open(client, target.bucket, target.key, meta.version, &placement).await?;
         let mut copy = meta.clone();
@@ -413,7 +444,7 @@ pub(crate) async fn copy_version(
             let erasure = client.erasure_at(&placement);
             (copy.k, copy.m) = (erasure.k as u8, erasure.m as u8);
         }
-        let committed = fanout.commit(&copy, CommitCondition::None).await?;
+        let committed = fanout.commit(&mut copy, CommitCondition::None, Restamp::Never).await?;
         return Ok((copy, 0, committed.replaced_parts));
     }
     let source = source.expect("a version with data is copied from a readable source");
@@ -620,7 +651,7 @@ pub(crate) async fn relayout(
     // Under the lock: a re-layout that finished before it was taken made its version current.
     let result = match client.head_inner(&meta.bucket, &meta.key).await {
         Ok(now) if now.meta.version == meta.version => {
-            let target = Target { bucket: &meta.bucket, key: &meta.key, version, placement };
+            let target = Target { bucket: &meta.bucket, key: &meta.key, version, placement, restamp: Restamp::Never };
             rewrite(client, source, &target, chunk_bytes as u32, padding, pace).await.map(Some)
         }
         Ok(_) | Err(Error::NotFound { .. }) => Ok(None),
@@ -699,7 +730,7 @@ pub(crate) async fn commit_without_data(
         return Err(e);
     }
     assert!(!meta.has_data_file(), "commit_without_data commits no data");
-    let committed = fanout.commit(&meta, condition).await?;
+    let committed = fanout.commit(&mut meta, condition, Restamp::Allowed).await?;
     let drives = fanout.drives.iter().map(|d| (client.node_id(d.node_idx).to_owned(), d.drive_idx)).collect();
     Ok((ObjectInfo { meta, placement, drives, meta_positions: committed.positions }, committed.replaced_parts))
 }
@@ -1102,15 +1133,92 @@ impl<'a> Fanout<'a> {
 
     /// Commits `meta` on every live drive; acknowledged once W drives hold it durably. Below W,
     /// rolls back the drives that applied it, so a failed PUT leaves no visible version.
-    async fn commit(&mut self, meta: &ObjectMeta, condition: CommitCondition) -> Result<Committed, Error> {
+    ///
+    /// Re-stamps (issue 37, item 9): when W drives applied it but some held a newer version
+    /// (`Superseded`: a write that overlapped this one committed first), and `restamp`
+    /// allows, the object is committed again as a version past the newest they reported, on
+    /// the drives that applied it (`Request::RestampCommit`: a link to the same data file),
+    /// so that it orders after every write acknowledged before its commit landed: the write
+    /// acknowledged last wins, as S3 promises. `meta.version` is then the new version. A
+    /// re-stamp round that fails is decided as a failed commit of its own version (rolled
+    /// back, or of unknown outcome) and the write is acknowledged as the version W drives hold
+    /// already, ordered by when it began, as before (model: `Fixes::restamp_superseded`).
+    async fn commit(
+        &mut self,
+        meta: &mut ObjectMeta,
+        condition: CommitCondition,
+        restamp: Restamp,
+    ) -> Result<Committed, Error> {
+        debug_assert_eq!(meta.version, self.version, "the fanout staged this version");
+        let mut round = self.commit_round(meta, condition, None).await?;
+        let mut replaced = std::mem::take(&mut round.replaced);
+        let mut restamps = 0;
+        while let Some(newer) = round.newer.filter(|_| restamp == Restamp::Allowed) {
+            if restamps == RESTAMPS_MAX {
+                tracing::warn!(
+                    bucket = %self.bucket, key = %self.key, version = %meta.version.to_hex(), newer = %newer.to_hex(),
+                    "acknowledged after {RESTAMPS_MAX} re-stamps with a newer version still current on some drives: writers keep superseding each other"
+                );
+                break;
+            }
+            restamps += 1;
+            let (previous, held) = (meta.version, round.applied.clone());
+            meta.version = self.client.next_version(Some(newer));
+            self.version = meta.version;
+            tracing::debug!(
+                bucket = %self.bucket, key = %self.key, from = %previous.to_hex(), to = %meta.version.to_hex(),
+                "a newer version was current on some drives: re-stamping"
+            );
+            match self.commit_round(meta, CommitCondition::None, Some(previous)).await {
+                Ok(mut next) => {
+                    replaced.append(&mut next.replaced);
+                    round = next;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        bucket = %self.bucket, key = %self.key, version = %previous.to_hex(), error = %e,
+                        "re-stamp failed: acknowledged as the version W drives hold, ordered by when the write began"
+                    );
+                    (meta.version, self.version) = (previous, previous);
+                    round = Round { applied: held, newer: None, replaced: Default::default() };
+                    break;
+                }
+            }
+        }
+        self.release();
+        self.finalize(&round.applied).await;
+        // A retried Complete replaces an earlier commit of the same pieces: those are the new
+        // version's own, never garbage.
+        replaced.retain(|key| !meta.parts.iter().any(|part| part.piece_key == *key));
+        Ok(Committed { positions: round.applied, replaced_parts: replaced.into_iter().collect() })
+    }
+
+    /// One commit round of `meta.version` ([`Fanout::commit`]): to every live drive, as a
+    /// re-stamp of `of` when given. Ok once W drives applied it (their positions, the newest
+    /// version any of them reported current instead, the multipart pieces it replaced); below
+    /// W, decided as a failed write: rolled back, or of unknown outcome.
+    async fn commit_round(
+        &mut self,
+        meta: &ObjectMeta,
+        condition: CommitCondition,
+        of: Option<VersionId>,
+    ) -> Result<Round, Error> {
         let missing: Vec<u32> =
             self.conns.iter().enumerate().filter(|(_, c)| c.is_none()).map(|(p, _)| p as u32).collect();
         let timeout = self.client.inner.options.request_timeout;
-        let request_for = |drive: &DriveRef| Request::Commit {
-            drive: drive.drive_idx as u32,
-            meta: meta.clone(),
-            missing_positions: missing.clone(),
-            condition,
+        let request_for = |drive: &DriveRef| match of {
+            None => Request::Commit {
+                drive: drive.drive_idx as u32,
+                meta: meta.clone(),
+                missing_positions: missing.clone(),
+                condition,
+            },
+            Some(of) => Request::RestampCommit {
+                drive: drive.drive_idx as u32,
+                meta: meta.clone(),
+                of,
+                missing_positions: missing.clone(),
+            },
         };
         // A conditional commit goes first, one drive at a time in position order, to the first
         // m + 1 live positions (the *ordered prefix*), then to the others at once. Of concurrent
@@ -1170,28 +1278,28 @@ impl<'a> Fanout<'a> {
         let no_bucket: Vec<usize> = (0..results.len())
             .filter(|&p| matches!(results[p], Some(Err(Error::Node { kind: proto::ErrorKind::NoSuchBucket, .. }))))
             .collect();
-        for position in self.heal_bucket(&no_bucket).await {
-            let request = Request::Commit {
-                drive: self.drives[position].drive_idx as u32,
-                meta: meta.clone(),
-                missing_positions: missing.clone(),
-                condition,
-            };
+        let healed = if of.is_none() { self.heal_bucket(&no_bucket).await } else { Vec::new() };
+        for position in healed {
+            let request = request_for(&self.drives[position]);
             results[position] = send_commit(&mut self.conns[position], &request, timeout).await;
         }
         let mut applied = Vec::new();
         // Drives sent the commit that gave no answer: they may have applied it.
         let mut unknown = Vec::new();
         let mut replaced = std::collections::BTreeSet::new();
+        let mut newer: Option<VersionId> = None;
         for (position, result) in results.into_iter().enumerate() {
             match result {
                 Some(Ok(CommitOutcome::Applied { replaced_parts })) => {
                     applied.push(position);
                     replaced.extend(replaced_parts);
                 }
-                // A newer version already won on this drive: our version is durably ordered
-                // before it, which is all a PUT promises.
-                Some(Ok(CommitOutcome::Superseded { .. })) => applied.push(position),
+                // A newer version was current on this drive: ours is durably held, ordered
+                // before it; the caller re-stamps past the newest one.
+                Some(Ok(CommitOutcome::Superseded { current })) => {
+                    applied.push(position);
+                    newer = newer.max(Some(current));
+                }
                 Some(Err(e)) => {
                     if outcome_unknown(&e) {
                         unknown.push(position);
@@ -1211,12 +1319,7 @@ impl<'a> Fanout<'a> {
             applied.sort_unstable();
         }
         if applied.len() >= quorum {
-            self.release();
-            self.finalize(&applied).await;
-            // A retried Complete replaces an earlier commit of the same pieces: those are the new
-            // version's own, never garbage.
-            replaced.retain(|key| !meta.parts.iter().any(|part| part.piece_key == *key));
-            return Ok(Committed { positions: applied, replaced_parts: replaced.into_iter().collect() });
+            return Ok(Round { applied, newer, replaced });
         }
         if applied.len() + unknown.len() >= quorum {
             // Never roll back what W drives may hold: a reader may have read it, and a scrubber

@@ -101,10 +101,10 @@ pub struct Fixes {
     pub complete_readable: bool,
     /// `client::put::Fanout::commit`: a commit that reached W drives but found a newer version
     /// current on some (`Superseded`) is re-stamped: committed again, under a version past the
-    /// newest those drives reported, on the drives that hold it (`proto::Request::Commit` with
-    /// `restamp_of`), and acknowledged as that version. Off: acknowledged as it is, ordered by
-    /// when its writer began (issue 37, item 9: of two overlapping PUTs, the one acknowledged
-    /// last lost).
+    /// newest those drives reported, on the drives that hold it
+    /// (`proto::Request::RestampCommit`), and acknowledged as that version. Off: acknowledged
+    /// as it is, ordered by when its writer began (issue 37, item 9: of two overlapping PUTs,
+    /// the one acknowledged last lost).
     pub restamp_superseded: bool,
 }
 
@@ -208,7 +208,7 @@ pub struct Net {
 }
 
 /// Commit rounds a writer may take: its first commit and one re-stamp. The product allows
-/// `client::put::RESTAMP_ROUNDS_MAX`; one re-stamp is all that two writers need unless each
+/// `client::put::RESTAMPS_MAX` re-stamps; one re-stamp is all that two writers need unless each
 /// supersedes the other's re-stamp in turn, which the model lets run out (`Write::unordered`).
 pub const ROUNDS: u8 = 2;
 

@@ -239,7 +239,7 @@ impl WriteModel {
     /// `chunkstore::Drive::commit`: the version becomes current if newer, else retained
     /// (Superseded, with the newer version's id); either way the drive holds it and it counts
     /// toward W. A fenced version (rolled back here before its commit arrived) is refused; so
-    /// is a re-stamp (`restamp_of`) of an object whose first round's data the drive does not
+    /// is a re-stamp (`chunkstore::Drive::restamp`) of an object whose first round's data the drive does not
     /// hold (a delete marker has none to hold). The reply reaches the writer at once unless
     /// lost: a reply that comes late is one the writer decided without, which `FanoutCommit`
     /// before this step already covers. A first-round commit landing after its writer

@@ -385,6 +385,9 @@ fn handle_control(state: &State, request: Request, staged: &mut HashSet<Staged>)
             staged.remove(&(drive as usize, meta.version, proto::Staging::Write));
             d.commit(&meta, &missing_positions, condition).map(|outcome| Response::Committed { outcome })
         }),
+        Request::RestampCommit { drive, meta, of, missing_positions } => with_drive(state, drive, |d| {
+            d.restamp(&meta, of, &missing_positions).map(|outcome| Response::Committed { outcome })
+        }),
         Request::Abort { drive, version } => with_drive(state, drive, |d| {
             staged.remove(&(drive as usize, version, proto::Staging::Write));
             d.abort(version).map(|()| Response::Ok)
@@ -597,6 +600,7 @@ fn error_response(error: &chunkstore::Error) -> Response {
         E::BucketNotEmpty { .. } => ErrorKind::BucketNotEmpty,
         E::DiskFull { .. } => ErrorKind::DiskFull,
         E::NoStagedData { .. } => ErrorKind::NoSuchUpload,
+        E::NoDataToRestamp { .. } => ErrorKind::Io,
         E::StagedLengthMismatch { .. } | E::StagedChecksumMismatch { .. } => ErrorKind::BadRequest,
         // This drive misses the write (the writer counts it failed; repair or a later write
         // brings the key back in line).

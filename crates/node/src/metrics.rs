@@ -48,6 +48,7 @@ fn kind(request: &Request) -> &'static str {
         Request::MetaGet { .. } => "meta_get",
         Request::ChunkWrite { .. } => "chunk_write",
         Request::Commit { .. } => "commit",
+        Request::RestampCommit { .. } => "restamp_commit",
         Request::Abort { .. } => "abort",
         Request::Rollback { .. } => "rollback",
         Request::Finalize { .. } => "finalize",

@@ -53,7 +53,8 @@ use sha2::Sha256;
 /// (`Request::Evict`); version 7 the aligned layout (`ObjectMeta::pads`, metadata format 2);
 /// version 8 `CsvFormat::empty_is_null` in `Request::RecordQuery`; version 9 brief metadata
 /// reads (`MetaDetail::VersionsBrief`, `KeyVersions::checksums_left_out`) and 32 MiB frames;
-/// version 10 `Request::ChunkWrite::staging` (a repair's staging file is not a writer's).
+/// version 10 `Request::ChunkWrite::staging` (a repair's staging file is not a writer's), and
+/// appended within it `Request::RestampCommit`.
 /// postcard encodes enum
 /// variants by index and structs by position: any change to a message bumps this.
 pub const PROTOCOL_VERSION: u16 = 10;
@@ -708,6 +709,15 @@ pub enum Request {
     /// ([`Response::NodeInfo`]). Appended within protocol version 9 as the queries were: a node
     /// that predates it fails to decode it and closes the connection.
     NodeInfo,
+    /// A writer's re-stamp (issue 37, item 9): its commit of `of` reached W drives but found a
+    /// newer version current on some, so it commits the same object again as `meta.version`
+    /// (newer than any they reported), which then orders after them. The drive links `of`'s
+    /// data file under the new version's name (it must hold it: a version without data needs
+    /// none) and commits `meta` as [`Request::Commit`] does, without a condition; `of` stays,
+    /// retained, and retires below the new version. Appended within protocol version 10 as
+    /// [`Request::NodeInfo`] was within 9: a node that predates it closes the connection, and
+    /// the writer acknowledges `of` as it did before.
+    RestampCommit { drive: u32, meta: ObjectMeta, of: VersionId, missing_positions: Vec<u32> },
 }
 
 /// Bytes of a [`Request::RecordQuery`]'s schema at most.
@@ -1153,6 +1163,16 @@ impl Request {
             }
             Request::Commit { meta, missing_positions, .. } => {
                 check_positions(missing_positions)?;
+                meta.validate()
+            }
+            Request::RestampCommit { meta, of, missing_positions, .. } => {
+                check_positions(missing_positions)?;
+                if *of >= meta.version {
+                    return Err(Error::Invalid {
+                        what: "re-stamp",
+                        reason: format!("{} is not newer than {}", meta.version.to_hex(), of.to_hex()),
+                    });
+                }
                 meta.validate()
             }
             Request::RepairCommit { meta, crcs, .. } => {

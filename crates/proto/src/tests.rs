@@ -44,6 +44,12 @@ fn requests_round_trip() {
         missing_positions: vec![3],
         condition: CommitCondition::IfAbsent,
     });
+    check_request_round_trip(Request::RestampCommit {
+        drive: 2,
+        meta: meta(5_000_000, 4, 2, 1 << 20),
+        of: VersionId { unix_ns: 0, writer: 9 },
+        missing_positions: vec![1],
+    });
     check_request_round_trip(Request::ChunkWrite {
         drive: 0,
         bucket: "b".into(),

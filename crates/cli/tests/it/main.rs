@@ -10,6 +10,7 @@ mod gather;
 mod harness;
 mod node_tls;
 mod objects;
+mod ordering;
 mod pools;
 mod protocol;
 mod query;
