@@ -6,10 +6,10 @@ DATA ?= tessera-data
 .PHONY: up test e2e build deps lint bench bench-cluster bench-ec chaos conformance model
 
 deps:
-	@scripts/install-deps.sh
+	@scripts/timed deps scripts/install-deps.sh
 
 build: deps
-	$(CARGO) build --release
+	scripts/timed build $(CARGO) build --release
 
 ## Build, then run the embedded default cluster (6 nodes, 4+2) under ./tessera-data until Ctrl-C.
 up: build
@@ -21,11 +21,11 @@ up: build
 ## then the write protocol's bounded model check (make model), then a short fault-injection run
 ## over the regression seeds: chaos/run.sh).
 test: build lint
-	$(CARGO) test --release
-	./target/release/tessera-model
-	e2e/run.sh
-	python/run-tests.sh
-	chaos/run.sh
+	scripts/timed "cargo test" $(CARGO) test --release
+	scripts/timed model ./target/release/tessera-model
+	scripts/timed e2e e2e/run.sh
+	scripts/timed python python/run-tests.sh
+	scripts/timed chaos chaos/run.sh
 
 ## The long fault-injection run: DURATION seconds per seed, three random seeds (SEEDS="1 2" to
 ## replay given ones). Needs root: nodes run in network namespaces. See RELIABILITY.md.
@@ -57,7 +57,7 @@ conformance: build
 lint:
 	scripts/check-feature-unification.sh
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --release --all-targets -- -D warnings
+	scripts/timed clippy $(CARGO) clippy --release --all-targets -- -D warnings
 
 ## Tessera vs MinIO, quick mode (~3 minutes after a one-time MinIO build): bench/compare-minio.sh.
 bench: build
