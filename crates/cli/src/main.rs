@@ -92,7 +92,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // `--help` and `--version` print to stdout and succeed.
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("error: {}", argument_error(&e.to_string()));
+            return ExitCode::from(2);
+        }
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -103,6 +114,34 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// clap's rendered argument error on one line: its first paragraph (the usage block and tips
+/// after it go), without its `error: ` and colours, and where to look next.
+fn argument_error(rendered: &str) -> String {
+    let plain = strip_ansi(rendered);
+    let text = plain.trim_start().strip_prefix("error:").unwrap_or(&plain).trim_start();
+    let first = text.split("\n\n").next().unwrap_or(text);
+    let line: Vec<&str> = first.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    format!("{} (see --help)", line.join(" "))
+}
+
+/// `text` without ANSI escape sequences (`ESC [ ... letter`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            for next in chars.by_ref() {
+                if next.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The error and its causes on one line, `outer: inner`. Library errors often name their cause
@@ -153,7 +192,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Logs go to stderr; `TESSERA_LOG` (e.g. `debug`, `client=debug`) overrides `default`.
+/// Logs go to stderr, coloured only when it is a terminal and `NO_COLOR` is unset (a log
+/// written to a file or a pipe carries no escape codes); `TESSERA_LOG` (e.g. `debug`,
+/// `client=debug`) overrides `default`.
 pub(crate) fn init_logging(default: &str) {
     init_logging_quieting(default, &[]);
 }
@@ -169,7 +210,9 @@ pub(crate) fn init_logging_quieting(default: &str, quiet: &[&str]) {
     }
     let filter = tracing_subscriber::EnvFilter::try_new(&directives)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let subscriber = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).finish();
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+    let subscriber =
+        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour).with_writer(std::io::stderr).finish();
     // A second call (never made) would fail harmlessly; logging is set up once per process.
     let _ = tracing::subscriber::set_global_default(subscriber);
 }

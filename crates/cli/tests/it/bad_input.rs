@@ -17,6 +17,47 @@ fn assert_one_line_error(args: &[&str], expected: &str) {
 }
 
 #[test]
+fn argument_errors_are_one_line_and_help_still_prints() {
+    // Before: clap's usage block over three lines and more.
+    assert_one_line_error(&["repair", "rate", "garbage"], "invalid size \"garbage\"");
+    assert_one_line_error(&["put"], "required");
+    assert_one_line_error(&["no-such-command"], "unrecognized subcommand");
+    let (ok, stderr) = run(&["get", "--buffer", "1", "b", "k", "-"]);
+    assert!(!ok && stderr.trim_end().lines().count() == 1 && stderr.ends_with("(see --help)\n"), "{stderr}");
+    let help = Command::new(TESSERA).args(["repair", "--help"]).output().unwrap();
+    assert!(help.status.success(), "--help succeeds");
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Usage"), "--help prints the usage to stdout");
+}
+
+#[test]
+fn logs_to_a_file_carry_no_colour_codes() {
+    // A node's log written to a file, as `make up > log` writes it (before: every field
+    // wrapped in escape codes).
+    let cluster = Cluster::init(Shape::default());
+    let log_path = cluster.config.with_file_name("n1.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut node = Command::new(TESSERA)
+        .args(["node", "--config", cluster.config.to_str().unwrap(), "--id", "n1"])
+        .env("TESSERA_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let text = loop {
+        let text = std::fs::read_to_string(&log_path).unwrap();
+        if text.contains("node ready") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = node.kill();
+    let _ = node.wait();
+    assert!(text.contains("node ready"), "the node logged that it is ready: {text}");
+    assert!(!text.contains('\u{1b}'), "no ANSI escape codes in a log file: {text}");
+}
+
+#[test]
 fn node_with_unknown_id_exits_with_one_line_error() {
     let cluster = Cluster::init(Shape::default());
     assert_one_line_error(
