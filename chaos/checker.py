@@ -94,13 +94,20 @@ LIST_FRACTION = 0.1
 LIST_OP_BASE = 500_000
 FINAL_OP_BASE = 9_000_000
 FINAL_LIST_OP = 9_500_000
-# With --aimed (issue 37, item 6): one key overwritten without pause while a reader takes
-# seconds over each GET of it (a hot key with a slow reader), and pairs of creators racing
-# `put --if-absent` on fresh keys amid the faults. Their op ids: HOT_PUT_BASE + n,
-# SLOW_READ_BASE + n, CREATOR_BASE + 2n (+1).
+# With --aimed (issue 37, item 6): one key overwritten without pause by two writers at once
+# while a reader takes seconds over each GET of it (a hot key with a slow reader; the writers
+# overlap, and one whose commit lands after the other's re-stamps: item 9), and pairs of
+# creators racing `put --if-absent` on fresh keys amid the faults. Their op ids: HOT_PUT_BASE +
+# n (the second writer's from HOT_PUT_BASE + HOT_SECOND_WRITER), SLOW_READ_BASE + n,
+# CREATOR_BASE + 2n (+1).
 HOT_KEY = "hot"
 HOT_VALUE_BYTES = 1 << 20  # four stripes at the checker's 64 KiB chunks, 4 + 2
 HOT_PUT_BASE = 6_000_000
+HOT_SECOND_WRITER = 250_000
+HOT_WRITER_CLIENTS = (3, 0)
+# The hot writers log the client's commit decisions, to count the writes that re-stamped.
+HOT_WRITER_LOG = "error,client::put=debug"
+RESTAMP_LOG = "re-stamping"
 SLOW_READ_BASE = 6_500_000
 CREATOR_BASE = 7_000_000
 # The slow reader's GET holds 64 KiB at a time (`tessera get --buffer`) and takes 16 KiB from its
@@ -449,22 +456,23 @@ class Workload:
         # value, how many PUTs of the hot key were acknowledged while it ran.
         self.races: list[tuple[str, list[Op]]] = []
         self.slow_read_spans: list[int] = []
+        self.restamped_writes = 0  # writes whose client logged a re-stamp
 
-    def command(self, client: int, *args: str) -> tuple[list[str], dict[str, str]]:
+    def command(self, client: int, *args: str, log: str = "error") -> tuple[list[str], dict[str, str]]:
         """The command line and environment of `tessera ARGS` as client `client` runs it."""
         stale = self.stale_client and client == self.STALE_CLIENT
         config = self.cluster.stale_config if stale else self.cluster.config
         cmd = [str(self.cluster.tessera), *args, "--config", str(config)]
         skew = self.skews[client]
-        env = {**os.environ, "NO_COLOR": "1", "TESSERA_LOG": "error"}
+        env = {**os.environ, "NO_COLOR": "1", "TESSERA_LOG": log}
         if skew:
             # Shift the wall clock only: timeouts keep the real monotonic clock.
             cmd = ["faketime", "-f", f"{skew:+d}s", *cmd]
             env["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
         return cmd, env
 
-    def cli(self, client: int, *args: str, data: Path | None = None) -> subprocess.CompletedProcess:
-        cmd, env = self.command(client, *args)
+    def cli(self, client: int, *args: str, data: Path | None = None, log: str = "error") -> subprocess.CompletedProcess:
+        cmd, env = self.command(client, *args, log=log)
         for _ in range(FAKETIME_RETRIES):
             try:
                 result = subprocess.run(cmd, capture_output=True, timeout=OP_TIMEOUT_S, env=env)
@@ -520,7 +528,7 @@ class Workload:
                                               detail="still in flight") for op in self.in_flight.values()]
             return list(self.ops) + unfinished
 
-    def put(self, client: int, op_id: int, key: str, size: int, if_absent: bool = False) -> Op:
+    def put(self, client: int, op_id: int, key: str, size: int, if_absent: bool = False, log: str = "error") -> Op:
         data = value_of(op_id, size)
         with self.lock:
             self.by_etag[hashlib.md5(data).hexdigest()] = op_id
@@ -528,8 +536,11 @@ class Workload:
         path = self.files / f"{op_id}"
         path.write_bytes(data)
         op = self.invoked(Op(op_id, client, "put", key, time.monotonic(), size=size))
-        result = self.cli(client, "put", str(path), f"bkt/{key}", *(["--if-absent"] if if_absent else []))
+        result = self.cli(client, "put", str(path), f"bkt/{key}", *(["--if-absent"] if if_absent else []), log=log)
         stderr = result.stderr.decode(errors="replace")
+        if RESTAMP_LOG in stderr:
+            with self.lock:
+                self.restamped_writes += 1
         op.outcome = "ok" if result.returncode == 0 else "error"
         if op.outcome == "error":
             # A creator refused because the key holds an object did nothing.
@@ -540,12 +551,12 @@ class Workload:
         path.unlink()
         return op
 
-    def hot_writer_loop(self, client: int) -> None:
+    def hot_writer_loop(self, client: int, first_op: int) -> None:
         """Overwrites the hot key without pause until the deadline."""
         n = 0
         while time.monotonic() < self.deadline:
             n += 1
-            self.put(client, HOT_PUT_BASE + n, HOT_KEY, HOT_VALUE_BYTES)
+            self.put(client, first_op + n, HOT_KEY, HOT_VALUE_BYTES, log=HOT_WRITER_LOG)
 
     def slow_reader_loop(self, client: int) -> None:
         """GETs the hot key, taking its output slowly, until the deadline; each read is checked
@@ -1356,6 +1367,7 @@ class Report:
     races: int = 0  # creator pairs run
     races_overlapped: int = 0  # of them, pairs whose two PUTs ran at once
     race_outcomes: dict[str, int] = dataclasses.field(default_factory=dict)  # e.g. "exists+ok": 12
+    restamped_writes: int = 0  # hot-key writes that re-stamped (their commit met a newer version)
 
     def verified_line(self) -> str:
         if not self.list_checks:
@@ -1386,7 +1398,8 @@ class Report:
                          f"{max(spans, default=0)} acknowledged overwrites each (median "
                          f"{sorted(spans)[len(spans) // 2] if spans else 0}); creators: {self.races} races "
                          f"({self.races_overlapped} overlapping), outcomes "
-                         + ", ".join(f"{k} {v}" for k, v in sorted(self.race_outcomes.items())))
+                         + ", ".join(f"{k} {v}" for k, v in sorted(self.race_outcomes.items()))
+                         + f"; hot-key writes that re-stamped: {self.restamped_writes}")
         lines.append(f"anomalies: {len(self.anomalies)}")
         lines += [f"  {a}" for a in self.anomalies[:50]]
         if self.read_errors:
@@ -1455,7 +1468,9 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
             print("checker: this build has no `get --buffer` or `put --if-absent`: no hot key, slow reader or "
                   "creators", flush=True)
         if hot_and_creators:
-            threads += [threading.Thread(target=workload.hot_writer_loop, args=(3,), daemon=True),
+            threads += [threading.Thread(target=workload.hot_writer_loop, args=(client, HOT_PUT_BASE + i * HOT_SECOND_WRITER),
+                                         daemon=True) for i, client in enumerate(HOT_WRITER_CLIENTS)]
+            threads += [
                         threading.Thread(target=workload.slow_reader_loop, args=(0,), daemon=True),
                         threading.Thread(target=workload.creators_loop, daemon=True)]
         for t in threads:
@@ -1518,6 +1533,7 @@ def run_checker(seed: int, duration: float, tessera: Path, skew: bool = True, fa
         report.verified_listings = verified_listings
         report.hot_and_creators = hot_and_creators
         report.slow_read_spans = list(workload.slow_read_spans)
+        report.restamped_writes = workload.restamped_writes
         report.races = len(workload.races)
         # Races whose two creators ran at once (each began before the other ended).
         report.races_overlapped = sum(1 for _, pair in workload.races if len(pair) == 2

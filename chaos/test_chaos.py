@@ -48,8 +48,8 @@ DECOMMISSION_SEEDS = [4, 7]
 RACING_SEED = 21
 # Faults aimed at commits (issue 37): replies dropped by nftables while requests still arrive,
 # alone and in pairs with a stall or a kill at the same instant (`--aimed`); with them a hot key
-# overwritten without pause under a slow reader, and pairs of `put --if-absent` creators racing
-# the faults.
+# overwritten without pause by two writers (who re-stamp when they overlap) under a slow
+# reader, and pairs of `put --if-absent` creators racing the faults.
 AIMED_SEED = 32
 DURATION_S = float(os.environ.get("TESSERA_CHAOS_SECONDS", "25"))
 TESSERA = Path(os.environ.get("TESSERA_BIN", checker.REPO / "target" / "release" / "tessera"))
@@ -124,4 +124,7 @@ def test_faults_aimed_at_commits_lose_nothing_and_leave_no_failed_write_visible(
     assert max(report.slow_read_spans, default=0) > 8, "a slow read must span overwrites:\n" + report.text()
     # Creators really raced: both PUTs of a pair in flight at once, under the same faults.
     assert report.races_overlapped >= 5, report.text()
+    # The hot key's two writers overlapped, and writes whose commit met the other's newer
+    # version re-stamped (issue 37, item 9), under the same faults.
+    assert report.restamped_writes > 0, "overlapping writers must re-stamp:\n" + report.text()
     assert not report.anomalies, report.text()
