@@ -278,9 +278,9 @@ struct Target<'a> {
 }
 
 /// Re-stamps a write may take after its first commit (issue 37, item 9). Each needs another
-/// write of the key to commit a newer version on one of this one's drives during the round
-/// before it: more than two in a row means writers that keep superseding each other, and the
-/// write is then acknowledged as it stands (ordered among them by its version).
+/// write of the key to have committed a newer version on one of this write's drives during
+/// the round before it: past this many in a row, writers keep superseding each other, and the
+/// write is acknowledged as it stands (ordered among them by its version; logged).
 pub(crate) const RESTAMPS_MAX: usize = 3;
 
 /// Whether [`Fanout::commit`] may commit the object again under a later version id when it
