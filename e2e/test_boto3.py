@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -128,6 +130,106 @@ def test_overwrite_returns_the_newest_body(s3, bucket):
     s3.put_object(Bucket=bucket, Key="k", Body=b"second")
     assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"second"
     assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["k"]
+
+
+GATE_TIMEOUT_S = 30
+
+
+class _GatedBody:
+    """A PUT body that hands out its first `gate` bytes, then blocks in read() until `released`
+    (at most GATE_TIMEOUT_S): its request stays open with the rest of the body still to send."""
+
+    def __init__(self, body: bytes, gate: int):
+        self._body, self._gate, self._pos = body, gate, 0
+        self.reached = threading.Event()  # every byte before the gate was handed out
+        self.released = threading.Event()
+
+    def __len__(self) -> int:  # botocore sends it as X-Amz-Decoded-Content-Length
+        return len(self._body)
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self._pos == self._gate and not self.released.is_set():
+            self.reached.set()
+            if not self.released.wait(GATE_TIMEOUT_S):
+                raise TimeoutError(f"the body was not released within {GATE_TIMEOUT_S}s")
+        limit = self._gate if self._pos < self._gate else len(self._body)
+        end = limit if size is None or size < 0 else min(limit, self._pos + size)
+        chunk = self._body[self._pos:end]
+        self._pos = end
+        return chunk
+
+
+def _gateway_bytes_received(cluster) -> int:
+    """The gateway's count of object bytes its PutObject/UploadPart handlers have read so far."""
+    url = f"http://127.0.0.1:{cluster.metrics_port('gateway')}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    found = re.search(r"^tessera_s3_object_received_bytes_total(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    assert found, f"no tessera_s3_object_received_bytes_total in the gateway's /metrics:\n{text}"
+    return int(float(found.group(1)))
+
+
+def test_of_two_overlapping_puts_the_one_acknowledged_last_wins(make_client, s3, cluster, bucket):
+    """Issue 37 item 9: PUT B starts; while its body is still on the wire a whole PUT A of the
+    same key runs and is acknowledged; then B is acknowledged. B, acknowledged last, must be the
+    object (S3; Ceph s3-tests test_atomic_dual_write_*), not A.
+
+    Why the two writes really overlap: the gateway does not buffer bodies. s3s hands PutObject its
+    body as a stream and `client.put` stamps the version (`write_target`) while it reads the first
+    stripe (k x chunk = 4 x 1 MiB here); it reads the next stripe only after both are done. So
+    once the gateway has read more than 4 MiB of B (its `object_received` bytes count what the
+    handler read), B's version is stamped and its first stripe is on its way to the nodes, and B
+    cannot end before the rest of its body arrives, held back until A is acknowledged.
+
+    B's client sends aws-chunked trailers (STREAMING-UNSIGNED-PAYLOAD-TRAILER, as SDKs do over
+    https): over plain http botocore would otherwise read the whole body before sending it, to
+    sign its SHA-256 and to put its CRC32 in a header, and the gate would hold the request back.
+    botocore cuts the body into 1 MiB aws-chunks and keeps the tail of the last one until it can
+    read the next, so the gateway gets the whole chunks before the gate but the last one.
+    """
+    key = "contended"
+    body_b = data(8 * MIB, seed=37)  # two stripes
+    body_a = data(MIB, seed=38)
+    gate = 6 * MIB
+    past_first_stripe = 5 * MIB  # what the gateway reads of B before the gate (see above)
+    gated = _GatedBody(body_b, gate)
+    writer_b = make_client(checksums="trailer")
+    received_before = _gateway_bytes_received(cluster)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        try:
+            put_b = pool.submit(writer_b.put_object, Bucket=bucket, Key=key, Body=gated)
+            assert gated.reached.wait(GATE_TIMEOUT_S) or put_b.done(), "PUT B never read its body up to the gate"
+            if put_b.done():
+                put_b.result()  # raises what PUT B failed with
+                pytest.fail("PUT B ended before its body was released")
+            deadline = time.monotonic() + GATE_TIMEOUT_S
+            while (received := _gateway_bytes_received(cluster) - received_before) < past_first_stripe:
+                assert time.monotonic() < deadline and not put_b.done(), (
+                    f"the gateway read {received} bytes of PUT B, not {past_first_stripe}: B's write has not started")
+                time.sleep(0.02)
+
+            put_a = s3.put_object(Bucket=bucket, Key=key, Body=body_a)
+            assert put_a["ResponseMetadata"]["HTTPStatusCode"] == 200
+            assert put_a["ETag"] == etag(body_a)
+            assert not put_b.done(), "PUT B was acknowledged before its body was released"
+        finally:
+            gated.released.set()
+        put_b = put_b.result(timeout=GATE_TIMEOUT_S)
+    assert put_b["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert put_b["ETag"] == etag(body_b)
+
+    names = {sha(body_b): "B's (acknowledged last)", sha(body_a): "A's (acknowledged first)"}
+    for attempt in range(3):
+        got = s3.get_object(Bucket=bucket, Key=key)
+        body = got["Body"].read()
+        read = names.get(sha(body), f"neither write's ({len(body)} bytes)")
+        assert sha(body) == sha(body_b), f"GET {attempt + 1} read {read} bytes, not B's, which was acknowledged last"
+        assert got["ETag"] == put_b["ETag"], f"GET {attempt + 1}: ETag {got['ETag']}, B's is {put_b['ETag']}"
+    versions = s3.list_object_versions(Bucket=bucket)["Versions"]
+    assert [(v["Key"], v["Size"], v["ETag"], v["IsLatest"]) for v in versions] == [
+        (key, len(body_b), etag(body_b), True)
+    ]
 
 
 def test_keys_with_special_characters_round_trip_through_put_get_list(s3, bucket):

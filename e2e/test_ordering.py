@@ -44,7 +44,7 @@ def _read_status(sock: socket.socket) -> tuple[int, bytes]:
     return int(answer.split(b" ", 2)[1]), answer
 
 
-def test_of_two_overlapping_puts_the_one_acknowledged_last_wins(cluster, s3, bucket):
+def test_overlapping_puts_over_raw_http_the_one_acknowledged_last_wins(cluster, s3, bucket):
     key = "dual-write"
     body_a, body_b = data(MIB, seed=71), data(B_SIZE, seed=72)
     url = urlparse(s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=300))

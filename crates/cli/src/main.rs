@@ -116,14 +116,30 @@ fn main() -> ExitCode {
     }
 }
 
-/// clap's rendered argument error on one line: its first paragraph (the usage block and tips
-/// after it go), without its `error: ` and colours, and where to look next.
+/// clap's rendered argument error on one line: its message, its tips and the usage line
+/// (`error: unexpected argument '-5' found; tip: to pass '-5' as a value, use '-- -5' (usage:
+/// tessera repair rate <RATE>; see --help)`), without clap's `error: `, colours and layout.
 fn argument_error(rendered: &str) -> String {
     let plain = strip_ansi(rendered);
     let text = plain.trim_start().strip_prefix("error:").unwrap_or(&plain).trim_start();
-    let first = text.split("\n\n").next().unwrap_or(text);
-    let line: Vec<&str> = first.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    format!("{} (see --help)", line.join(" "))
+    let flat = |paragraph: &str| -> String {
+        paragraph.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
+    };
+    let mut paragraphs = text.split("\n\n").map(str::trim).filter(|p| !p.is_empty());
+    let mut line = paragraphs.next().map(flat).unwrap_or_default();
+    let mut usage = None;
+    for paragraph in paragraphs {
+        if let Some(rest) = paragraph.strip_prefix("Usage:") {
+            usage = rest.lines().next().map(|u| u.trim().to_owned());
+        } else if paragraph.starts_with("tip:") {
+            line.push_str("; ");
+            line.push_str(&flat(paragraph));
+        }
+    }
+    match usage {
+        Some(usage) => format!("{line} (usage: {usage}; see --help)"),
+        None => format!("{line} (see --help)"),
+    }
 }
 
 /// `text` without ANSI escape sequences (`ESC [ ... letter`).
