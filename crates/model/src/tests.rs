@@ -10,7 +10,12 @@ use crate::{Config, Fixes, INVARIANTS, WriteModel};
 /// Runs the small model with `fixes` until `property` has a counterexample or every state is
 /// explored; returns the counterexample, rendered.
 fn check(fixes: Fixes, property: &'static str) -> Option<String> {
-    let model = WriteModel::new(Config::small(fixes));
+    find(&WriteModel::new(Config::small(fixes)), property)
+}
+
+/// Runs `model` until `property` has a counterexample or every state is explored; returns the
+/// counterexample, rendered.
+fn find(model: &WriteModel, property: &'static str) -> Option<String> {
     let checker = model
         .clone()
         .checker()
@@ -18,7 +23,7 @@ fn check(fixes: Fixes, property: &'static str) -> Option<String> {
         .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([property])))
         .spawn_bfs()
         .join();
-    checker.discovery(property).map(|path| crate::render(&model, &path))
+    checker.discovery(property).map(|path| crate::render(model, &path))
 }
 
 fn threads() -> usize {
@@ -84,17 +89,9 @@ fn two_writers(fixes: Fixes) -> WriteModel {
 #[test]
 fn without_restamps_the_write_acknowledged_last_can_lose() {
     let model = two_writers(Fixes { restamp_superseded: false, ..Fixes::ALL });
-    let property = "acknowledged_in_order";
-    let checker = model
-        .clone()
-        .checker()
-        .threads(threads())
-        .finish_when(HasDiscoveries::AnyOf(BTreeSet::from([property])))
-        .spawn_bfs()
-        .join();
-    let path = checker.discovery(property);
-    assert!(path.is_some(), "{property}: no counterexample without re-stamps");
-    println!("{property} without re-stamps:\n{}", crate::render(&model, &path.expect("checked above")));
+    let trace = find(&model, "acknowledged_in_order");
+    assert!(trace.is_some(), "acknowledged_in_order: no counterexample without re-stamps");
+    println!("acknowledged_in_order without re-stamps:\n{}", trace.expect("checked above"));
 }
 
 #[test]

@@ -141,6 +141,29 @@ fn whose(read: &Result<Vec<u8>, client::Error>, named: &[(&str, &[u8])]) -> Stri
     }
 }
 
+/// Three GETs of `bucket/key` return B's bytes (`named`'s last entry), and HEAD the version B
+/// was acknowledged with (`info_b`); returns the HEAD. `acknowledged` says when B was, in words.
+fn assert_b_wins(
+    cluster: &Cluster,
+    (bucket, key): (&str, &str),
+    info_b: &ObjectInfo,
+    named: &[(&str, &[u8])],
+    acknowledged: &str,
+) -> ObjectInfo {
+    let body_b = named.last().expect("B is named").1;
+    for attempt in 1..=3 {
+        let read = block_on(cluster.client().get(bucket, key));
+        assert!(
+            matches!(&read, Ok(bytes) if bytes.as_slice() == body_b),
+            "the PUT acknowledged {acknowledged} (B) must win: GET #{attempt} read {}",
+            whose(&read, named)
+        );
+    }
+    let head = block_on(cluster.client().head(bucket, key)).unwrap();
+    assert_eq!(head.meta.version, info_b.meta.version, "HEAD must report the version B was acknowledged with");
+    head
+}
+
 #[test]
 fn of_two_overlapping_puts_the_one_acknowledged_last_wins() {
     let cluster = Cluster::start(Shape::default());
@@ -161,17 +184,7 @@ fn of_two_overlapping_puts_the_one_acknowledged_last_wins() {
     // Then B ends: acknowledged after A.
     let info_b = put_b.finish().unwrap_or_else(|e| panic!("PUT B must be acknowledged after A: {e}"));
 
-    let named: [(&str, &[u8]); 2] = [("A", &body_a), ("B", &body_b)];
-    for attempt in 1..=3 {
-        let read = block_on(cluster.client().get(bucket, key));
-        assert!(
-            matches!(&read, Ok(bytes) if *bytes == body_b),
-            "the PUT acknowledged last (B) must win: GET #{attempt} read {}",
-            whose(&read, &named)
-        );
-    }
-    let head = block_on(cluster.client().head(bucket, key)).unwrap();
-    assert_eq!(head.meta.version, info_b.meta.version, "HEAD must report the version B was acknowledged with");
+    let head = assert_b_wins(&cluster, (bucket, key), &info_b, &[("A", &body_a), ("B", &body_b)], "last");
     assert_eq!(head.meta.size, body_b.len() as u64, "HEAD must report B's size");
     assert!(
         info_b.meta.version > info_a.meta.version,
@@ -206,16 +219,7 @@ fn a_put_overlapping_a_delete_acknowledged_before_it_wins() {
     let info_b = put_b.finish().unwrap_or_else(|e| panic!("PUT B must be acknowledged after the DELETE: {e}"));
 
     let named: [(&str, &[u8]); 2] = [("the replaced object", &body_old), ("B", &body_b)];
-    for attempt in 1..=3 {
-        let read = block_on(cluster.client().get(bucket, key));
-        assert!(
-            matches!(&read, Ok(bytes) if *bytes == body_b),
-            "the PUT acknowledged after the DELETE (B) must win: GET #{attempt} found {}",
-            whose(&read, &named)
-        );
-    }
-    let head = block_on(cluster.client().head(bucket, key)).unwrap();
-    assert_eq!(head.meta.version, info_b.meta.version, "HEAD must report the version B was acknowledged with");
+    assert_b_wins(&cluster, (bucket, key), &info_b, &named, "after the DELETE");
     let page = block_on(cluster.client().list(bucket, "", "", 100)).unwrap();
     let listed: Vec<(String, u64)> = page.entries.into_iter().map(|e| (e.key, e.size)).collect();
     assert_eq!(listed, [(key.to_owned(), body_b.len() as u64)], "the listing must show B's object");
